@@ -1,0 +1,315 @@
+"""Reads a run folder into pandas tables. Reads only the on-disk format.
+
+Damage never stops a load: an unreadable process folder or a bad chunk is a
+warning (naming the file, and the byte offset for chunks), and everything
+readable is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings as _warnings
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import pandas as pd
+
+from stepscope.core import _native
+from stepscope.core.config import DEFAULT_DIR
+
+KINDS = ("span", "instant", "counter")
+PHASES = ("GetNext", "Forward", "Loss", "Backward", "Optimizer")
+_STEP_CATEGORY = _native.CATEGORIES.index("step")
+_PHASE_CATEGORY = _native.CATEGORIES.index("phase")
+
+# Categories 0-15 exist on disk; names beyond the known ones keep their number.
+_CATEGORY_NAMES = list(_native.CATEGORIES) + [f"cat{i}" for i in range(len(_native.CATEGORIES), 16)]
+
+EVENT_COLUMNS = ["process", "pid", "host", "rank", "tid", "kind", "category", "name",
+                 "start_ns", "end_ns", "duration_ns", "step", "arg", "value"]
+
+
+class RunFormatError(ValueError):
+    """A path that is not a stepscope run or trace."""
+
+
+@dataclass
+class ProcessTrace:
+    """One process folder decoded: columns plus what the reader noticed."""
+
+    folder: str
+    meta: dict
+    columns: Optional[dict]
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def dropped(self) -> int:
+        return int(self.columns["dropped"]) if self.columns else 0
+
+
+def resolve_run_path(run) -> str:
+    """A run folder, or a run name under STEPSCOPE_DIR (SPEC §5)."""
+    path = os.fspath(getattr(run, "path", run))
+    if os.path.isdir(path):
+        return path
+    root = os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR
+    candidate = os.path.join(root, path)
+    if os.path.isdir(candidate):
+        return candidate
+    raise RunFormatError(f"no run at {path!r} (nor {candidate!r})")
+
+
+def _read_process(folder: str) -> ProcessTrace:
+    meta = {}
+    notes = []
+    try:
+        with open(os.path.join(folder, "process.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:
+        notes.append(f"{os.path.join(folder, 'process.json')}: unreadable ({exc}); using the trace header")
+    trace = os.path.join(folder, meta.get("trace", "trace.ssc"))
+    try:
+        cols = _native.read_trace(trace)
+    except (ValueError, OSError) as exc:
+        notes.append(str(exc))
+        return ProcessTrace(folder, meta, None, notes)
+    notes.extend(cols["warnings"])
+    try:
+        header = json.loads(bytes(cols["header"]).decode() or "{}")
+    except ValueError:
+        header = {}
+        notes.append(f"{trace}: unreadable header metadata")
+    for key, value in header.items():
+        meta.setdefault(key, value)
+    if "clock" in header:
+        meta["clock"] = header["clock"]
+    return ProcessTrace(folder, meta, cols, notes)
+
+
+def read_processes(run_path: str) -> List[ProcessTrace]:
+    folders = sorted(
+        os.path.join(run_path, d) for d in os.listdir(run_path)
+        if os.path.isdir(os.path.join(run_path, d))
+        and (os.path.exists(os.path.join(run_path, d, "trace.ssc"))
+             or os.path.exists(os.path.join(run_path, d, "process.json"))))
+    return [_read_process(f) for f in folders]
+
+
+def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
+    """All events of all processes, wall-clock (epoch ns) times, sorted per thread by start."""
+    parts = []
+    for p in procs:
+        c = p.columns
+        if c is None or len(c["start"]) == 0:
+            continue
+        clock = p.meta.get("clock", {})
+        offset = int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
+        n = len(c["start"])
+        names = list(c["names"])
+        codes = c["name"].astype(np.int64)
+        if n and codes.max(initial=-1) >= len(names):  # names chunk lost to damage
+            names = names + [f"<name {i}>" for i in range(len(names), int(codes.max()) + 1)]
+        start = c["start"] + offset
+        end = c["end"] + offset
+        parts.append(pd.DataFrame({
+            "process": os.path.basename(p.folder),
+            "pid": np.full(n, int(p.meta.get("pid", -1)), dtype=np.int64),
+            "host": p.meta.get("host", ""),
+            "rank": p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank"),
+            "tid": c["track"],
+            "kind": pd.Categorical.from_codes(c["kind"].astype(np.int8), KINDS),
+            "category": pd.Categorical.from_codes(c["category"].astype(np.int8), _CATEGORY_NAMES),
+            "name": pd.Categorical.from_codes(codes, _dedupe(names)),
+            "start_ns": start,
+            "end_ns": end,
+            "duration_ns": end - start,
+            "step": c["step"],
+            "arg": c["arg"],
+            "value": c["value"],
+        }))
+    if not parts:
+        return _empty_events()
+    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    for col in ("process", "host", "name", "category", "kind"):
+        if not isinstance(df[col].dtype, pd.CategoricalDtype):
+            df[col] = df[col].astype("category")
+    # Parents before children: by start, then longest first.
+    order = np.lexsort((-df["duration_ns"].to_numpy(), df["start_ns"].to_numpy(),
+                        df["tid"].to_numpy(), df["process"].cat.codes.to_numpy()))
+    df = df.take(order)
+    df.reset_index(drop=True, inplace=True)
+    df["rank"] = df["rank"].astype("Int64")
+    return df
+
+
+def _dedupe(names):
+    # Categories must be unique; a damaged file could repeat a string under two ids.
+    seen = {}
+    out = []
+    for s in names:
+        k = seen.get(s, 0)
+        out.append(s if k == 0 else f"{s} <{k}>")
+        seen[s] = k + 1
+    return out
+
+
+def _empty_events() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
+        ("process", "category"), ("pid", "int64"), ("host", "category"), ("rank", "Int64"),
+        ("tid", "int64"), ("kind", "category"), ("category", "category"), ("name", "category"),
+        ("start_ns", "int64"), ("end_ns", "int64"), ("duration_ns", "int64"), ("step", "int32"),
+        ("arg", "int64"), ("value", "float64")]})
+
+
+def steps_frame(events: pd.DataFrame) -> pd.DataFrame:
+    """Steps from the step marks: each runs to the next mark of its process (SPEC §3).
+
+    Per-phase columns hold the time of phase spans starting inside the step;
+    Other is the step's time outside every phase.
+    """
+    cols = ["process", "pid", "rank", "mode", "step", "start_ns", "end_ns", "duration_ns"]
+    marks = events[(events["category"] == "step") & (events["kind"] == "instant")]
+    if marks.empty:
+        return pd.DataFrame({c: [] for c in cols + list(PHASES) + ["Other"]})
+    rows = []
+    for process, m in marks.groupby("process", observed=True, sort=True):
+        m = m.sort_values("start_ns", kind="stable")
+        times = m["start_ns"].to_numpy()
+        proc_events = events[events["process"] == process]
+        last = int(proc_events["end_ns"].max())
+        names = m["name"].astype(str).to_numpy()
+        args = m["arg"].to_numpy()
+        for i in range(len(m)):
+            if names[i] == "end":
+                continue
+            end = int(times[i + 1]) if i + 1 < len(m) else last
+            rows.append((process, int(m["pid"].iloc[i]), m["rank"].iloc[i], names[i], int(args[i]),
+                         int(times[i]), end, end - int(times[i])))
+    steps = pd.DataFrame(rows, columns=cols)
+    steps = _add_phase_columns(steps, events)
+    steps["rank"] = steps["rank"].astype("Int64")
+    return steps
+
+
+def _add_phase_columns(steps: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    phases = events[(events["category"] == "phase") & (events["kind"] == "span")]
+    for name in PHASES:
+        steps[name] = 0
+    steps["Other"] = steps["duration_ns"]
+    if phases.empty or steps.empty:
+        return steps
+    totals = np.zeros((len(steps), len(PHASES)), dtype=np.int64)
+    covered = np.zeros(len(steps), dtype=np.int64)
+    for process, idx in steps.groupby("process", observed=True).groups.items():
+        idx = np.asarray(idx)
+        s = steps.loc[idx].sort_values("start_ns")
+        starts = s["start_ns"].to_numpy()
+        ends = s["end_ns"].to_numpy()
+        rows = s.index.to_numpy()
+        ph = phases[phases["process"] == process]
+        where = np.searchsorted(starts, ph["start_ns"].to_numpy(), side="right") - 1
+        inside = (where >= 0) & (ph["start_ns"].to_numpy() < ends[np.clip(where, 0, None)])
+        names = ph["name"].astype(str).to_numpy()
+        durs = ph["duration_ns"].to_numpy()
+        for j, pname in enumerate(PHASES):
+            sel = inside & (names == pname)
+            np.add.at(totals[:, j], rows[where[sel]], durs[sel])
+        # Phases may nest (a closure inside Optimizer): count covered time once.
+        sel = inside & np.isin(names, PHASES)
+        covered_by_step = _union_lengths(where[sel], ph["start_ns"].to_numpy()[sel],
+                                         ph["end_ns"].to_numpy()[sel])
+        for w, length in covered_by_step.items():
+            covered[rows[w]] = length
+    for j, name in enumerate(PHASES):
+        steps[name] = totals[:, j]
+    steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)
+    return steps
+
+
+def _union_lengths(groups, starts, ends) -> dict:
+    """Total length of the union of intervals, per group."""
+    out = {}
+    if len(groups) == 0:
+        return out
+    order = np.lexsort((starts, groups))
+    g, s, e = groups[order], starts[order], ends[order]
+    cur_g, cur_s, cur_e, total = g[0], s[0], e[0], 0
+    for k in range(1, len(g)):
+        if g[k] != cur_g or s[k] > cur_e:
+            total += cur_e - cur_s
+            if g[k] != cur_g:
+                out[int(cur_g)] = int(total)
+                total = 0
+            cur_g, cur_s, cur_e = g[k], s[k], e[k]
+        else:
+            cur_e = max(cur_e, e[k])
+    out[int(cur_g)] = int(total + cur_e - cur_s)
+    return out
+
+
+class Run:
+    """A recorded run: ``events``, ``steps`` and ``processes`` as DataFrames.
+
+    ``dropped_events`` counts events the writer could not keep up with;
+    ``warnings`` lists damage found while reading (file and offset).
+    """
+
+    def __init__(self, path: str, quiet: bool = False):
+        self.path = resolve_run_path(path)
+        self.name = os.path.basename(os.path.normpath(self.path))
+        try:
+            with open(os.path.join(self.path, "run.json")) as f:
+                self.info = json.load(f)
+        except (OSError, ValueError):
+            self.info = {}
+        procs = read_processes(self.path)
+        if not procs and not self.info:
+            raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
+        self._procs = procs
+        self.warnings = [w for p in procs for w in p.warnings]
+        self.dropped_events = sum(p.dropped for p in procs)
+        if not quiet:
+            for w in self.warnings:
+                _warnings.warn(f"stepscope: {w}", stacklevel=3)
+            if self.dropped_events:
+                _warnings.warn(f"stepscope: {self.dropped_events} events were dropped while recording "
+                               f"{self.name} (the writer could not keep up)", stacklevel=3)
+        self._events = None
+        self._steps = None
+
+    @property
+    def events(self) -> pd.DataFrame:
+        if self._events is None:
+            self._events = events_frame(self._procs)
+        return self._events
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        if self._steps is None:
+            self._steps = steps_frame(self.events)
+        return self._steps
+
+    @property
+    def processes(self) -> pd.DataFrame:
+        rows = []
+        for p in self._procs:
+            c = p.columns
+            rows.append({
+                "process": os.path.basename(p.folder), "pid": p.meta.get("pid"),
+                "host": p.meta.get("host"), "rank": p.meta.get("rank"),
+                "origin": p.meta.get("origin"), "parent": p.meta.get("parent"),
+                "events": 0 if c is None else len(c["start"]),
+                "dropped": p.dropped, "clean_close": bool(c and c["clean_close"]),
+                "readable": c is not None,
+            })
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        return f"<stepscope.Run {self.path!r}: {len(self._procs)} process(es)>"
+
+
+def load(run, quiet: bool = False) -> Run:
+    """Loads a run folder (or a run name under STEPSCOPE_DIR)."""
+    return Run(run, quiet=quiet)

@@ -1,0 +1,137 @@
+"""``stepscope`` commands. Exit 0 on success, 2 on bad input with a one-line reason."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import List, Optional
+
+from stepscope.core import config as _config
+from stepscope.core import runinfo
+
+
+class UsageError(Exception):
+    pass
+
+
+def _run_command(args) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("stepscope run needs a command after --, e.g. stepscope run -- python train.py")
+    env = dict(os.environ)
+    overrides = {"dir": args.dir, "name": args.name, "interval_ms": args.interval_ms, "gpu": args.gpu}
+    try:
+        cfg = _config.resolve(env=env, **{k: v for k, v in overrides.items() if v is not None})
+    except _config.ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    script = next((c for c in cmd if c.endswith(".py")), os.path.basename(cmd[0]))
+    name = cfg.name or runinfo.derive_run_name(env={}, argv=[script])
+    run_dir = os.path.abspath(os.path.join(cfg.dir, name))
+    env.update({"STEPSCOPE": "1", "STEPSCOPE_DIR": os.path.abspath(cfg.dir), "STEPSCOPE_RUN": name,
+                "STEPSCOPE_INTERVAL_MS": str(cfg.interval_ms), "STEPSCOPE_GPU": cfg.gpu})
+    env.pop("STEPSCOPE_ACTIVE_RUN", None)
+    print(f"stepscope: profiling into {run_dir}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        raise UsageError(f"cannot run {cmd[0]!r}: {exc.strerror or exc}") from None
+    # The child gets the terminal's signals itself; forward what a scheduler sends us.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:
+            continue
+    if os.path.isdir(run_dir):
+        try:
+            from stepscope.cli.summary import summarize, format_text
+
+            print(format_text(summarize(run_dir)), file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 - the job's exit code matters more
+            print(f"stepscope: could not summarize {run_dir}: {exc}", file=sys.stderr)
+        print(f"stepscope: run written to {run_dir}", file=sys.stderr)
+    return code if code >= 0 else 128 - code
+
+
+def _summary_command(args) -> int:
+    from stepscope.analysis import RunFormatError
+    from stepscope.cli.summary import format_text, summarize
+
+    try:
+        s = summarize(args.run)
+    except RunFormatError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(s, indent=2) if args.json else format_text(s))
+    return 0
+
+
+def _ls_command(args) -> int:
+    root = args.dir or os.environ.get("STEPSCOPE_DIR") or _config.DEFAULT_DIR
+    if not os.path.isdir(root):
+        raise UsageError(f"no folder {root!r}")
+    rows = []
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if not os.path.isfile(os.path.join(path, "run.json")):
+            continue
+        try:
+            with open(os.path.join(path, "run.json")) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            info = {}
+        procs = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
+        dur = info.get("duration_s")
+        rows.append((name, f"{dur:.1f}s" if isinstance(dur, (int, float)) else "running?", len(procs),
+                     " ".join(info.get("command", []))[:60]))
+    if not rows:
+        print(f"no runs in {root}")
+        return 0
+    width = max(len(r[0]) for r in rows)
+    for name, dur, n, cmd in rows:
+        print(f"{name:<{width}}  {dur:>9}  {n:>3} proc  {cmd}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stepscope", description="Profile deep-learning training jobs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a command profiled",
+                       usage="stepscope run [--dir D] [--name N] [--interval-ms MS] [--gpu MODE] -- CMD ARGS...")
+    r.add_argument("--dir")
+    r.add_argument("--name")
+    r.add_argument("--interval-ms", dest="interval_ms")
+    r.add_argument("--gpu", choices=_config.GPU_MODES)
+    r.add_argument("cmd", nargs=argparse.REMAINDER)
+    r.set_defaults(func=_run_command)
+
+    s = sub.add_parser("summary", help="a run's numbers and findings")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    s.set_defaults(func=_summary_command)
+
+    ls = sub.add_parser("ls", help="the runs in a folder")
+    ls.add_argument("dir", nargs="?")
+    ls.set_defaults(func=_ls_command)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"stepscope: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0

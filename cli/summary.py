@@ -1,0 +1,63 @@
+"""``stepscope summary``: the run's numbers (SPEC §6).
+
+System metrics and findings are filled in by the system-metrics and rules
+layers; until a run has that data, those fields are null / empty.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepscope.analysis import PHASES, load
+
+
+def _ms(ns) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+def summarize(run) -> dict:
+    r = load(run, quiet=True)
+    events, steps = r.events, r.steps
+    if len(events):
+        duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
+    else:
+        duration_s = float(r.info.get("duration_s") or 0.0)
+    out = {
+        "run": r.name,
+        "ranks": int(max(1, events["rank"].nunique())) if len(events) else 1,
+        "duration_s": round(duration_s, 3),
+        "steps": {},
+        "phases": {},
+        "system": {"cpu_util_mean": None, "memory_used_max_bytes": None, "gpu_util_mean": None},
+        "findings": [],
+        "dropped_events": int(r.dropped_events),
+        "warnings": r.warnings,
+    }
+    for mode, s in steps.groupby("mode", sort=False):
+        d = s["duration_ns"].to_numpy()
+        out["steps"][mode] = {"count": int(len(d)), "mean_ms": _ms(d.mean()),
+                              "median_ms": _ms(np.median(d)), "p95_ms": _ms(np.percentile(d, 95)),
+                              "max_ms": _ms(d.max())}
+    train = steps[steps["mode"] == "train"] if len(steps) else steps
+    base = train if len(train) else steps
+    total = float(base["duration_ns"].sum()) if len(base) else 0.0
+    for phase in PHASES:
+        if len(base) and base[phase].sum() > 0:
+            out["phases"][phase] = {"count": int((base[phase] > 0).sum()),
+                                    "total_ms": _ms(base[phase].sum()),
+                                    "share": round(float(base[phase].sum()) / total, 4) if total else 0.0}
+    return out
+
+
+def format_text(s: dict) -> str:
+    lines = [f"run {s['run']}: {s['duration_s']:.2f} s, {s['ranks']} rank(s)"]
+    for mode, st in s["steps"].items():
+        lines.append(f"  {mode:<8} {st['count']:>6} steps  mean {st['mean_ms']:.2f} ms  "
+                     f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")
+    for phase, p in s["phases"].items():
+        lines.append(f"  {phase:<10} {100 * p['share']:5.1f}% of train step time ({p['total_ms']:.1f} ms)")
+    if s["dropped_events"]:
+        lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
+    for w in s.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Annotations, steps and counters: the user-facing recording calls.
+
+``annotate`` is the native function itself: a C context-manager object per
+call, with no Python frame on the hot path.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from stepscope.core import _native
+
+CATEGORIES = _native.CATEGORIES
+CATEGORY = {name: i for i, name in enumerate(CATEGORIES)}
+MODES = ("train", "eval", "predict")
+
+annotate = _native.annotate
+annotation_begin = _native.annotation_begin
+annotation_end = _native.annotation_end
+
+
+def _decorate(name, category, func):
+    """``@stepscope.annotate("name")``: a span around every call of func."""
+    span = _native.annotate
+    if inspect.iscoroutinefunction(func):
+        @functools.wraps(func)
+        async def async_wrapper(*args, **kwargs):
+            with span(name, category):
+                return await func(*args, **kwargs)
+
+        return async_wrapper
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with span(name, category):
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _decorate_bare(func):
+    """``@stepscope.annotate`` without arguments: named after the function."""
+    return _decorate(getattr(func, "__qualname__", getattr(func, "__name__", repr(func))),
+                     CATEGORY["annotation"], func)
+
+
+_native.set_decorators(_decorate, _decorate_bare)
+
+
+def step(mode: str = "train") -> int:
+    """Marks the start of a new step of ``mode`` (train, eval or predict).
+
+    Steps are contiguous: this step runs until the next ``step()`` or
+    ``end_step()`` (or the end of the session). Returns the step's number,
+    counted from 0 per mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not valid; allowed: {', '.join(MODES)}")
+    return _native.begin_step(mode)
+
+
+def end_step() -> None:
+    """Ends the current step without starting another (e.g. at the end of a loop)."""
+    _native.end_step()
+
+
+def counter(name: str, value: float) -> None:
+    """Records a numeric sample (a loss, a queue length, a batch size...)."""
+    _native.counter(CATEGORY["counter"], _native.intern(name), value)

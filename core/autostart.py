@@ -1,0 +1,42 @@
+"""Zero-edit start: ``STEPSCOPE=1 python train.py``.
+
+Imported at interpreter start by the ``stepscope.pth`` file that the wheel
+installs, and only when ``STEPSCOPE`` is set. Bad settings or any failure
+print one warning; the program always runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _enabled(value: str) -> bool:
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def main() -> None:
+    try:
+        if not _enabled(os.environ.get("STEPSCOPE", "")):
+            return
+        import stepscope  # a child of a profiled process joins its run here
+        from stepscope.core import config, safety, session
+
+        if session.current() is not None:
+            return
+
+        try:
+            config.resolve()
+        except config.ConfigError as exc:
+            safety.report_failure(f"invalid setting ({exc})")
+            return
+        session.start()
+    except Exception as exc:  # noqa: BLE001
+        try:
+            print(f"stepscope: could not start ({type(exc).__name__}: {exc}); "
+                  "the program continues unprofiled", file=sys.stderr)
+        except Exception:
+            pass
+
+
+main()

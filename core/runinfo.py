@@ -1,0 +1,117 @@
+"""Who is this process, and what is the run called: names and metadata.
+
+Nothing here imports a framework: versions come from package metadata of
+modules already imported.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from typing import Optional
+
+FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "tensorflow", "keras", "jax",
+              "numpy", "pandas", "pynvml", "cupti")
+# import name -> distribution name, where they differ
+_DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "cupti": "cupti-python", "pytorch_lightning": "pytorch-lightning"}
+
+
+def hostname() -> str:
+    host = socket.gethostname().split(".")[0] or "host"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in host)
+
+
+def rank_from_env(env=os.environ) -> Optional[int]:
+    """The global rank set by torchrun, MPI or SLURM launchers, if any."""
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = env.get(var)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def world_size_from_env(env=os.environ) -> Optional[int]:
+    for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        value = env.get(var)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def script_name(argv=None) -> str:
+    argv = sys.argv if argv is None else argv
+    first = argv[0] if argv and argv[0] else ""
+    base = os.path.basename(first)
+    if base in ("", "-c", "-m") or base.startswith("<"):
+        return "python"
+    stem = base[:-3] if base.endswith(".py") else base
+    if stem == "__main__":  # python -m pkg
+        stem = os.path.basename(os.path.dirname(first)) or "python"
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "python"
+
+
+def _parent_start_time(ppid: int) -> Optional[float]:
+    """The parent's start time (epoch seconds): ranks started by one launcher share it."""
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def derive_run_name(env=os.environ, argv=None, now: Optional[float] = None) -> str:
+    """``<script>-<YYYYmmdd-HHMMSS>``; ranks of one launch agree on it."""
+    script = script_name(argv)
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"{script}-{run_id}"
+    stamp = now if now is not None else time.time()
+    if rank_from_env(env) is not None:
+        parent = _parent_start_time(os.getppid())
+        if parent is not None:
+            stamp = parent
+    return f"{script}-{_dt.datetime.fromtimestamp(stamp).strftime('%Y%m%d-%H%M%S')}"
+
+
+def framework_versions() -> dict:
+    """Versions of the frameworks this process has imported (never imports one)."""
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for module in FRAMEWORKS:
+        if module in sys.modules:
+            try:
+                versions[module] = metadata.version(_DISTRIBUTIONS.get(module, module))
+            except Exception:
+                versions[module] = getattr(sys.modules[module], "__version__", "unknown")
+    return versions
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def clock_anchor() -> dict:
+    """A (wall clock, monotonic clock) pair to align processes and hosts later."""
+    best = None
+    for _ in range(5):
+        m0 = time.monotonic_ns()
+        wall = time.time_ns()
+        m1 = time.monotonic_ns()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, wall, (m0 + m1) // 2)
+    width, wall, mono = best
+    return {"realtime_ns": wall, "monotonic_ns": mono, "uncertainty_ns": width}

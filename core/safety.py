@@ -1,0 +1,59 @@
+"""Never break the job: stepscope's failures become one line on stderr.
+
+Anything that goes wrong inside stepscope while it runs in a user's process
+is reported once and switches profiling off; the user's program carries on
+with the same results.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+_lock = threading.Lock()
+_reported = False
+
+
+def report_failure(what: str, exc: BaseException | None = None) -> None:
+    """Prints one warning per process and turns recording off."""
+    global _reported
+    with _lock:
+        first = not _reported
+        _reported = True
+    try:
+        from stepscope.core import session
+
+        session.disable_after_failure()
+    except Exception:
+        pass
+    if first:
+        detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        try:
+            print(f"stepscope: {what}{detail}; profiling is turned off, the program continues unaffected",
+                  file=sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
+def reset() -> None:
+    """Forget an earlier report (tests, and a forked child's fresh start)."""
+    global _reported
+    _reported = False
+
+
+def guarded(what: str, default=None):
+    """Decorator: failures of the wrapped stepscope function are reported, not raised."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the point is to catch everything
+                report_failure(what, exc)
+                return default
+
+        return inner
+
+    return wrap

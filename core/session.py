@@ -1,0 +1,316 @@
+"""The profiling session: one per process, writing one trace into a run folder.
+
+    <dir>/<run>/run.json            written by the process that created the run
+    <dir>/<run>/<host>-rank<N>/     a rank's process folder (torchrun, MPI, SLURM)
+    <dir>/<run>/<host>-pid<P>/      any other process: a script, a forked worker
+        process.json                who the process is, its clock anchor, stats
+        trace.ssc                   the native core's events (docs/format.md)
+
+Forked children (DataLoader workers) and spawned children that import
+stepscope join the run with folders of their own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+from stepscope.core import _native, runinfo, safety
+from stepscope.core.config import Config, resolve
+
+__all__ = ["Session", "start", "stop", "current", "profile"]
+
+# Exported to child processes so that spawned children join the same run.
+_ACTIVE_RUN_VAR = "STEPSCOPE_ACTIVE_RUN"
+_PARENT_RANK_VAR = "STEPSCOPE_PARENT_RANK"
+TRACE_FILE = "trace.ssc"
+
+_lock = threading.RLock()
+_session: Optional["Session"] = None
+
+
+class Session:
+    """A running (or finished) profile of this process. ``stop()`` ends it."""
+
+    def __init__(self, config: Config, run_dir: str, process_dir: str, created_run: bool,
+                 origin: str, parent: Optional[str] = None):
+        self.config = config
+        self.run_dir = run_dir
+        self.process_dir = process_dir
+        self.name = os.path.basename(run_dir)
+        self.created_run = created_run
+        self.origin = origin  # "main", "fork" or "spawn"
+        self.parent = parent
+        self.active = False
+        self.stats: dict = {}
+        self._start_wall = time.time()
+
+    @property
+    def path(self) -> str:
+        return self.run_dir
+
+    def __repr__(self) -> str:
+        state = "recording" if self.active else "stopped"
+        return f"<stepscope.Session {self.run_dir!r} {state}>"
+
+    # with stepscope.profile(...) as run: ...
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Flushes and closes the trace. Safe to call more than once."""
+        global _session
+        with _lock:
+            if not self.active:
+                return
+            self.active = False
+            if _session is self:
+                _session = None
+                if os.environ.get(_ACTIVE_RUN_VAR) == self.run_dir:
+                    del os.environ[_ACTIVE_RUN_VAR]
+        try:
+            _native.close()
+            self.stats = _native.stats()
+            self._finish_metadata()
+        except Exception as exc:  # noqa: BLE001
+            safety.report_failure(f"finishing the run in {self.process_dir} failed", exc)
+
+    def load(self):
+        """The recorded run as tables (see stepscope.load)."""
+        from stepscope.analysis import load
+
+        return load(self.run_dir)
+
+    # --- metadata -----------------------------------------------------------------
+    def _process_json(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "host": runinfo.hostname(),
+            "rank": runinfo.rank_from_env() if self.origin == "main" else None,
+            "parent_rank": runinfo.rank_from_env(),
+            "local_rank": _int_env("LOCAL_RANK"),
+            "world_size": runinfo.world_size_from_env(),
+            "origin": self.origin,
+            "parent": self.parent,
+            "argv": list(sys.argv),
+            "start_time": self._start_wall,
+            "clock": {**runinfo.clock_anchor(), **_native.clock_info()},
+            "trace": TRACE_FILE,
+        }
+
+    def _finish_metadata(self) -> None:
+        path = os.path.join(self.process_dir, "process.json")
+        try:
+            with open(path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = {}
+        meta["end_time"] = time.time()
+        meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
+                           if t.native_id is not None}
+        meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "error")}
+        meta["versions"] = runinfo.framework_versions()
+        runinfo.write_json_atomic(path, meta)
+        if self.created_run:
+            run_json = os.path.join(self.run_dir, "run.json")
+            try:
+                with open(run_json) as f:
+                    info = json.load(f)
+            except (OSError, ValueError):
+                info = {}
+            info["end_time"] = meta["end_time"]
+            info["duration_s"] = round(meta["end_time"] - self._start_wall, 6)
+            info["versions"] = meta["versions"]
+            runinfo.write_json_atomic(run_json, info)
+
+
+def _int_env(var: str) -> Optional[int]:
+    v = os.environ.get(var, "").strip()
+    return int(v) if v.isdigit() else None
+
+
+def _make_process_dir(run_dir: str, origin: str) -> str:
+    host = runinfo.hostname()
+    rank = runinfo.rank_from_env() if origin == "main" else None
+    candidates = [f"{host}-rank{rank}"] if rank is not None else []
+    candidates.append(f"{host}-pid{os.getpid()}")
+    for i, name in enumerate(candidates):
+        path = os.path.join(run_dir, name)
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            if i == len(candidates) - 1:  # our pid folder exists: an earlier session of ours
+                for n in range(1, 1000):
+                    alt = f"{path}.{n}"
+                    try:
+                        os.mkdir(alt)
+                        return alt
+                    except FileExistsError:
+                        continue
+                raise
+    raise RuntimeError("unreachable")
+
+
+def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> Session:
+    """Creates the folders and metadata and starts the native writer; raises on failure."""
+    os.makedirs(os.path.dirname(run_dir) or ".", exist_ok=True)
+    created = False
+    try:
+        os.mkdir(run_dir)
+        created = True
+    except FileExistsError:
+        pass
+    if created:
+        runinfo.write_json_atomic(os.path.join(run_dir, "run.json"), {
+            "format": "stepscope-run",
+            "version": 1,
+            "name": os.path.basename(run_dir),
+            "command": list(sys.argv),
+            "cwd": os.getcwd(),
+            "start_time": time.time(),
+            "host": runinfo.hostname(),
+            "world_size": runinfo.world_size_from_env(),
+            "config": config.as_dict(),
+        })
+    process_dir = _make_process_dir(run_dir, origin)
+    session = Session(config, run_dir, process_dir, created, origin, parent)
+    meta = session._process_json()
+    runinfo.write_json_atomic(os.path.join(process_dir, "process.json"), meta)
+    header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
+                         "clock": meta["clock"]})
+    err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
+                       config.flush_interval_ms, config.buffer_mb << 20)
+    if err:
+        raise OSError(err)
+    session.active = True
+    return session
+
+
+def start(**kwargs) -> Optional[Session]:
+    """Starts profiling this process (SPEC §1). Returns the session.
+
+    Bad keyword values raise ValueError. Bad ``STEPSCOPE_*`` variables and any
+    failure to set up the run (an unwritable folder, say) print one warning and
+    return None: the program runs on unprofiled.
+    """
+    global _session
+    explicit = {k: v for k, v in kwargs.items() if v is not None}
+    resolve(env={}, **explicit)  # keyword errors are the caller's to fix: raise them
+    with _lock:
+        if _session is not None and _session.active:
+            return _session
+        try:
+            config = resolve(**explicit)
+            name = config.name or runinfo.derive_run_name()
+            run_dir = os.path.abspath(os.path.join(config.dir, name))
+            _session = _open(config, run_dir, "main", None)
+        except Exception as exc:  # noqa: BLE001
+            safety.report_failure("could not start profiling", exc)
+            return None
+        # Children (spawned workers, subprocesses) that import stepscope join this run.
+        os.environ[_ACTIVE_RUN_VAR] = run_dir
+        os.environ[_PARENT_RANK_VAR] = str(runinfo.rank_from_env() if runinfo.rank_from_env() is not None else "")
+        os.environ["STEPSCOPE_RUN"] = _session.name
+        return _session
+
+
+def stop() -> None:
+    """Stops the current session, if any."""
+    s = _session
+    if s is not None:
+        s.stop()
+
+
+def current() -> Optional[Session]:
+    """The active session of this process, or None."""
+    s = _session
+    return s if s is not None and s.active else None
+
+
+class profile:
+    """``with stepscope.profile(...) as run:`` -- start() on entry, stop() on exit."""
+
+    def __init__(self, **kwargs):
+        self._kwargs = kwargs
+        self._session: Optional[Session] = None
+        resolve(env={}, **{k: v for k, v in kwargs.items() if v is not None})
+
+    def __enter__(self) -> Optional[Session]:
+        self._session = start(**self._kwargs)
+        return self._session
+
+    def __exit__(self, *exc) -> None:
+        if self._session is not None:
+            self._session.stop()
+
+
+def disable_after_failure() -> None:
+    """Called by safety.report_failure: stop recording, keep the program going."""
+    s = _session
+    if s is not None and s.active:
+        try:
+            s.stop()
+        except Exception:
+            pass
+
+
+# --- children ---------------------------------------------------------------------
+def _join(run_dir: str, origin: str, parent: Optional[str]) -> None:
+    """Joins an existing run from a child process; never raises."""
+    global _session
+    try:
+        config = resolve()
+        _session = _open(config, run_dir, origin, parent)
+        os.environ[_ACTIVE_RUN_VAR] = run_dir
+        _register_exit_hooks()
+    except Exception as exc:  # noqa: BLE001
+        safety.report_failure(f"could not profile child process {os.getpid()}", exc)
+
+
+def _after_fork_in_child() -> None:
+    global _session
+    parent = _session
+    safety.reset()
+    if parent is None or not parent.active:
+        _session = None
+        return
+    parent.active = False  # the parent's session belongs to the parent
+    _session = None
+    _join(parent.run_dir, "fork", os.path.basename(parent.process_dir))
+
+
+def _register_exit_hooks() -> None:
+    # multiprocessing's forked children leave through os._exit(): atexit does not
+    # run there, multiprocessing's own finalizers do.
+    if "multiprocessing" in sys.modules:
+        try:
+            from multiprocessing import util
+
+            util.Finalize(None, stop, exitpriority=-1000)
+        except Exception:
+            pass
+
+
+def join_parent_run_if_any() -> None:
+    """On import in a spawned child: join the run the parent process is writing."""
+    run_dir = os.environ.get(_ACTIVE_RUN_VAR)
+    if run_dir and _session is None and os.path.isdir(run_dir):
+        # A child with a rank of its own (a launcher's worker) is a rank, not a helper.
+        rank = runinfo.rank_from_env()
+        own_rank = rank is not None and str(rank) != os.environ.get(_PARENT_RANK_VAR, "")
+        _join(run_dir, "main" if own_rank else "spawn", None)
+
+
+atexit.register(stop)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,50 @@
+// On-disk format constants shared by the writer and the reader.
+// The format is documented in docs/format.md; bump kFormatMinor for additive
+// changes a v1 reader can skip, kFormatMajor for anything it cannot.
+#pragma once
+#include <cstdint>
+
+namespace stepscope {
+
+constexpr char kFileMagic[8] = {'S', 'T', 'E', 'P', 'S', 'C', 'P', '\n'};
+constexpr uint16_t kFormatMajor = 1;
+constexpr uint16_t kFormatMinor = 0;
+// File header: magic[8] | u16 major | u16 minor | u32 json_len | json bytes.
+constexpr uint32_t kFileHeaderFixed = 16;
+
+// Chunk header: u32 magic | u8 type | u8 flags | u16 reserved | u32 len | u32 crc32c.
+constexpr uint32_t kChunkMagic = 0x4B4E4843;  // "CHNK" little-endian
+constexpr uint32_t kChunkHeader = 16;
+constexpr uint32_t kMaxChunkPayload = 64u << 20;  // sanity bound for the reader
+
+enum ChunkType : uint8_t {
+  kChunkNames = 1,   // interned strings: count, then (id, len, bytes)...
+  kChunkTrack = 2,   // a thread (or later: GPU stream) that events refer to
+  kChunkEvents = 3,  // events of one track, delta/varint encoded
+  kChunkStats = 4,   // cumulative counters: dropped, written
+  kChunkEnd = 5,     // clean close; same payload as kChunkStats
+};
+
+// Event kinds (2 bits on disk).
+enum Kind : uint8_t { kSpan = 0, kInstant = 1, kCounter = 2 };
+
+// Categories (4 bits on disk). Names are fixed: readers map them to strings.
+enum Category : uint8_t {
+  kCatAnnotation = 0,  // user annotations (stepscope.annotate, smppy)
+  kCatPhase = 1,       // GetNext, Forward, Loss, Backward, Optimizer, Recompute
+  kCatStep = 2,        // step boundaries (instants named by mode)
+  kCatOp = 3,          // framework ops
+  kCatModule = 4,      // framework modules / layers
+  kCatSystem = 5,      // system metrics
+  kCatGpu = 6,         // GPU activity
+  kCatCounter = 7,     // user counters
+  kCatInternal = 8,    // stepscope's own bookkeeping
+  kCatFramework = 9,   // framework-native annotations (e.g. Lightning actions)
+  kNumCategories = 16,
+};
+
+// Event byte 0: kind (bits 0-1) | category (bits 2-5) | has_arg (bit 6) | int_value (bit 7).
+constexpr uint8_t kHasArg = 1u << 6;
+constexpr uint8_t kIntValue = 1u << 7;
+
+}  // namespace stepscope

@@ -1,0 +1,386 @@
+// Python bindings. The per-event entry points (annotate's Span object, span,
+// instant, counter, now) use the CPython API directly with METH_FASTCALL:
+// they are the hottest calls in the product. Everything else uses nanobind.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "reader.h"
+#include "recorder.h"
+
+namespace nb = nanobind;
+using namespace stepscope;
+
+namespace {
+
+PyObject* g_name_cache = nullptr;  // str -> int: interning without leaving C
+PyObject* g_decorate = nullptr;    // python: (name, category, func) -> wrapper
+PyObject* g_decorate_bare = nullptr;  // python: (func) -> wrapper
+
+// Returns the interned id of a str, or -1 with a Python error set.
+int64_t intern_obj(PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(g_name_cache, name);
+  if (v) return int64_t(PyLong_AsUnsignedLong(v));
+  if (PyErr_Occurred()) return -1;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "a name must be a str, not %.100s", Py_TYPE(name)->tp_name);
+    return -1;
+  }
+  Py_ssize_t n;
+  const char* s = PyUnicode_AsUTF8AndSize(name, &n);
+  if (!s) return -1;
+  uint32_t id = intern(std::string(s, size_t(n)));
+  PyObject* idobj = PyLong_FromUnsignedLong(id);
+  if (!idobj || PyDict_SetItem(g_name_cache, name, idobj) < 0) {
+    Py_XDECREF(idobj);
+    return -1;
+  }
+  Py_DECREF(idobj);
+  return id;
+}
+
+// ------------------------------------------------------------------ Span
+
+struct SpanObject {
+  PyObject_HEAD
+  uint64_t t0;  // 0 = not running
+  uint32_t name;
+  uint8_t cat;
+  PyObject* pyname;
+};
+
+PyTypeObject SpanType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// A small free list: annotate() objects are created and dropped at high rates.
+// _Py_NewReference is not public API; without it, plain allocation is used.
+#if PY_VERSION_HEX < 0x030D0000
+constexpr int kFreeMax = 64;
+#else
+constexpr int kFreeMax = 0;
+#endif
+SpanObject* g_free_spans[kFreeMax > 0 ? kFreeMax : 1];
+int g_free_count = 0;
+
+SpanObject* new_span(PyObject* pyname, uint32_t name, uint8_t cat) {
+  SpanObject* s;
+  if (g_free_count > 0) {
+    s = g_free_spans[--g_free_count];
+#if PY_VERSION_HEX < 0x030D0000
+    _Py_NewReference(reinterpret_cast<PyObject*>(s));
+#endif
+  } else {
+    s = PyObject_New(SpanObject, &SpanType);
+    if (!s) return nullptr;
+  }
+  s->t0 = 0;
+  s->name = name;
+  s->cat = cat;
+  Py_INCREF(pyname);
+  s->pyname = pyname;
+  return s;
+}
+
+void span_dealloc(PyObject* self) {
+  auto* s = reinterpret_cast<SpanObject*>(self);
+  Py_CLEAR(s->pyname);
+  if (g_free_count < kFreeMax) {
+    g_free_spans[g_free_count++] = s;
+  } else {
+    PyObject_Free(self);
+  }
+}
+
+PyObject* span_enter(PyObject* self, PyObject*) {
+  auto* s = reinterpret_cast<SpanObject*>(self);
+  s->t0 = g_enabled.load(std::memory_order_relaxed) ? ticks() : 0;
+  Py_INCREF(self);
+  return self;
+}
+
+PyObject* span_exit(PyObject* self, PyObject* const*, Py_ssize_t) {
+  auto* s = reinterpret_cast<SpanObject*>(self);
+  if (s->t0) {
+    record_span(s->cat, s->name, s->t0, ticks());
+    s->t0 = 0;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* span_call(PyObject* self, PyObject* args, PyObject* kwargs) {
+  auto* s = reinterpret_cast<SpanObject*>(self);
+  PyObject* func;
+  if (kwargs || !PyArg_UnpackTuple(args, "annotate", 1, 1, &func)) {
+    PyErr_SetString(PyExc_TypeError, "annotate(name) decorates exactly one function");
+    return nullptr;
+  }
+  if (!g_decorate) {
+    PyErr_SetString(PyExc_RuntimeError, "stepscope is not initialised");
+    return nullptr;
+  }
+  PyObject* cat = PyLong_FromLong(s->cat);
+  PyObject* r = PyObject_CallFunctionObjArgs(g_decorate, s->pyname, cat, func, nullptr);
+  Py_XDECREF(cat);
+  return r;
+}
+
+PyObject* span_repr(PyObject* self) {
+  auto* s = reinterpret_cast<SpanObject*>(self);
+  return PyUnicode_FromFormat("<stepscope.annotate %R>", s->pyname);
+}
+
+PyObject* span_get_name(PyObject* self, void*) {
+  auto* s = reinterpret_cast<SpanObject*>(self);
+  Py_INCREF(s->pyname);
+  return s->pyname;
+}
+
+PyMethodDef span_methods[] = {
+    {"__enter__", span_enter, METH_NOARGS, nullptr},
+    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(span_exit)),
+     METH_FASTCALL, nullptr},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef span_getset[] = {{"name", span_get_name, nullptr, "the annotation's name", nullptr},
+                             {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+// ------------------------------------------------------- module functions
+
+bool arg_u64(PyObject* o, uint64_t* out) {
+  *out = PyLong_AsUnsignedLongLong(o);
+  return !(*out == uint64_t(-1) && PyErr_Occurred());
+}
+
+// annotate(name, category=0) -> Span; annotate(func) decorates with func's name.
+PyObject* py_annotate(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 2) {
+    PyErr_SetString(PyExc_TypeError, "annotate(name, category=0)");
+    return nullptr;
+  }
+  PyObject* name = args[0];
+  if (!PyUnicode_Check(name) && PyCallable_Check(name) && nargs == 1 && g_decorate_bare)
+    return PyObject_CallOneArg(g_decorate_bare, name);
+  int64_t id = intern_obj(name);
+  if (id < 0) return nullptr;
+  long cat = nargs == 2 ? PyLong_AsLong(args[1]) : kCatAnnotation;
+  if (cat < 0 || cat >= kNumCategories) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "category must be in 0..15");
+    return nullptr;
+  }
+  return reinterpret_cast<PyObject*>(new_span(name, uint32_t(id), uint8_t(cat)));
+}
+
+PyObject* py_annotation_begin(PyObject* m, PyObject* const* args, Py_ssize_t nargs) {
+  PyObject* s = py_annotate(m, args, nargs);
+  if (s && Py_TYPE(s) == &SpanType) {
+    reinterpret_cast<SpanObject*>(s)->t0 = g_enabled.load(std::memory_order_relaxed) ? ticks() : 0;
+  }
+  return s;
+}
+
+PyObject* py_annotation_end(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 || Py_TYPE(args[0]) != &SpanType) {
+    PyErr_SetString(PyExc_TypeError, "annotation_end() takes the object annotation_begin() returned");
+    return nullptr;
+  }
+  return span_exit(args[0], nullptr, 0);
+}
+
+PyObject* py_now(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(ticks()); }
+
+PyObject* py_enabled(PyObject*, PyObject*) {
+  return PyBool_FromLong(g_enabled.load(std::memory_order_relaxed));
+}
+
+// span(category, name_id, t0, t1=now, arg=None): a complete span in ticks.
+PyObject* py_span(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 3 || nargs > 5) {
+    PyErr_SetString(PyExc_TypeError, "span(category, name_id, t0, t1=None, arg=None)");
+    return nullptr;
+  }
+  if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
+  uint64_t cat, name, t0, t1, arg = 0;
+  if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name) || !arg_u64(args[2], &t0)) return nullptr;
+  if (nargs >= 4 && args[3] != Py_None) {
+    if (!arg_u64(args[3], &t1)) return nullptr;
+  } else {
+    t1 = ticks();
+  }
+  const bool has_arg = nargs == 5 && args[4] != Py_None;
+  if (has_arg && !arg_u64(args[4], &arg)) return nullptr;
+  record_span(uint8_t(cat & 15), uint32_t(name), t0, t1, arg, has_arg);
+  Py_RETURN_NONE;
+}
+
+// instant(category, name_id, arg=None)
+PyObject* py_instant(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || nargs > 3) {
+    PyErr_SetString(PyExc_TypeError, "instant(category, name_id, arg=None)");
+    return nullptr;
+  }
+  if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
+  uint64_t cat, name, arg = 0;
+  if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name)) return nullptr;
+  const bool has_arg = nargs == 3 && args[2] != Py_None;
+  if (has_arg && !arg_u64(args[2], &arg)) return nullptr;
+  record_instant(uint8_t(cat & 15), uint32_t(name), arg, has_arg);
+  Py_RETURN_NONE;
+}
+
+// counter(category, name_id, value, arg=None)
+PyObject* py_counter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 3 || nargs > 4) {
+    PyErr_SetString(PyExc_TypeError, "counter(category, name_id, value, arg=None)");
+    return nullptr;
+  }
+  if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
+  uint64_t cat, name, arg = 0;
+  if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name)) return nullptr;
+  double v = PyFloat_AsDouble(args[2]);
+  if (v == -1.0 && PyErr_Occurred()) return nullptr;
+  const bool has_arg = nargs == 4 && args[3] != Py_None;
+  if (has_arg && !arg_u64(args[3], &arg)) return nullptr;
+  record_counter(uint8_t(cat & 15), uint32_t(name), v, arg, has_arg);
+  Py_RETURN_NONE;
+}
+
+#define FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
+PyMethodDef hot_methods[] = {
+    {"annotate", FASTCALL(py_annotate), METH_FASTCALL,
+     "annotate(name, category=0): a span as a context manager or decorator"},
+    {"annotation_begin", FASTCALL(py_annotation_begin), METH_FASTCALL,
+     "annotation_begin(name, category=0) -> handle"},
+    {"annotation_end", FASTCALL(py_annotation_end), METH_FASTCALL, "annotation_end(handle)"},
+    {"now", py_now, METH_NOARGS, "the current time in ticks"},
+    {"enabled", py_enabled, METH_NOARGS, "whether events are being recorded"},
+    {"span", FASTCALL(py_span), METH_FASTCALL, "span(category, name_id, t0, t1=None, arg=None)"},
+    {"instant", FASTCALL(py_instant), METH_FASTCALL, "instant(category, name_id, arg=None)"},
+    {"counter", FASTCALL(py_counter), METH_FASTCALL, "counter(category, name_id, value, arg=None)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+template <typename T>
+nb::object to_numpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  size_t shape[1] = {heap->size()};
+  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
+}
+
+nb::dict read_trace_py(const std::string& path) {
+  Columns c;
+  {
+    nb::gil_scoped_release nogil;
+    try {
+      c = read_trace(path);
+    } catch (const FormatError& e) {
+      nb::gil_scoped_acquire gil;
+      throw nb::value_error(e.what());
+    }
+  }
+  nb::dict d;
+  d["kind"] = to_numpy(std::move(c.kind));
+  d["category"] = to_numpy(std::move(c.cat));
+  d["name"] = to_numpy(std::move(c.name));
+  d["track"] = to_numpy(std::move(c.track));
+  d["start"] = to_numpy(std::move(c.start));
+  d["end"] = to_numpy(std::move(c.end));
+  d["arg"] = to_numpy(std::move(c.arg));
+  d["step"] = to_numpy(std::move(c.step));
+  d["value"] = to_numpy(std::move(c.value));
+  d["names"] = nb::cast(c.names);
+  nb::list tracks;
+  for (auto& t : c.tracks) tracks.append(nb::make_tuple(t.id, t.tid, t.kind, t.name));
+  d["tracks"] = tracks;
+  d["header"] = nb::bytes(c.header_json.data(), c.header_json.size());
+  d["version"] = nb::make_tuple(c.major, c.minor);
+  d["dropped"] = c.dropped;
+  d["written"] = c.written;
+  d["clean_close"] = c.clean_close;
+  d["warnings"] = nb::cast(c.warnings);
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "stepscope's native tracing core";
+  init_clock();
+
+  SpanType.tp_name = "stepscope.Span";
+  SpanType.tp_basicsize = sizeof(SpanObject);
+  SpanType.tp_flags = Py_TPFLAGS_DEFAULT;
+  SpanType.tp_dealloc = span_dealloc;
+  SpanType.tp_methods = span_methods;
+  SpanType.tp_getset = span_getset;
+  SpanType.tp_call = span_call;
+  SpanType.tp_repr = span_repr;
+  SpanType.tp_doc = "A named span: use it with `with`, or as a decorator.";
+  if (PyType_Ready(&SpanType) < 0) throw nb::python_error();
+  Py_INCREF(&SpanType);
+  PyModule_AddObject(m.ptr(), "Span", reinterpret_cast<PyObject*>(&SpanType));
+  g_name_cache = PyDict_New();
+  if (!g_name_cache || PyModule_AddFunctions(m.ptr(), hot_methods) < 0) throw nb::python_error();
+
+  m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
+                                        "gpu", "counter", "internal", "framework");
+  m.attr("FORMAT_VERSION") = nb::make_tuple(kFormatMajor, kFormatMinor);
+
+  m.def("intern", [](nb::handle name) {
+    int64_t id = intern_obj(name.ptr());
+    if (id < 0) throw nb::python_error();
+    return uint32_t(id);
+  }, "Interns a name and returns its id.");
+  m.def("set_decorators", [](nb::object decorate, nb::object bare) {
+    Py_XDECREF(g_decorate);
+    Py_XDECREF(g_decorate_bare);
+    g_decorate = decorate.release().ptr();
+    g_decorate_bare = bare.release().ptr();
+  });
+  m.def("begin_step", [](nb::handle mode) {
+    int64_t id = intern_obj(mode.ptr());
+    if (id < 0) throw nb::python_error();
+    return begin_step(uint32_t(id));
+  }, "Marks the start of a new step of `mode`; returns its number.");
+  m.def("end_step", &end_step, "Marks the end of the current step.");
+  m.def("current_step", [] { return g_step.load(); });
+  m.def("open", [](const std::string& path, const std::string& header_json, int flush_ms,
+                   size_t buffer_bytes) {
+    WriterOptions o{path, header_json, flush_ms, buffer_bytes};
+    return open_writer(o);
+  }, nb::arg("path"), nb::arg("header_json"), nb::arg("flush_interval_ms") = 1000,
+     nb::arg("buffer_bytes") = size_t(32) << 20,
+     "Starts writing events to a new trace file; returns '' or the reason it cannot.");
+  m.def("close", [] {
+    nb::gil_scoped_release nogil;
+    close_writer();
+  }, "Flushes everything and closes the trace file.");
+  m.def("stats", [] {
+    WriterStats s = writer_stats();
+    nb::dict d;
+    d["written"] = s.written;
+    d["dropped"] = s.dropped;
+    d["bytes"] = s.bytes;
+    d["chunks_in_use"] = s.chunks_in_use;
+    d["chunk_bytes"] = sizeof(Chunk);
+    d["error"] = s.error;
+    return d;
+  });
+  m.def("clock_info", [] {
+    nb::dict d;
+    d["source"] = converter().source();
+    d["ticks_per_ns"] = converter().ticks_per_ns();
+    return d;
+  });
+  m.def("read_trace", &read_trace_py, "Decodes one trace file into numpy columns.");
+  m.def("bench_cpp_pair", [](uint64_t n, uint32_t name) {
+    // The C++ API's cost per begin+end pair, as an integration in C++ sees it.
+    nb::gil_scoped_release nogil;
+    int64_t t_start = mono_ns();
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t t0 = ticks();
+      record_span(kCatPhase, name, t0, ticks());
+    }
+    return double(mono_ns() - t_start) / double(n);
+  });
+}

@@ -1,0 +1,243 @@
+#include "reader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "encoding.h"
+#include "format.h"
+
+namespace stepscope {
+namespace {
+
+struct Mapped {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  explicit Mapped(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw FormatError("cannot open " + path + ": " + std::strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      ::close(fd);
+      throw FormatError("cannot stat " + path);
+    }
+    size = size_t(st.st_size);
+    if (size > 0) {
+      void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        throw FormatError("cannot map " + path + ": " + std::strerror(errno));
+      }
+      data = static_cast<const uint8_t*>(p);
+      madvise(p, size, MADV_SEQUENTIAL);
+    }
+    ::close(fd);
+  }
+  ~Mapped() {
+    if (data) munmap(const_cast<uint8_t*>(data), size);
+  }
+};
+
+struct ChunkRef {
+  uint8_t type;
+  size_t offset;  // of the payload
+  uint32_t len;
+};
+
+uint32_t load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Next chunk magic at or after `from`, or `size` if none.
+size_t resync(const uint8_t* d, size_t from, size_t size) {
+  for (size_t i = from; i + 4 <= size; ++i)
+    if (load32(d + i) == kChunkMagic) return i;
+  return size;
+}
+
+void decode_events(Columns& c, const uint8_t* p, uint32_t len, const std::string& path,
+                   size_t offset) {
+  Cursor cur{p, p + len};
+  const int64_t track = int64_t(cur.varint());
+  const uint64_t n = cur.varint();
+  int64_t prev_end = unzigzag(cur.varint());
+  int64_t prev_step = unzigzag(cur.varint());
+  if (!cur.ok || n > len) {
+    c.warnings.push_back(path + ": malformed events chunk at offset " + std::to_string(offset) +
+                         ", skipped");
+    return;
+  }
+  const size_t base = c.kind.size();
+  c.kind.resize(base + n);
+  c.cat.resize(base + n);
+  c.name.resize(base + n);
+  c.track.resize(base + n);
+  c.start.resize(base + n);
+  c.end.resize(base + n);
+  c.arg.resize(base + n);
+  c.step.resize(base + n);
+  c.value.resize(base + n);
+  uint64_t i = 0;
+  for (; i < n && cur.ok; ++i) {
+    const uint8_t b0 = cur.byte();
+    const uint8_t kind = b0 & 3;
+    const size_t j = base + i;
+    c.kind[j] = kind;
+    c.cat[j] = (b0 >> 2) & 15;
+    c.name[j] = uint32_t(cur.varint());
+    const int64_t end = prev_end + unzigzag(cur.varint());
+    prev_end = end;
+    c.end[j] = end;
+    c.start[j] = kind == kSpan ? end - int64_t(cur.varint()) : end;
+    prev_step += unzigzag(cur.varint());
+    c.step[j] = int32_t(prev_step);
+    c.arg[j] = (b0 & kHasArg) ? int64_t(cur.varint()) : -1;
+    c.track[j] = track;
+    if (kind == kCounter) {
+      c.value[j] = (b0 & kIntValue) ? double(unzigzag(cur.varint())) : cur.f64();
+    } else {
+      c.value[j] = NAN;
+    }
+  }
+  if (!cur.ok) {
+    // The CRC matched, so this is a writer bug or an unknown encoding: keep
+    // the events decoded before the damage.
+    c.warnings.push_back(path + ": undecodable event in chunk at offset " +
+                         std::to_string(offset) + ", rest of chunk skipped");
+    const size_t keep = base + (i > 0 ? i - 1 : 0);
+    for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(keep);
+    c.kind.resize(keep);
+    c.cat.resize(keep);
+    c.name.resize(keep);
+    c.step.resize(keep);
+    c.value.resize(keep);
+  }
+}
+
+}  // namespace
+
+Columns read_trace(const std::string& path) {
+  Mapped m(path);
+  const uint8_t* d = m.data;
+  Columns c;
+  if (m.size < kFileHeaderFixed || std::memcmp(d, kFileMagic, 8) != 0)
+    throw FormatError(path + " is not a stepscope trace (bad or missing header)");
+  std::memcpy(&c.major, d + 8, 2);
+  std::memcpy(&c.minor, d + 10, 2);
+  if (c.major != kFormatMajor)
+    throw FormatError(path + " has format version " + std::to_string(c.major) + "." +
+                      std::to_string(c.minor) + "; this stepscope reads version " +
+                      std::to_string(kFormatMajor) + ".x");
+  const uint32_t jlen = load32(d + 12);
+  if (kFileHeaderFixed + size_t(jlen) > m.size)
+    throw FormatError(path + " has a truncated header");
+  c.header_json.assign(reinterpret_cast<const char*>(d + kFileHeaderFixed), jlen);
+
+  // Pass 1: validate chunks and size the columns.
+  std::vector<ChunkRef> chunks;
+  size_t events = 0;
+  size_t off = kFileHeaderFixed + jlen;
+  while (off < m.size) {
+    if (m.size - off < kChunkHeader) {
+      c.warnings.push_back(path + ": truncated chunk header at offset " + std::to_string(off) +
+                           " (the writer was interrupted); the rest is ignored");
+      break;
+    }
+    if (load32(d + off) != kChunkMagic) {
+      size_t next = resync(d, off + 1, m.size);
+      c.warnings.push_back(path + ": corrupt data at offset " + std::to_string(off) +
+                           ", skipped " + std::to_string(next - off) + " bytes");
+      off = next;
+      continue;
+    }
+    const uint8_t type = d[off + 4];
+    const uint32_t len = load32(d + off + 8);
+    const uint32_t crc = load32(d + off + 12);
+    const size_t payload = off + kChunkHeader;
+    if (len > kMaxChunkPayload || payload + len > m.size) {
+      if (len <= kMaxChunkPayload) {
+        c.warnings.push_back(path + ": truncated chunk at offset " + std::to_string(off) +
+                             " (the writer was interrupted); the rest is ignored");
+        break;
+      }
+      size_t next = resync(d, off + 1, m.size);
+      c.warnings.push_back(path + ": corrupt chunk header at offset " + std::to_string(off) +
+                           ", skipped " + std::to_string(next - off) + " bytes");
+      off = next;
+      continue;
+    }
+    if (crc32c(d + payload, len) != crc) {
+      c.warnings.push_back(path + ": checksum mismatch in chunk at offset " +
+                           std::to_string(off) + ", chunk skipped");
+      off = payload + len;
+      continue;
+    }
+    chunks.push_back({type, payload, len});
+    if (type == kChunkEvents) {
+      Cursor cur{d + payload, d + payload + len};
+      cur.varint();
+      events += size_t(cur.varint());
+    }
+    off = payload + len;
+  }
+  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->reserve(events);
+  c.kind.reserve(events);
+  c.cat.reserve(events);
+  c.name.reserve(events);
+  c.step.reserve(events);
+  c.value.reserve(events);
+
+  // Pass 2: decode.
+  for (const ChunkRef& ch : chunks) {
+    const uint8_t* p = d + ch.offset;
+    Cursor cur{p, p + ch.len};
+    switch (ch.type) {
+      case kChunkEvents:
+        decode_events(c, p, ch.len, path, ch.offset - kChunkHeader);
+        break;
+      case kChunkNames: {
+        uint64_t n = cur.varint();
+        for (uint64_t i = 0; i < n && cur.ok; ++i) {
+          uint64_t id = cur.varint();
+          uint64_t slen = cur.varint();
+          std::string s = cur.bytes(size_t(slen));
+          if (!cur.ok || id > (1u << 28)) break;
+          if (c.names.size() <= id) c.names.resize(id + 1);
+          c.names[id] = std::move(s);
+        }
+        break;
+      }
+      case kChunkTrack: {
+        TrackInfo t;
+        t.id = cur.varint();
+        t.tid = cur.varint();
+        t.kind = cur.varint();
+        t.name = cur.bytes(size_t(cur.varint()));
+        if (cur.ok) c.tracks.push_back(std::move(t));
+        break;
+      }
+      case kChunkStats:
+      case kChunkEnd: {
+        uint64_t dropped = cur.varint();
+        uint64_t written = cur.varint();
+        if (cur.ok) {
+          c.dropped = std::max(c.dropped, dropped);
+          c.written = std::max(c.written, written);
+        }
+        if (ch.type == kChunkEnd) c.clean_close = true;
+        break;
+      }
+      default:
+        break;  // a newer minor version's chunk: skip
+    }
+  }
+  return c;
+}
+
+}  // namespace stepscope

@@ -1,0 +1,127 @@
+// The hot path: fixed-size records appended to a per-thread chunk without
+// locks. A chunk is filled by its thread only; the writer thread reads the
+// committed prefix (release/acquire on `committed`) and takes the chunk over
+// once the thread hands it in full. Chunks come from a bounded pool: when the
+// writer falls behind, new events are dropped and counted, never blocked on.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "clock.h"
+#include "format.h"
+
+namespace stepscope {
+
+struct Record {
+  uint64_t t0;    // ticks; equals t1 for instants and counters
+  uint64_t t1;    // ticks
+  uint64_t arg;   // free argument, or the counter value's bits
+  uint32_t name;  // interned name id
+  int32_t step;   // the process's current step when recorded
+  uint8_t kind;
+  uint8_t cat;
+  uint8_t flags;  // kHasArg | kIntValue
+};
+
+constexpr uint32_t kChunkRecords = 4096;
+
+struct Chunk {
+  std::atomic<uint32_t> committed{0};  // written by the owning thread only
+  uint32_t flushed = 0;                // read and written by the writer only
+  uint64_t track = 0;
+  Chunk* next = nullptr;  // free list / full queue link
+  Record recs[kChunkRecords];
+};
+
+struct ThreadState {
+  Chunk* cur = nullptr;
+  uint64_t tid = 0;
+  uint32_t generation = 0;
+  bool described = false;  // track chunk written
+  std::string name;
+  ThreadState* next = nullptr;
+};
+
+// Process-wide state read on the hot path.
+extern std::atomic<bool> g_enabled;
+extern std::atomic<int32_t> g_step;
+extern uint32_t g_generation;  // bumped in a forked child: thread states are stale
+extern std::atomic<uint64_t> g_dropped;
+
+ThreadState* register_thread();
+Chunk* rotate_chunk(ThreadState* ts);  // hands in a full chunk, takes a free one
+
+extern thread_local ThreadState* tls_state __attribute__((tls_model("initial-exec")));
+
+inline void push(uint8_t kind, uint8_t cat, uint32_t name, uint64_t t0, uint64_t t1,
+                 uint64_t arg, uint8_t flags) {
+  ThreadState* ts = tls_state;
+  if (__builtin_expect(ts == nullptr || ts->generation != g_generation, 0)) {
+    ts = register_thread();
+    if (!ts) return;
+  }
+  Chunk* c = ts->cur;
+  uint32_t n = c ? c->committed.load(std::memory_order_relaxed) : kChunkRecords;
+  if (__builtin_expect(n == kChunkRecords, 0)) {
+    c = rotate_chunk(ts);
+    if (!c) {
+      g_dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    n = 0;
+  }
+  Record& r = c->recs[n];
+  r.t0 = t0;
+  r.t1 = t1;
+  r.arg = arg;
+  r.name = name;
+  r.step = g_step.load(std::memory_order_relaxed);
+  r.kind = kind;
+  r.cat = cat;
+  r.flags = flags;
+  c->committed.store(n + 1, std::memory_order_release);
+}
+
+inline void record_span(uint8_t cat, uint32_t name, uint64_t t0, uint64_t t1, uint64_t arg = 0,
+                        bool has_arg = false) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  push(kSpan, cat, name, t0, t1, arg, has_arg ? kHasArg : 0);
+}
+
+inline void record_instant(uint8_t cat, uint32_t name, uint64_t arg = 0, bool has_arg = false) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  uint64_t t = ticks();
+  push(kInstant, cat, name, t, t, arg, has_arg ? kHasArg : 0);
+}
+
+void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg);
+
+// Interned names: register once, record the integer.
+uint32_t intern(const std::string& s);
+
+// Steps: marks a new step of `mode` (an interned mode name) and returns its number.
+int32_t begin_step(uint32_t mode_name);
+void end_step();
+
+// Session control (the writer). Returns an empty string on success, else the reason.
+struct WriterOptions {
+  std::string path;         // the trace file to create
+  std::string header_json;  // process metadata stored in the file header
+  int flush_interval_ms = 1000;
+  size_t buffer_bytes = 32u << 20;
+};
+std::string open_writer(const WriterOptions& opt);
+void close_writer();
+struct WriterStats {
+  uint64_t written;
+  uint64_t dropped;
+  uint64_t bytes;
+  uint64_t chunks_in_use;
+  std::string error;
+};
+WriterStats writer_stats();
+const TickConverter& converter();
+void init_clock();
+
+}  // namespace stepscope

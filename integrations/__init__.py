@@ -1,0 +1,4 @@
+"""Framework integrations: thin adapters that feed the core.
+
+Each integration imports its framework only when it is used.
+"""

@@ -31,6 +31,9 @@ def main() -> None:
             safety.report_failure(f"invalid setting ({exc})")
             return
         session.start()
+        from stepscope.compat import smppy
+
+        smppy.install_import_alias()
     except Exception as exc:  # noqa: BLE001
         try:
             print(f"stepscope: could not start ({type(exc).__name__}: {exc}); "

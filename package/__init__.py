@@ -11,7 +11,8 @@ Importing stepscope never imports torch, tensorflow, keras or lightning.
 """
 
 from stepscope.core import (CATEGORIES, Config, ConfigError, Session, annotate, annotation_begin,
-                            annotation_end, counter, current, end_step, profile, start, step, stop)
+                            annotation_end, counter, current, end_step, phase, profile, start, step,
+                            stop)
 from stepscope.core.session import join_parent_run_if_any as _join_parent_run_if_any
 
 __version__ = "0.1.0"
@@ -25,7 +26,7 @@ def load(run, **kwargs):
 
 
 __all__ = ["CATEGORIES", "Config", "ConfigError", "Session", "annotate", "annotation_begin",
-           "annotation_end", "counter", "current", "end_step", "load", "profile", "start", "step",
+           "annotation_end", "counter", "current", "end_step", "load", "phase", "profile", "start", "step",
            "stop", "__version__"]
 
 _join_parent_run_if_any()

@@ -138,8 +138,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
     # Parents before children: by start, then longest first.
     order = np.lexsort((-df["duration_ns"].to_numpy(), df["start_ns"].to_numpy(),
                         df["tid"].to_numpy(), df["process"].cat.codes.to_numpy()))
-    df = df.take(order)
-    df.reset_index(drop=True, inplace=True)
+    df = df.take(order).reset_index(drop=True)
     df["rank"] = df["rank"].astype("Int64")
     return df
 

@@ -153,14 +153,22 @@ uint32_t intern(const std::string& s) {
   return id;
 }
 
+// Step numbers count per mode, from 0 in every session.
+std::mutex g_steps_mu;
+std::unordered_map<uint32_t, int32_t> g_next_step_by_mode;
+
+void reset_steps() {
+  std::lock_guard<std::mutex> lk(g_steps_mu);
+  g_next_step_by_mode.clear();
+  g_step.store(-1);
+  g_current_mode.store(-1);
+}
+
 int32_t begin_step(uint32_t mode_name) {
-  // Step numbers count per mode; the mode's counter lives in a small table.
-  static std::mutex mu;
-  static std::unordered_map<uint32_t, int32_t> next_by_mode;
   int32_t n;
   {
-    std::lock_guard<std::mutex> lk(mu);
-    n = next_by_mode[mode_name]++;
+    std::lock_guard<std::mutex> lk(g_steps_mu);
+    n = g_next_step_by_mode[mode_name]++;
   }
   g_step.store(n, std::memory_order_relaxed);
   g_current_mode.store(int32_t(mode_name), std::memory_order_relaxed);
@@ -446,6 +454,7 @@ std::string open_writer(const WriterOptions& opt) {
   g_w.error.clear();
   g_failed = false;
   g_dropped = 0;
+  reset_steps();
   {
     std::lock_guard<std::mutex> lk(g_mu);
     g_chunks_max = std::max<size_t>(4, opt.buffer_bytes / sizeof(Chunk));

@@ -1,0 +1,110 @@
+"""Whatever fails inside stepscope, the user's program ends as it would without it."""
+
+import os
+import textwrap
+
+import pytest
+
+from conftest import run_python
+
+SCRIPT = """
+    import sys, stepscope
+    total = 0
+    for i in range(200_000):
+        with stepscope.annotate("work"):
+            total += i * i
+    print("total", total)
+    sys.exit(3)
+"""
+
+
+def _baseline(tmp_path):
+    r = run_python(SCRIPT, cwd=tmp_path)
+    assert r.returncode == 3 and r.stderr == ""
+    return r
+
+
+def _assert_same_plus_one_warning(r, base):
+    assert r.returncode == base.returncode
+    assert r.stdout == base.stdout
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("stepscope: "), r.stderr
+    assert "profiling is turned off" in lines[0]
+
+
+def test_unwritable_output_folder(tmp_path):
+    base = _baseline(tmp_path)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the run folder should go")
+    r = run_python(SCRIPT, cwd=tmp_path, env={"STEPSCOPE": "1", "STEPSCOPE_DIR": str(blocker / "runs")})
+    _assert_same_plus_one_warning(r, base)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
+def test_read_only_output_folder_as_unprivileged_user(tmp_path):
+    base = _baseline(tmp_path)
+    work = tmp_path / "ro"
+    work.mkdir()
+    (work / "runs").mkdir()
+    for p in (tmp_path, work):
+        os.chmod(p, 0o755)
+    os.chmod(work / "runs", 0o555)
+    parents = str(tmp_path)
+    while parents != "/":
+        try:
+            os.chmod(parents, os.stat(parents).st_mode | 0o005)
+        except OSError:
+            break
+        parents = os.path.dirname(parents)
+    env = {"STEPSCOPE": "1", "STEPSCOPE_DIR": str(work / "runs"), "HOME": str(work)}
+    try:
+        r = run_python(SCRIPT, cwd=work, env=env, user=65534)
+    except PermissionError:
+        pytest.skip("the interpreter is not executable by an unprivileged user here")
+    if r.returncode != base.returncode and "stepscope" not in r.stderr:
+        pytest.skip(f"the interpreter does not run as an unprivileged user here: {r.stderr[-200:]}")
+    _assert_same_plus_one_warning(r, base)
+
+
+def test_disk_full_mid_run(tmp_path):
+    """Writes start failing (EFBIG via RLIMIT_FSIZE, as on a full disk) mid-run."""
+    base = _baseline(tmp_path)
+    limited = textwrap.dedent("""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+        import stepscope
+        stepscope.start(flush_interval_ms=20)
+    """) + textwrap.dedent(SCRIPT)
+    r = run_python(limited, cwd=tmp_path, env={"STEPSCOPE_DIR": str(tmp_path / "runs")})
+    _assert_same_plus_one_warning(r, base)
+    assert "File too large" in r.stderr
+
+
+def test_bad_setting_under_zero_edit_mode(tmp_path):
+    base = _baseline(tmp_path)
+    r = run_python(SCRIPT, cwd=tmp_path, env={"STEPSCOPE": "1", "STEPSCOPE_INTERVAL_MS": "fast",
+                                              "STEPSCOPE_DIR": str(tmp_path / "runs")})
+    _assert_same_plus_one_warning(r, base)
+    assert "STEPSCOPE_INTERVAL_MS" in r.stderr and "10 to 60000" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_zero_edit_mode_records(tmp_path):
+    r = run_python(SCRIPT, cwd=tmp_path, env={"STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path / "runs"),
+                                              "STEPSCOPE_RUN": "zero"})
+    assert r.returncode == 3 and r.stderr == "", r.stderr
+    import stepscope
+
+    ev = stepscope.load(tmp_path / "runs" / "zero").events
+    assert (ev["name"] == "work").sum() == 200_000
+
+
+def test_bad_keyword_is_a_clear_error():
+    import stepscope
+
+    with pytest.raises(ValueError, match="interval_ms=5 is out of range; allowed: 10 to 60000"):
+        stepscope.start(interval_ms=5)
+    with pytest.raises(ValueError, match="gpu='cuda' is not valid; allowed: auto, off, metrics, trace"):
+        stepscope.profile(gpu="cuda")
+    assert stepscope.current() is None

@@ -1,0 +1,45 @@
+"""Packaging promises: a light import, the console script, README and CI agree."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO, run_python
+
+
+def test_import_does_not_import_frameworks(tmp_path):
+    r = run_python("""
+        import sys
+        import stepscope, stepscope.core, stepscope.integrations, stepscope.compat.smppy
+        heavy = [m for m in ("torch", "tensorflow", "keras", "lightning", "pytorch_lightning", "jax")
+                 if m in sys.modules]
+        print("HEAVY", heavy)
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout
+
+
+def test_console_script_runs(tmp_path):
+    beside = os.path.join(os.path.dirname(sys.executable), "stepscope")
+    exe = beside if os.path.exists(beside) else shutil.which("stepscope")
+    assert exe, "the stepscope console script is not installed"
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "summary" in r.stdout
+
+
+def _readme_commands():
+    text = open(os.path.join(REPO, "README.md")).read()
+    blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, re.S)
+    assert blocks, "README has no command block"
+    lines = [ln.strip() for ln in blocks[0].splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return lines
+
+
+def test_readme_opens_with_two_commands_and_ci_runs_the_second():
+    lines = _readme_commands()
+    assert len(lines) == 2, lines
+    ci = open(os.path.join(REPO, ".ci", "run")).read()
+    assert lines[1] in ci.splitlines(), "the CI script must run the README's test command verbatim"
+    assert "examples/" in lines[0]

@@ -290,15 +290,22 @@ def _after_fork_in_child() -> None:
 
 
 def _register_exit_hooks() -> None:
-    # multiprocessing's forked children leave through os._exit(): atexit does not
-    # run there, multiprocessing's own finalizers do.
-    if "multiprocessing" in sys.modules:
-        try:
-            from multiprocessing import util
+    # multiprocessing's children leave through os._exit(): atexit does not run
+    # there, multiprocessing's finalizers do. Its Process._bootstrap clears the
+    # finalizers registered so far, then runs the after-fork hooks: register
+    # the finalizer now and again from such a hook.
+    if "multiprocessing" not in sys.modules or _session is None:
+        return
+    try:
+        from multiprocessing import util
 
+        def finalize_stop(_session_obj=None):
             util.Finalize(None, stop, exitpriority=-1000)
-        except Exception:
-            pass
+
+        finalize_stop()
+        util.register_after_fork(_session, finalize_stop)
+    except Exception:
+        pass
 
 
 def join_parent_run_if_any() -> None:

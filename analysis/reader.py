@@ -99,59 +99,66 @@ def read_processes(run_path: str) -> List[ProcessTrace]:
 
 def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
     """All events of all processes, wall-clock (epoch ns) times, sorted per thread by start."""
-    parts = []
+    cols = {k: [] for k in ("process", "pid", "rank", "rank_na", "host", "tid", "kind", "category",
+                            "name", "start_ns", "end_ns", "step", "arg", "value")}
+    processes, hosts, names, name_ids = [], [], [], {}
     for p in procs:
         c = p.columns
         if c is None or len(c["start"]) == 0:
             continue
+        n = len(c["start"])
         clock = p.meta.get("clock", {})
         offset = int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
-        n = len(c["start"])
-        names = list(c["names"])
+        start, end = c["start"] + offset, c["end"] + offset
+        # Per thread by start, parents (longer) before children; skip if already so.
+        order = np.lexsort((start - end, start, c["track"]))
+        if np.all(order[1:] > order[:-1]):
+            order = slice(None)
+        # Map this process's name ids onto the run-wide name list.
+        local = list(c["names"])
         codes = c["name"].astype(np.int64)
-        if n and codes.max(initial=-1) >= len(names):  # names chunk lost to damage
-            names = names + [f"<name {i}>" for i in range(len(names), int(codes.max()) + 1)]
-        start = c["start"] + offset
-        end = c["end"] + offset
-        parts.append(pd.DataFrame({
-            "process": os.path.basename(p.folder),
-            "pid": np.full(n, int(p.meta.get("pid", -1)), dtype=np.int64),
-            "host": p.meta.get("host", ""),
-            "rank": p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank"),
-            "tid": c["track"],
-            "kind": pd.Categorical.from_codes(c["kind"].astype(np.int8), KINDS),
-            "category": pd.Categorical.from_codes(c["category"].astype(np.int8), _CATEGORY_NAMES),
-            "name": pd.Categorical.from_codes(codes, _dedupe(names)),
-            "start_ns": start,
-            "end_ns": end,
-            "duration_ns": end - start,
-            "step": c["step"],
-            "arg": c["arg"],
-            "value": c["value"],
-        }))
-    if not parts:
+        if n and int(codes.max()) >= len(local):  # a names chunk was lost to damage
+            local += [f"<name {i}>" for i in range(len(local), int(codes.max()) + 1)]
+        remap = np.array([name_ids.setdefault(nm, len(name_ids)) for nm in local], dtype=np.int64)
+        rank = p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank")
+        host = str(p.meta.get("host", ""))
+        if host not in hosts:
+            hosts.append(host)
+        processes.append(os.path.basename(p.folder))
+        cols["process"].append(np.full(n, len(processes) - 1, dtype=np.int32))
+        cols["host"].append(np.full(n, hosts.index(host), dtype=np.int32))
+        cols["pid"].append(np.full(n, int(p.meta.get("pid", -1)), dtype=np.int64))
+        cols["rank"].append(np.full(n, -1 if rank is None else int(rank), dtype=np.int64))
+        cols["rank_na"].append(np.full(n, rank is None))
+        cols["tid"].append(c["track"][order])
+        cols["kind"].append(c["kind"][order].astype(np.int8))
+        cols["category"].append(c["category"][order].astype(np.int8))
+        cols["name"].append(remap[codes[order]])
+        cols["start_ns"].append(start[order])
+        cols["end_ns"].append(end[order])
+        cols["step"].append(c["step"][order])
+        cols["arg"].append(c["arg"][order])
+        cols["value"].append(c["value"][order])
+    if not processes:
         return _empty_events()
-    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    for col in ("process", "host", "name", "category", "kind"):
-        if not isinstance(df[col].dtype, pd.CategoricalDtype):
-            df[col] = df[col].astype("category")
-    # Parents before children: by start, then longest first.
-    order = np.lexsort((-df["duration_ns"].to_numpy(), df["start_ns"].to_numpy(),
-                        df["tid"].to_numpy(), df["process"].cat.codes.to_numpy()))
-    df = df.take(order).reset_index(drop=True)
-    df["rank"] = df["rank"].astype("Int64")
-    return df
-
-
-def _dedupe(names):
-    # Categories must be unique; a damaged file could repeat a string under two ids.
-    seen = {}
-    out = []
-    for s in names:
-        k = seen.get(s, 0)
-        out.append(s if k == 0 else f"{s} <{k}>")
-        seen[s] = k + 1
-    return out
+    cat = {k: np.concatenate(v) for k, v in cols.items()}
+    names = sorted(name_ids, key=name_ids.get)
+    return pd.DataFrame({
+        "process": pd.Categorical.from_codes(cat["process"], processes),
+        "pid": cat["pid"],
+        "host": pd.Categorical.from_codes(cat["host"], hosts),
+        "rank": pd.arrays.IntegerArray(cat["rank"], cat["rank_na"]),
+        "tid": cat["tid"],
+        "kind": pd.Categorical.from_codes(cat["kind"], KINDS),
+        "category": pd.Categorical.from_codes(cat["category"], _CATEGORY_NAMES),
+        "name": pd.Categorical.from_codes(cat["name"], names),
+        "start_ns": cat["start_ns"],
+        "end_ns": cat["end_ns"],
+        "duration_ns": cat["end_ns"] - cat["start_ns"],
+        "step": cat["step"],
+        "arg": cat["arg"],
+        "value": cat["value"],
+    }, copy=False)
 
 
 def _empty_events() -> pd.DataFrame:

@@ -91,10 +91,11 @@ void decode_events(Columns& c, const uint8_t* p, uint32_t len, const std::string
     c.kind[j] = kind;
     c.cat[j] = (b0 >> 2) & 15;
     c.name[j] = uint32_t(cur.varint());
-    const int64_t end = prev_end + unzigzag(cur.varint());
+    const int64_t start = prev_end + unzigzag(cur.varint());
+    const int64_t end = kind == kSpan ? start + int64_t(cur.varint()) : start;
     prev_end = end;
+    c.start[j] = start;
     c.end[j] = end;
-    c.start[j] = kind == kSpan ? end - int64_t(cur.varint()) : end;
     prev_step += unzigzag(cur.varint());
     c.step[j] = int32_t(prev_step);
     c.arg[j] = (b0 & kHasArg) ? int64_t(cur.varint()) : -1;

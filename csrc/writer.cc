@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -208,13 +209,13 @@ void end_chunk(std::string& out, uint8_t type, size_t at) {
 }
 
 // Events chunk: track | count | base_ns | base_step | records. Each record:
-// byte0 | name | zigzag(t1 - prev t1) | [span: t1 - t0] | zigzag(step - prev step)
+// byte0 | name | zigzag(start - prev end) | [span: end - start] | zigzag(step - prev step)
 //       | [arg] | [counter: zigzag int or 8-byte double].
 void encode_events(std::string& out, uint64_t track, const Record* r, uint32_t n) {
   if (n == 0) return;
   size_t at;
   begin_chunk(out, kChunkEvents, &at);
-  const int64_t base_ns = g_conv.to_ns(r[0].t1);
+  const int64_t base_ns = g_conv.to_ns(r[0].t0);
   put_varint(out, track);
   put_varint(out, n);
   put_varint(out, zigzag(base_ns));
@@ -236,13 +237,15 @@ void encode_events(std::string& out, uint64_t track, const Record* r, uint32_t n
     }
     out.push_back(char(b0));
     put_varint(out, e.name);
-    const int64_t end_ns = g_conv.to_ns(counter ? e.t0 : e.t1);
-    put_varint(out, zigzag(end_ns - prev_end));
-    prev_end = end_ns;
+    // start - previous end: the gap between consecutive phases, a byte or two.
+    const int64_t start_ns = g_conv.to_ns(e.t0);
+    put_varint(out, zigzag(start_ns - prev_end));
+    int64_t end_ns = start_ns;
     if (e.kind == kSpan) {
-      int64_t start_ns = g_conv.to_ns(e.t0);
-      put_varint(out, uint64_t(end_ns >= start_ns ? end_ns - start_ns : 0));
+      end_ns = std::max(start_ns, g_conv.to_ns(e.t1));
+      put_varint(out, uint64_t(end_ns - start_ns));
     }
+    prev_end = end_ns;
     put_varint(out, zigzag(int64_t(e.step) - prev_step));
     prev_step = e.step;
     if (e.flags & kHasArg) put_varint(out, e.arg);

@@ -178,27 +178,33 @@ def bench_training_loop(tmp):
     steps = 3000
     loop(200, plain)
 
-    def timed(fn):
-        best = []
-        for _ in range(5):
-            t = time.perf_counter()
-            fn()
-            best.append(time.perf_counter() - t)
-        return statistics.median(best)
-
-    base = timed(lambda: loop(steps, plain))
-
+    # Only the loop is timed: session start/stop and torch.profiler's
+    # post-processing happen once per job, not per step.
     def with_stepscope():
         run = stepscope.start(dir=tmp, name=f"bench-loop-{time.time_ns()}")
+        t = time.perf_counter()
         loop(steps, ours)
+        elapsed = time.perf_counter() - t
         run.stop()
+        return elapsed
 
     def with_torch_profiler():
         with profile(activities=[ProfilerActivity.CPU]):
+            t = time.perf_counter()
             loop(steps, theirs)
+            return time.perf_counter() - t
 
-    ss = timed(with_stepscope)
-    tp = timed(with_torch_profiler)
+    def without():
+        t = time.perf_counter()
+        loop(steps, plain)
+        return time.perf_counter() - t
+
+    # Interleaved rounds, median of each: drift of the machine hits all three alike.
+    times = {"base": [], "ss": [], "tp": []}
+    for _ in range(7):
+        for key, fn in (("base", without), ("ss", with_stepscope), ("tp", with_torch_profiler)):
+            times[key].append(fn())
+    base, ss, tp = (statistics.median(times[k]) for k in ("base", "ss", "tp"))
     row("no profiler", f"{base / steps * 1e6:.1f}", "us/step")
     row("stepscope (phases + step marks)", f"{ss / steps * 1e6:.1f}", "us/step", f"{ss / base:.3f}x of no profiler")
     row("torch.profiler (CPU activities, record_function per phase)", f"{tp / steps * 1e6:.1f}", "us/step",

@@ -171,6 +171,28 @@ PyObject* py_annotate(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return reinterpret_cast<PyObject*>(new_span(name, uint32_t(id), uint8_t(cat)));
 }
 
+// phase(name): a span of category phase; only the canonical phase names.
+constexpr const char* kPhaseNames[] = {"GetNext", "Forward", "Loss", "Backward", "Optimizer",
+                                       "Recompute"};
+constexpr uint32_t kNumPhases = sizeof(kPhaseNames) / sizeof(kPhaseNames[0]);
+
+PyObject* py_phase(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1) {
+    PyErr_SetString(PyExc_TypeError, "phase(name)");
+    return nullptr;
+  }
+  int64_t id = intern_obj(args[0]);
+  if (id < 0) return nullptr;
+  if (uint64_t(id) >= kNumPhases) {  // the phase names were interned first: ids 0..5
+    PyErr_Format(PyExc_ValueError,
+                 "phase %R is not valid; allowed: GetNext, Forward, Loss, Backward, Optimizer, "
+                 "Recompute",
+                 args[0]);
+    return nullptr;
+  }
+  return reinterpret_cast<PyObject*>(new_span(args[0], uint32_t(id), kCatPhase));
+}
+
 PyObject* py_annotation_begin(PyObject* m, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* s = py_annotate(m, args, nargs);
   if (s && Py_TYPE(s) == &SpanType) {
@@ -252,6 +274,8 @@ PyMethodDef hot_methods[] = {
     {"annotation_begin", FASTCALL(py_annotation_begin), METH_FASTCALL,
      "annotation_begin(name, category=0) -> handle"},
     {"annotation_end", FASTCALL(py_annotation_end), METH_FASTCALL, "annotation_end(handle)"},
+    {"phase", FASTCALL(py_phase), METH_FASTCALL,
+     "phase(name): a span of one of the canonical phases (GetNext, Forward, Loss, ...)"},
     {"now", py_now, METH_NOARGS, "the current time in ticks"},
     {"enabled", py_enabled, METH_NOARGS, "whether events are being recorded"},
     {"span", FASTCALL(py_span), METH_FASTCALL, "span(category, name_id, t0, t1=None, arg=None)"},
@@ -321,6 +345,13 @@ NB_MODULE(_native, m) {
   PyModule_AddObject(m.ptr(), "Span", reinterpret_cast<PyObject*>(&SpanType));
   g_name_cache = PyDict_New();
   if (!g_name_cache || PyModule_AddFunctions(m.ptr(), hot_methods) < 0) throw nb::python_error();
+  nb::list phases;
+  for (const char* name : kPhaseNames) {
+    nb::str s(name);
+    if (intern_obj(s.ptr()) < 0) throw nb::python_error();
+    phases.append(s);
+  }
+  m.attr("PHASES") = nb::tuple(phases);
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");

@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core import _native
+from stepscope.core import _native, runinfo
 from stepscope.core.config import DEFAULT_DIR
 
 KINDS = ("span", "instant", "counter")
@@ -265,11 +265,7 @@ class Run:
     def __init__(self, path: str, quiet: bool = False):
         self.path = resolve_run_path(path)
         self.name = os.path.basename(os.path.normpath(self.path))
-        try:
-            with open(os.path.join(self.path, "run.json")) as f:
-                self.info = json.load(f)
-        except (OSError, ValueError):
-            self.info = {}
+        self.info = runinfo.read_json(os.path.join(self.path, "run.json"))
         procs = read_processes(self.path)
         if not procs and not self.info:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")

@@ -82,11 +82,7 @@ def _ls_command(args) -> int:
         path = os.path.join(root, name)
         if not os.path.isfile(os.path.join(path, "run.json")):
             continue
-        try:
-            with open(os.path.join(path, "run.json")) as f:
-                info = json.load(f)
-        except (OSError, ValueError):
-            info = {}
+        info = runinfo.read_json(os.path.join(path, "run.json"))
         procs = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
         dur = info.get("duration_s")
         rows.append((name, f"{dur:.1f}s" if isinstance(dur, (int, float)) else "running?", len(procs),

@@ -96,6 +96,16 @@ def framework_versions() -> dict:
     return versions
 
 
+def read_json(path: str) -> dict:
+    """A JSON object from a file, or {} if it is missing or damaged."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def write_json_atomic(path: str, data: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:

@@ -109,11 +109,7 @@ class Session:
 
     def _finish_metadata(self) -> None:
         path = os.path.join(self.process_dir, "process.json")
-        try:
-            with open(path) as f:
-                meta = json.load(f)
-        except (OSError, ValueError):
-            meta = {}
+        meta = runinfo.read_json(path)
         meta["end_time"] = time.time()
         meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
                            if t.native_id is not None}
@@ -122,11 +118,7 @@ class Session:
         runinfo.write_json_atomic(path, meta)
         if self.created_run:
             run_json = os.path.join(self.run_dir, "run.json")
-            try:
-                with open(run_json) as f:
-                    info = json.load(f)
-            except (OSError, ValueError):
-                info = {}
+            info = runinfo.read_json(run_json)
             info["end_time"] = meta["end_time"]
             info["duration_s"] = round(meta["end_time"] - self._start_wall, 6)
             info["versions"] = meta["versions"]

@@ -384,6 +384,18 @@ void writer_main() {
   }
 }
 
+// A new trace starts with fresh counters and writes every name again.
+void reset_writer_state() {
+  g_w.stop = false;
+  g_w.urgent = false;
+  g_w.names_written = 0;
+  g_w.written = 0;
+  g_w.bytes = 0;
+  g_w.error.clear();
+  g_dropped = 0;
+  g_failed = false;
+}
+
 void at_fork_prepare() {
   g_names_mu.lock();
   g_mu.lock();
@@ -419,14 +431,7 @@ void at_fork_child() {
   new (&g_w.wake) std::condition_variable();
   if (g_w.fd >= 0) ::close(g_w.fd);
   g_w.fd = -1;
-  g_w.stop = false;
-  g_w.urgent = false;
-  g_w.names_written = 0;
-  g_w.written = 0;
-  g_w.bytes = 0;
-  g_w.error.clear();
-  g_dropped = 0;
-  g_failed = false;
+  reset_writer_state();
 }
 
 }  // namespace
@@ -449,14 +454,7 @@ std::string open_writer(const WriterOptions& opt) {
   g_w.fd = fd;
   g_w.path = opt.path;
   g_w.flush_ms = opt.flush_interval_ms > 0 ? opt.flush_interval_ms : 1000;
-  g_w.stop = false;
-  g_w.urgent = false;
-  g_w.names_written = 0;
-  g_w.written = 0;
-  g_w.bytes = 0;
-  g_w.error.clear();
-  g_failed = false;
-  g_dropped = 0;
+  reset_writer_state();
   reset_steps();
   {
     std::lock_guard<std::mutex> lk(g_mu);

@@ -199,8 +199,36 @@ def steps_frame(events: pd.DataFrame) -> pd.DataFrame:
     return steps
 
 
+def exclusive_durations(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Each span's time minus the spans nested in it on the same thread.
+
+    Phases nest when an optimizer runs forward and backward inside step()
+    (LBFGS closures): the Optimizer phase keeps only its own time.
+    """
+    dur = end - start
+    if len(dur) < 2:
+        return dur
+    order = np.lexsort((start - end, start, tid))  # per thread, parents first
+    s, e, t = start[order], end[order], tid[order]
+    if not np.any((t[1:] == t[:-1]) & (s[1:] < e[:-1])):
+        return dur  # nothing nests: the common case, no Python loop
+    excl = (e - s).copy()
+    stack = []
+    for i in range(len(s)):
+        while stack and (t[stack[-1]] != t[i] or s[i] >= e[stack[-1]]):
+            stack.pop()
+        if stack:
+            parent = stack[-1]
+            excl[parent] -= min(e[i], e[parent]) - s[i]
+        stack.append(i)
+    out = np.empty_like(excl)
+    out[order] = excl
+    return out
+
+
 def _add_phase_columns(steps: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-    phases = events[(events["category"] == "phase") & (events["kind"] == "span")]
+    phases = events[(events["category"] == "phase") & (events["kind"] == "span")
+                    & events["name"].isin(PHASES)]
     for name in PHASES:
         steps[name] = 0
     steps["Other"] = steps["duration_ns"]
@@ -209,23 +237,21 @@ def _add_phase_columns(steps: pd.DataFrame, events: pd.DataFrame) -> pd.DataFram
     totals = np.zeros((len(steps), len(PHASES)), dtype=np.int64)
     covered = np.zeros(len(steps), dtype=np.int64)
     for process, idx in steps.groupby("process", observed=True).groups.items():
-        idx = np.asarray(idx)
-        s = steps.loc[idx].sort_values("start_ns")
+        s = steps.loc[np.asarray(idx)].sort_values("start_ns")
         starts = s["start_ns"].to_numpy()
         ends = s["end_ns"].to_numpy()
         rows = s.index.to_numpy()
         ph = phases[phases["process"] == process]
-        where = np.searchsorted(starts, ph["start_ns"].to_numpy(), side="right") - 1
-        inside = (where >= 0) & (ph["start_ns"].to_numpy() < ends[np.clip(where, 0, None)])
+        p_start, p_end = ph["start_ns"].to_numpy(), ph["end_ns"].to_numpy()
+        where = np.searchsorted(starts, p_start, side="right") - 1
+        inside = (where >= 0) & (p_start < ends[np.clip(where, 0, None)])
         names = ph["name"].astype(str).to_numpy()
-        durs = ph["duration_ns"].to_numpy()
+        durs = exclusive_durations(p_start, p_end, ph["tid"].to_numpy())
         for j, pname in enumerate(PHASES):
             sel = inside & (names == pname)
             np.add.at(totals[:, j], rows[where[sel]], durs[sel])
-        # Phases may nest (a closure inside Optimizer): count covered time once.
-        sel = inside & np.isin(names, PHASES)
-        covered_by_step = _union_lengths(where[sel], ph["start_ns"].to_numpy()[sel],
-                                         ph["end_ns"].to_numpy()[sel])
+        # Time covered by any phase, counted once.
+        covered_by_step = _union_lengths(where[inside], p_start[inside], p_end[inside])
         for w, length in covered_by_step.items():
             covered[rows[w]] = length
     for j, name in enumerate(PHASES):

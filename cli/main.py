@@ -36,6 +36,9 @@ def _run_command(args) -> int:
     env.update({"STEPSCOPE": "1", "STEPSCOPE_DIR": os.path.abspath(cfg.dir), "STEPSCOPE_RUN": name,
                 "STEPSCOPE_INTERVAL_MS": str(cfg.interval_ms), "STEPSCOPE_GPU": cfg.gpu})
     env.pop("STEPSCOPE_ACTIVE_RUN", None)
+    # Every Python process of CMD starts stepscope, even where .pth files are not read.
+    bootstrap = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core", "_bootstrap")
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     print(f"stepscope: profiling into {run_dir}", file=sys.stderr, flush=True)
     try:
         proc = subprocess.Popen(cmd, env=env)

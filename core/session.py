@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -32,6 +33,13 @@ TRACE_FILE = "trace.ssc"
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
+_stop_callbacks: list = []  # integrations close their open steps before the trace ends
+
+
+def on_stop(callback) -> None:
+    """Registers callback() to run when a session stops, before the trace is closed."""
+    if callback not in _stop_callbacks:
+        _stop_callbacks.append(callback)
 
 
 class Session:
@@ -76,9 +84,18 @@ class Session:
                 _session = None
                 if os.environ.get(_ACTIVE_RUN_VAR) == self.run_dir:
                     del os.environ[_ACTIVE_RUN_VAR]
+        for callback in list(_stop_callbacks):
+            try:
+                callback()
+            except Exception as exc:  # noqa: BLE001
+                safety.report_failure("closing the last step failed", exc)
         try:
             _native.close()
             self.stats = _native.stats()
+            if self.origin != "main" and not self.stats.get("written") and not self.stats.get("dropped"):
+                # A worker that recorded nothing (most DataLoader workers) leaves no folder.
+                shutil.rmtree(self.process_dir, ignore_errors=True)
+                return
             self._finish_metadata()
         except Exception as exc:  # noqa: BLE001
             safety.report_failure(f"finishing the run in {self.process_dir} failed", exc)

@@ -368,12 +368,14 @@ NB_MODULE(_native, m) {
     g_decorate = decorate.release().ptr();
     g_decorate_bare = bare.release().ptr();
   });
-  m.def("begin_step", [](nb::handle mode) {
+  m.def("begin_step", [](nb::handle mode, uint64_t at) {
     int64_t id = intern_obj(mode.ptr());
     if (id < 0) throw nb::python_error();
-    return begin_step(uint32_t(id));
-  }, "Marks the start of a new step of `mode`; returns its number.");
-  m.def("end_step", &end_step, "Marks the end of the current step.");
+    return begin_step(uint32_t(id), at);
+  }, nb::arg("mode"), nb::arg("at") = 0,
+     "Marks the start of a new step of `mode` at tick `at` (0: now); returns its number.");
+  m.def("end_step", [](uint64_t at) { end_step(at); }, nb::arg("at") = 0,
+        "Marks the end of the current step at tick `at` (0: now).");
   m.def("current_step", [] { return g_step.load(); });
   m.def("open", [](const std::string& path, const std::string& header_json, int flush_ms,
                    size_t buffer_bytes) {

@@ -89,10 +89,13 @@ inline void record_span(uint8_t cat, uint32_t name, uint64_t t0, uint64_t t1, ui
   push(kSpan, cat, name, t0, t1, arg, has_arg ? kHasArg : 0);
 }
 
-inline void record_instant(uint8_t cat, uint32_t name, uint64_t arg = 0, bool has_arg = false) {
+inline void record_instant_at(uint8_t cat, uint32_t name, uint64_t t, uint64_t arg, bool has_arg) {
   if (!g_enabled.load(std::memory_order_relaxed)) return;
-  uint64_t t = ticks();
   push(kInstant, cat, name, t, t, arg, has_arg ? kHasArg : 0);
+}
+
+inline void record_instant(uint8_t cat, uint32_t name, uint64_t arg = 0, bool has_arg = false) {
+  record_instant_at(cat, name, ticks(), arg, has_arg);
 }
 
 void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg);
@@ -100,9 +103,10 @@ void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool
 // Interned names: register once, record the integer.
 uint32_t intern(const std::string& s);
 
-// Steps: marks a new step of `mode` (an interned mode name) and returns its number.
-int32_t begin_step(uint32_t mode_name);
-void end_step();
+// Steps: marks a new step of `mode` (an interned mode name) at tick `at` (0: now)
+// and returns its number. Integrations that learn of a step late pass its start.
+int32_t begin_step(uint32_t mode_name, uint64_t at = 0);
+void end_step(uint64_t at = 0);
 
 // Session control (the writer). Returns an empty string on success, else the reason.
 struct WriterOptions {

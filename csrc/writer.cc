@@ -165,7 +165,7 @@ void reset_steps() {
   g_current_mode.store(-1);
 }
 
-int32_t begin_step(uint32_t mode_name) {
+int32_t begin_step(uint32_t mode_name, uint64_t at) {
   int32_t n;
   {
     std::lock_guard<std::mutex> lk(g_steps_mu);
@@ -173,14 +173,14 @@ int32_t begin_step(uint32_t mode_name) {
   }
   g_step.store(n, std::memory_order_relaxed);
   g_current_mode.store(int32_t(mode_name), std::memory_order_relaxed);
-  record_instant(kCatStep, mode_name, uint64_t(n), true);
+  record_instant_at(kCatStep, mode_name, at ? at : ticks(), uint64_t(n), true);
   return n;
 }
 
-void end_step() {
+void end_step(uint64_t at) {
   if (g_current_mode.load() < 0) return;
   static const uint32_t end_name = intern("end");
-  record_instant(kCatStep, end_name);
+  record_instant_at(kCatStep, end_name, at ? at : ticks(), 0, false);
   g_current_mode.store(-1);
   g_step.store(-1, std::memory_order_relaxed);
 }

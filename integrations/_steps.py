@@ -1,0 +1,167 @@
+"""From phase callbacks to contiguous steps (SPEC §3), for every framework.
+
+Integrations report what they see -- a batch fetched, a forward, a backward,
+an optimizer step -- and this tracker decides where steps begin and end:
+
+* A step begins at the start of its iteration: the fetch of its batch when a
+  data loader drives the loop, otherwise its first forward/backward/optimizer
+  phase. It ends where the next one begins, or where the loader runs out.
+* A train step is complete after an optimizer step (several per iteration for
+  GANs: with a loader, only the next fetch starts a new step; without one,
+  the step ends when an optimizer steps a second time), or, with no optimizer
+  in the process, after a backward. An eval step is complete after a forward.
+* A fetch's mode is only known once the work on its batch shows, so a fetch
+  after a complete step is held back and recorded, with the step mark at its
+  start, when the next phase begins.
+
+The tracker records through the native core with tick timestamps, so the
+marks land where the step began even when it is recognised later.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from stepscope.core import _native
+
+PHASE = _native.CATEGORIES.index("phase")
+GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER, RECOMPUTE = (_native.intern(p) for p in _native.PHASES)
+
+
+class StepTracker:
+    def __init__(self, on_new_step=None):
+        # on_new_step(previous_had_forward): lets an integration adapt its hooks
+        self.on_new_step = on_new_step
+        self.reset()
+
+    def reset(self) -> None:
+        self.mode: Optional[str] = None  # mode of the open step; None: between loops
+        self.done = False  # the open step's work is complete
+        self.fed = False  # a loader fetch began the open step: only fetches start steps
+        self.pending: Optional[Tuple[int, int, str]] = None  # (t0, t1, mode) of a held-back fetch
+        self.candidate: Optional[Tuple[int, str]] = None  # possible step start, several optimizers
+        self.optimizers_in_step: set = set()
+        self.optimizers_known: set = set()  # ids of optimizers created or seen stepping
+        self.last_end = 0  # tick: end of the last phase of the open step
+        self.forward_end: Optional[int] = None  # a train forward ended and no loss was seen since
+        self.forwards_in_step = 0
+
+    # --- step boundaries ----------------------------------------------------------
+    def _begin(self, mode: str, at: int) -> None:
+        if self.mode is not None and self.on_new_step is not None:
+            self.on_new_step(self.forwards_in_step > 0)
+        _native.begin_step(mode, at)
+        self.mode = mode
+        self.done = False
+        self.fed = False
+        self.candidate = None
+        self.optimizers_in_step = set()
+        self.forward_end = None
+        self.forwards_in_step = 0
+
+    def _commit_pending(self) -> None:
+        t0, t1, mode = self.pending
+        self.pending = None
+        self._begin(mode, t0)
+        self.fed = True
+        _native.span(PHASE, GETNEXT, t0, t1)
+        self.last_end = t1
+
+    def phase_start(self, mode: str, now: int) -> None:
+        """A forward, backward or optimizer step is starting: open the right step."""
+        if self.pending is not None:
+            self._commit_pending()
+            return
+        if self.mode is None:
+            self._begin(mode, now)
+        elif self.done:
+            if mode != self.mode:
+                self._begin(mode, now)
+            elif self.fed:
+                return  # a loader drives this loop: the next fetch starts the next step
+            elif len(self.optimizers_known) > 1 and mode == "train":
+                if self.candidate is None:
+                    self.candidate = (now, mode)
+            else:
+                self._begin(mode, now)
+
+    # --- what integrations report -------------------------------------------------
+    def fetched(self, t0: int, t1: int, mode: str) -> None:
+        """A batch came out of the loader (GetNext from t0 to t1)."""
+        if self.pending is not None:  # the previous batch had no visible work: its own step
+            self._commit_pending()
+            self.done = True
+        if self.mode is None or self.done:
+            self.pending = (t0, t1, mode)
+        else:  # another fetch inside the same step (gradient accumulation)
+            _native.span(PHASE, GETNEXT, t0, t1)
+            self.fed = True
+            self.last_end = t1
+
+    def exhausted(self, t0: int) -> None:
+        """The loader ran out: the loop is over, its last step ends here."""
+        if self.pending is not None:
+            self._commit_pending()
+        if self.mode is not None:
+            _native.end_step(t0)
+            self.mode = None
+            self.done = False
+
+    def forward_started(self, mode: str, now: int) -> None:
+        self.phase_start(mode, now)
+        self.forwards_in_step += 1
+
+    def forward_ended(self, mode: str, t0: int, t1: int, phase: int = FORWARD) -> None:
+        _native.span(PHASE, phase, t0, t1)
+        self.last_end = t1
+        if phase == FORWARD and mode == "train":
+            self.forward_end = t1
+        elif phase == FORWARD and self.mode == mode != "train":
+            self.done = True  # an eval/predict step is one forward
+
+    def loss(self, t0: int, t1: int) -> None:
+        _native.span(PHASE, LOSS, t0, t1)
+        self.forward_end = None
+        self.last_end = t1
+
+    def backward_started(self, now: int) -> None:
+        self.phase_start("train", now)
+        if self.forward_end is not None and now > self.forward_end:
+            # No loss module or function was seen: the loss is what ran between.
+            _native.span(PHASE, LOSS, self.forward_end, now)
+        self.forward_end = None
+
+    def backward_ended(self, t0: int, t1: int) -> None:
+        _native.span(PHASE, BACKWARD, t0, t1)
+        self.last_end = t1
+        if not self.optimizers_known and self.mode == "train":
+            self.done = True  # no optimizer: one forward+backward is a step
+
+    def optimizer_known(self, key) -> None:
+        self.optimizers_known.add(key)
+
+    def optimizer_started(self, key, now: int) -> None:
+        self.optimizers_known.add(key)
+        if self.candidate is not None:
+            at, mode = self.candidate
+            if key in self.optimizers_in_step:
+                self._begin(mode, at)  # this optimizer steps again: a new iteration began there
+            else:
+                self.candidate = None  # another optimizer of the same iteration
+        else:
+            self.phase_start("train", now)
+
+    def optimizer_ended(self, key, t0: int, t1: int) -> None:
+        _native.span(PHASE, OPTIMIZER, t0, t1)
+        self.optimizers_in_step.add(key)
+        self.last_end = t1
+        self.done = True
+        self.forward_end = None
+
+    def close(self) -> None:
+        """End of the session: close the open step where its work ended."""
+        if self.pending is not None:
+            self._commit_pending()
+        if self.mode is not None:
+            _native.end_step(self.last_end if self.done and self.last_end else 0)
+        self.reset()

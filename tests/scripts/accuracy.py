@@ -1,0 +1,37 @@
+"""Phases marked by hand with torch.profiler.record_function, profiled by
+torch.profiler; stepscope (STEPSCOPE=1) profiles the same run. Prints torch's
+per-phase totals in microseconds as JSON."""
+import json
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+ds = TensorDataset(torch.randn(64 * 40, 256), torch.randn(64 * 40, 1))
+loader = DataLoader(ds, batch_size=64)
+model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(256, 256), nn.ReLU())], nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+crit = nn.MSELoss()
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    it = iter(loader)
+    steps = 0
+    while True:
+        with record_function("GetNext"):
+            try:
+                xb, yb = next(it)
+            except StopIteration:
+                break
+        with record_function("Forward"):
+            out = model(xb)
+        with record_function("Loss"):
+            loss = crit(out, yb)
+        with record_function("Backward"):
+            loss.backward()
+        with record_function("Optimizer"):
+            opt.step()
+        opt.zero_grad()
+        steps += 1
+totals = {e.key: e.cpu_time_total for e in prof.key_averages() if e.key in ("GetNext", "Forward", "Loss", "Backward", "Optimizer")}
+print("TORCH", json.dumps({"steps": steps, "totals_us": totals}))

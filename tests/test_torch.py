@@ -1,0 +1,203 @@
+"""PyTorch, zero edits: real CPU training scripts under STEPSCOPE=1 and `stepscope run`."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+PHASES = ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]
+
+
+def _env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update({"STEPSCOPE_DIR": str(tmp_path / "runs")}, **extra)
+    return env
+
+
+def run_script(tmp_path, *args, name="run", zero_edit=True, timeout=300):
+    env = _env(tmp_path, STEPSCOPE_RUN=name, **({"STEPSCOPE": "1"} if zero_edit else {}))
+    r = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stepscope:" not in r.stderr, r.stderr[-3000:]
+    return r
+
+
+def phase_counts(run):
+    ev = run.events
+    ph = ev[(ev["category"] == "phase") & (ev["kind"] == "span")]
+    return ph.groupby("name", observed=True).size().to_dict()
+
+
+def check_steps(run, expected_modes):
+    steps = run.steps
+    assert steps.groupby("mode").size().to_dict() == expected_modes
+    shares = steps[PHASES].sum(axis=1) / steps["duration_ns"]
+    assert (shares <= 1.0 + 1e-9).all(), shares.max()
+    for _, s in steps.groupby(["process", "mode"]):
+        s = s.sort_values("start_ns")
+        # contiguous within a loop: each step ends where the next begins (or at a loop end)
+        gaps = s["start_ns"].to_numpy()[1:] - s["end_ns"].to_numpy()[:-1]
+        assert (gaps >= 0).all()
+    return steps
+
+
+@pytest.mark.parametrize("kind,modes,phases", [
+    ("manual", {"train": 12}, {"Forward": 12, "Loss": 12, "Backward": 12}),
+    ("lbfgs", {"train": 12}, {"Optimizer": 12, "Forward": 36, "Loss": 36, "Backward": 36}),
+    ("accum", {"train": 12}, {"Forward": 48, "Loss": 48, "Backward": 48, "Optimizer": 12}),
+    ("gan", {"train": 12}, {"Forward": 60, "Loss": 36, "Backward": 24, "Optimizer": 24}),
+    ("ckpt", {"train": 12}, {"Forward": 12, "Loss": 12, "Backward": 12, "Optimizer": 12, "Recompute": 12}),
+    ("evalonly", {"eval": 12}, {"Forward": 12}),
+])
+def test_loops_without_dataloader(tmp_path, kind, modes, phases):
+    run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind)
+    run = stepscope.load(tmp_path / "runs" / "run")
+    check_steps(run, modes)
+    assert phase_counts(run) == phases
+
+
+@pytest.mark.parametrize("kind", ["loader", "loader_spawn"])
+def test_dataloader_with_workers_train_and_eval(tmp_path, kind):
+    run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "8")
+    run = stepscope.load(tmp_path / "runs" / "run")
+    steps = check_steps(run, {"train": 16, "eval": 16})
+    assert phase_counts(run) == {"GetNext": 32, "Forward": 32, "Loss": 16, "Backward": 16, "Optimizer": 16}
+    train = steps[steps["mode"] == "train"]
+    assert (train[PHASES] > 0).all().all(), "every train step has every phase"
+    # workers that recorded nothing leave no folder behind
+    assert len(run.processes) == 1
+
+
+def test_step_time_adds_up_to_loop_wall_time(tmp_path):
+    script = tmp_path / "timed.py"
+    script.write_text(
+        "import time, torch, torch.nn as nn\n"
+        "m = nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "x = torch.randn(4, 8)\n"
+        "t0 = time.time_ns()\n"
+        "for i in range(20):\n"
+        "    opt.zero_grad(); m(x).sum().backward(); opt.step()\n"
+        "    time.sleep(0.005)  # logging: Other time in this step\n"
+        "print('LOOP', t0, time.time_ns())\n")
+    r = run_script(tmp_path, str(script))
+    t0, t1 = map(int, r.stdout.split("LOOP")[1].split())
+    steps = stepscope.load(tmp_path / "runs" / "run").steps
+    assert len(steps) == 20
+    total = int(steps["duration_ns"].sum())
+    assert 0.9 * (t1 - t0) <= total <= (t1 - t0) * 1.01
+    assert (steps["Other"].iloc[:-1] >= 5_000_000).all()  # the sleep is Other, in the step it follows
+
+
+@pytest.mark.parametrize("kind,backend", [("compile", "inductor"), ("mcompile", "eager")])
+def test_torch_compile_adds_no_graph_breaks_and_keeps_phases(tmp_path, kind, backend):
+    base = run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "12", backend, name="base",
+                      zero_edit=False)
+    prof = run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "12", backend)
+    breaks = [line for line in prof.stdout.splitlines() if line.startswith("GRAPH_BREAKS")]
+    assert breaks == [line for line in base.stdout.splitlines() if line.startswith("GRAPH_BREAKS")]
+    run = stepscope.load(tmp_path / "runs" / "run")
+    check_steps(run, {"train": 12})
+    assert phase_counts(run) == {"Forward": 12, "Loss": 12, "Backward": 12, "Optimizer": 12}
+
+
+def test_stepscope_run_launcher(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "launched", "--",
+                        sys.executable, os.path.join(SCRIPTS, "loops.py"), "accum", "5"],
+                       cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "train" in r.stderr and "run written to" in r.stderr
+    run = stepscope.load(tmp_path / "runs" / "launched")
+    check_steps(run, {"train": 5})
+
+
+def test_torchrun_two_ranks_one_run(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "ddp", "--",
+                        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", "29731", os.path.join(SCRIPTS, "ddp.py")],
+                       cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = stepscope.load(tmp_path / "runs" / "ddp")
+    procs = run.processes
+    ranks = procs[procs["rank"].notna()]
+    assert sorted(ranks["rank"].astype(int)) == [0, 1]
+    assert all(p.endswith(("-rank0", "-rank1")) for p in ranks["process"])
+    steps = run.steps
+    assert steps.groupby("rank").size().to_dict() == {0: 10, 1: 10}
+    summary = json.loads(subprocess.run([sys.executable, "-m", "stepscope", "summary", "runs/ddp", "--json"],
+                                        cwd=tmp_path, capture_output=True, text=True).stdout)
+    assert summary["ranks"] == 2 and summary["steps"]["train"]["count"] == 20
+
+
+def test_phase_totals_agree_with_torch_profiler(tmp_path):
+    r = run_script(tmp_path, os.path.join(SCRIPTS, "accuracy.py"))
+    theirs = json.loads(r.stdout.split("TORCH")[1])
+    steps = stepscope.load(tmp_path / "runs" / "run").steps
+    assert len(steps) == theirs["steps"]
+    for phase in PHASES:
+        ours_us = steps[phase].sum() / 1e3
+        torch_us = theirs["totals_us"][phase]
+        tolerance = max(0.05 * torch_us, 50 * len(steps))
+        assert abs(ours_us - torch_us) <= tolerance, (phase, ours_us, torch_us)
+
+
+def test_bad_setting_and_failing_hook_never_reach_the_script(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "loops.py"), "manual", "3"], cwd=tmp_path,
+                       env=_env(tmp_path, STEPSCOPE="1", STEPSCOPE_GPU="cuda"), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "done manual" in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "STEPSCOPE_GPU" in lines[0] and "auto, off, metrics, trace" in lines[0]
+
+    # A hook that raises inside stepscope: reported once, instrumentation removed, training goes on.
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import torch, torch.nn as nn\n"
+        "import stepscope.integrations._steps as steps\n"
+        "def boom(*a, **k): raise RuntimeError('injected')\n"
+        "steps.StepTracker.backward_ended = boom\n"
+        "m = nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(5):\n"
+        "    opt.zero_grad(); m(torch.randn(2, 4)).sum().backward(); opt.step()\n"
+        "print('trained', bool(torch.isfinite(m.weight.detach()).all()))\n")
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path, STEPSCOPE="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "trained True" in r.stdout, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "injected" in lines[0], r.stderr
+
+
+def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
+    from torch.utils.data import dataloader
+
+    from stepscope.integrations import torch as st_torch
+
+    original_next = dataloader._BaseDataLoaderIter.__next__
+    original_f = torch.nn.functional.mse_loss
+    assert st_torch.instrument() and st_torch.instrument()
+    assert dataloader._BaseDataLoaderIter.__next__ is not original_next
+    assert torch.nn.functional.mse_loss.__qualname__ == original_f.__qualname__
+    assert torch.nn.functional.mse_loss.__module__ == original_f.__module__
+    run = stepscope.start(name="inproc")
+    m = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
+        opt.step()
+    run.stop()
+    st_torch.uninstrument()
+    assert dataloader._BaseDataLoaderIter.__next__ is original_next
+    assert torch.nn.functional.mse_loss is original_f
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    r = stepscope.load(run.path)
+    assert len(r.steps) == 3
+    assert np.all(r.steps[["Forward", "Loss", "Backward", "Optimizer"]].to_numpy() > 0)

@@ -8,7 +8,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 if __name__ == "__main__":
     for name in sorted(os.listdir(HERE)):
-        if name.startswith("bench_") and name.endswith(".py"):
+        if name.endswith(".py") and name != "run_all.py":
             print(f"\n## {name}\n", flush=True)
             sys.argv = [name]
             runpy.run_path(os.path.join(HERE, name), run_name="__main__")

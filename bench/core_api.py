@@ -1,6 +1,6 @@
 """Core overhead benchmarks: ns per annotation, bytes per event, throughput, memory.
 
-    python3 bench/bench_core.py            (torch optional: its rows are skipped without it)
+    python3 bench/core_api.py            (torch optional: its rows are skipped without it)
 
 Everything runs in this one process so the figures compare like with like.
 Prints a Markdown table for BENCHMARKS.md.

@@ -5,7 +5,9 @@
 An 8-layer MLP (width 64: ~1 ms steps; width 1024: ~45 ms steps on the
 development VM), one torch thread, a DataLoader over in-memory tensors, SGD.
 Three configurations run in one process, interleaved round by round; each
-figure is the median over rounds of the loop's wall time:
+figure is the median over rounds of a configuration's loop time divided by the
+no-profiler loop of the same round (the VM's speed drifts by ±20% over
+seconds; pairing cancels that):
 
 * none: no profiler;
 * stepscope: what ``STEPSCOPE=1`` does (``integrations.torch.instrument()`` and a
@@ -32,73 +34,83 @@ import stepscope
 from stepscope.integrations import torch as st_torch
 
 
-def make(width: int, batch: int, steps: int):
+def make(width: int, batch: int):
     torch.manual_seed(0)
     layers = []
-    for i in range(8):
+    for _ in range(8):
         layers += [nn.Linear(width, width), nn.ReLU()]
     model = nn.Sequential(*layers[:-1])
-    data = TensorDataset(torch.randn(batch * steps, width), torch.randn(batch * steps, width))
-    loader = DataLoader(data, batch_size=batch)
+    data = TensorDataset(torch.randn(batch * 8, width), torch.randn(batch * 8, width))
+    loader = DataLoader(data, batch_size=batch, shuffle=True)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loss_fn = nn.MSELoss()
 
-    def loop():
-        for x, y in loader:
-            opt.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
+    def loop(steps: int):
+        done = 0
+        while done < steps:
+            for x, y in loader:
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                done += 1
+                if done == steps:
+                    break
 
     return loop
 
 
 def measure(width: int, batch: int, steps: int, rounds: int, tmp: str) -> dict:
-    loop = make(width, batch, steps)
-    loop()  # warm up allocator and kernels
+    """Median over rounds of each configuration's time relative to the no-profiler
+    chunk of the same round: pairing cancels the VM's slow drifts in speed."""
+    loop = make(width, batch)
+    loop(10)  # warm up allocator and kernels
+
+    def timed(warmup=5):
+        loop(warmup)  # stepscope's root discovery, the profiler's first steps: once per job
+        t = time.perf_counter()
+        loop(steps)
+        return time.perf_counter() - t
 
     def none():
-        t = time.perf_counter()
-        loop()
-        return time.perf_counter() - t
+        return timed()
 
     def with_stepscope():
         st_torch.instrument()
         run = stepscope.start(dir=tmp, name=f"overhead-{width}-{time.time_ns()}")
-        t = time.perf_counter()
-        loop()
-        elapsed = time.perf_counter() - t
-        run.stop()
-        st_torch.uninstrument()
-        return elapsed
+        try:
+            return timed()
+        finally:
+            run.stop()
+            st_torch.uninstrument()
 
     def with_torch_profiler():
         with profile(activities=[ProfilerActivity.CPU]):
-            t = time.perf_counter()
-            loop()
-            return time.perf_counter() - t
+            return timed()
 
-    times = {"none": [], "stepscope": [], "torch.profiler": []}
+    base, ratios = [], {"stepscope": [], "torch.profiler": []}
     for _ in range(rounds):
-        for key, fn in (("none", none), ("stepscope", with_stepscope), ("torch.profiler", with_torch_profiler)):
-            times[key].append(fn())
-    return {k: statistics.median(v) for k, v in times.items()}
+        t_none = none()
+        base.append(t_none)
+        ratios["stepscope"].append(with_stepscope() / t_none)
+        ratios["torch.profiler"].append(with_torch_profiler() / t_none)
+    return {"step_s": statistics.median(base) / steps,
+            **{k: statistics.median(v) for k, v in ratios.items()}}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, median of {args.rounds} interleaved rounds")
     print("| model | step (no profiler) | stepscope | torch.profiler |")
     print("| --- | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
-        for width, batch, steps in ((64, 256, 400), (1024, 256, 24)):
+        for width, batch, steps in ((64, 128, 60), (1024, 128, 12)):
             m = measure(width, batch, steps, args.rounds, tmp)
-            base = m["none"]
-            print(f"| 8-layer MLP, width {width}, batch {batch} | {base / steps * 1e3:.2f} ms "
-                  f"| {m['stepscope'] / base:.4f}x | {m['torch.profiler'] / base:.3f}x |", flush=True)
+            print(f"| 8-layer MLP, width {width}, batch {batch} | {m['step_s'] * 1e3:.2f} ms "
+                  f"| {m['stepscope']:.4f}x | {m['torch.profiler']:.3f}x |", flush=True)
 
 
 if __name__ == "__main__":

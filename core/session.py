@@ -92,9 +92,12 @@ class Session:
         try:
             _native.close()
             self.stats = _native.stats()
-            if self.origin != "main" and not self.stats.get("written") and not self.stats.get("dropped"):
-                # A worker that recorded nothing (most DataLoader workers) leaves no folder.
+            if not self.stats.get("written") and not self.stats.get("dropped") and self._has_siblings():
+                # A process that recorded nothing (most DataLoader workers, a torchrun
+                # agent) leaves no folder beside the ones that did.
                 shutil.rmtree(self.process_dir, ignore_errors=True)
+                if self.created_run:
+                    self._finish_run_json(time.time(), runinfo.framework_versions())
                 return
             self._finish_metadata()
         except Exception as exc:  # noqa: BLE001
@@ -134,12 +137,22 @@ class Session:
         meta["versions"] = runinfo.framework_versions()
         runinfo.write_json_atomic(path, meta)
         if self.created_run:
-            run_json = os.path.join(self.run_dir, "run.json")
-            info = runinfo.read_json(run_json)
-            info["end_time"] = meta["end_time"]
-            info["duration_s"] = round(meta["end_time"] - self._start_wall, 6)
-            info["versions"] = meta["versions"]
-            runinfo.write_json_atomic(run_json, info)
+            self._finish_run_json(meta["end_time"], meta["versions"])
+
+    def _finish_run_json(self, end_time: float, versions: dict) -> None:
+        run_json = os.path.join(self.run_dir, "run.json")
+        info = runinfo.read_json(run_json)
+        info["end_time"] = end_time
+        info["duration_s"] = round(end_time - self._start_wall, 6)
+        info.setdefault("versions", {}).update(versions)
+        runinfo.write_json_atomic(run_json, info)
+
+    def _has_siblings(self) -> bool:
+        try:
+            return any(os.path.isdir(os.path.join(self.run_dir, d)) and d != os.path.basename(self.process_dir)
+                       for d in os.listdir(self.run_dir))
+        except OSError:
+            return False
 
 
 def _int_env(var: str) -> Optional[int]:

@@ -114,6 +114,20 @@ def write_json_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def update_json_locked(path: str, update) -> None:
+    """Read-modify-write of a JSON file shared by the processes of a run."""
+    import fcntl
+
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = read_json(path)
+            update(data)
+            write_json_atomic(path, data)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def clock_anchor() -> dict:
     """A (wall clock, monotonic clock) pair to align processes and hosts later."""
     best = None

@@ -56,6 +56,8 @@ class Session:
         self.parent = parent
         self.active = False
         self.stats: dict = {}
+        self.node_sampler: Optional[str] = None  # process folder that samples this host
+        self._node_lock = None
         self._start_wall = time.time()
 
     @property
@@ -84,6 +86,13 @@ class Session:
                 _session = None
                 if os.environ.get(_ACTIVE_RUN_VAR) == self.run_dir:
                     del os.environ[_ACTIVE_RUN_VAR]
+        try:
+            _native.stop_sampler()
+        except Exception:  # noqa: BLE001
+            pass
+        if self._node_lock is not None:
+            self._node_lock.close()  # releases the host's sampler election
+            self._node_lock = None
         for callback in list(_stop_callbacks):
             try:
                 callback()
@@ -140,12 +149,12 @@ class Session:
             self._finish_run_json(meta["end_time"], meta["versions"])
 
     def _finish_run_json(self, end_time: float, versions: dict) -> None:
-        run_json = os.path.join(self.run_dir, "run.json")
-        info = runinfo.read_json(run_json)
-        info["end_time"] = end_time
-        info["duration_s"] = round(end_time - self._start_wall, 6)
-        info.setdefault("versions", {}).update(versions)
-        runinfo.write_json_atomic(run_json, info)
+        def update(info):
+            info["end_time"] = end_time
+            info["duration_s"] = round(end_time - self._start_wall, 6)
+            info.setdefault("versions", {}).update(versions)
+
+        runinfo.update_json_locked(os.path.join(self.run_dir, "run.json"), update)
 
     def _has_siblings(self) -> bool:
         try:
@@ -215,7 +224,50 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
     if err:
         raise OSError(err)
     session.active = True
+    _start_sampling(session, config, origin)
     return session
+
+
+def _elect_node_sampler(session: Session) -> bool:
+    """One process per host samples the host's metrics: the first to lock
+    ``<run>/.node-<host>.lock`` (ranks start together; any rank will do). The
+    others record which process folder holds the samples."""
+    import fcntl
+
+    path = os.path.join(session.run_dir, f".node-{runinfo.hostname()}.lock")
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        session.node_sampler = f.read().strip() or None
+        f.close()
+        return False
+    f.seek(0)
+    f.truncate()
+    f.write(os.path.basename(session.process_dir))
+    f.flush()
+    session._node_lock = f
+    session.node_sampler = os.path.basename(session.process_dir)
+    return True
+
+
+def _start_sampling(session: Session, config: Config, origin: str) -> None:
+    """System metrics: never fatal; what cannot be measured is noted in run.json."""
+    try:
+        node = origin == "main" and _elect_node_sampler(session)
+        notes = list(_native.start_sampler(config.interval_ms, node))
+    except Exception as exc:  # noqa: BLE001
+        notes = [f"system metrics off: {type(exc).__name__}: {exc}"]
+    meta_path = os.path.join(session.process_dir, "process.json")
+    meta = runinfo.read_json(meta_path)
+    meta["node_sampler"] = session.node_sampler
+    meta["notes"] = notes
+    runinfo.write_json_atomic(meta_path, meta)
+    if notes:
+        host = runinfo.hostname()
+        runinfo.update_json_locked(os.path.join(session.run_dir, "run.json"), lambda info: info.setdefault(
+            "notes", []).extend(f"{host}: {n}" for n in notes if f"{host}: {n}" not in info.get("notes", [])))
 
 
 def start(**kwargs) -> Optional[Session]:

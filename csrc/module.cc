@@ -9,6 +9,7 @@
 
 #include "reader.h"
 #include "recorder.h"
+#include "sampler.h"
 
 namespace nb = nanobind;
 using namespace stepscope;
@@ -404,6 +405,13 @@ NB_MODULE(_native, m) {
     d["source"] = converter().source();
     d["ticks_per_ns"] = converter().ticks_per_ns();
     return d;
+  });
+  m.def("start_sampler", [](int interval_ms, bool node) { return start_sampler(interval_ms, node); },
+        nb::arg("interval_ms"), nb::arg("node"),
+        "Starts the system sampler; returns notes on metrics that cannot be measured.");
+  m.def("stop_sampler", [] {
+    nb::gil_scoped_release nogil;
+    stop_sampler();
   });
   m.def("read_trace", &read_trace_py, "Decodes one trace file into numpy columns.");
   m.def("bench_cpp_pair", [](uint64_t n, uint32_t name) {

@@ -16,6 +16,7 @@
 
 #include "encoding.h"
 #include "recorder.h"
+#include "sampler.h"
 
 namespace stepscope {
 
@@ -407,6 +408,7 @@ void at_fork_parent() {
 // The child has only the forking thread: drop the parent's buffers, files and
 // writer; Python's after-fork hook reopens a trace of the child's own.
 void at_fork_child() {
+  sampler_after_fork_child();
   new (&g_mu) std::mutex();
   new (&g_names_mu) std::mutex();
   g_enabled.store(false);
@@ -485,6 +487,7 @@ std::string open_writer(const WriterOptions& opt) {
 }
 
 void close_writer() {
+  stop_sampler();
   if (g_w.fd < 0 && !g_w.thread.joinable()) return;
   end_step();
   g_enabled.store(false);

@@ -1,0 +1,328 @@
+// System sampler: a native thread that reads /proc every interval and records
+// the raw counters (jiffies, bytes, sectors) as counter events of category
+// system. No Python runs on this path, so the GIL never delays it, and rates
+// are computed at read time from the raw values.
+//
+// Node metrics (CPU, memory, disks, network, load) are sampled by one process
+// per host (the Python side elects it); every process samples its own
+// resource use (RSS, CPU time, threads, I/O bytes).
+//
+// Metric names are "<metric>|<device>" (device may be empty), interned once.
+#include "sampler.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "recorder.h"
+
+namespace stepscope {
+namespace {
+
+// A /proc file kept open and re-read from offset 0 each sample.
+struct ProcFile {
+  int fd = -1;
+  std::string path;
+  bool open_file(const std::string& p) {
+    path = p;
+    fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    return fd >= 0;
+  }
+  // Reads the whole file into buf; false if it cannot be read.
+  bool read(std::string& buf) {
+    if (fd < 0) return false;
+    buf.resize(buf.capacity() < 8192 ? 8192 : buf.capacity());
+    size_t used = 0;
+    for (;;) {
+      ssize_t n = ::pread(fd, &buf[used], buf.size() - used, off_t(used));
+      if (n < 0) return false;
+      used += size_t(n);
+      if (n == 0 || used < buf.size()) break;
+      buf.resize(buf.size() * 2);
+    }
+    buf.resize(used);
+    return true;
+  }
+  void close_file() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+struct State {
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  bool running = false;
+  int interval_ms = 100;
+  bool node = false;
+  ProcFile stat, meminfo, loadavg, diskstats, netdev, self_stat, self_io;
+  std::vector<std::string> disks;  // whole disks from /sys/block
+  std::unordered_map<std::string, uint32_t> ids;
+  std::string buf;
+  uint64_t sample_tick = 0;
+  long page_size = 4096;
+} g_s;
+
+uint32_t metric_id(const char* metric, const std::string& device) {
+  std::string key(metric);
+  key += '|';
+  key += device;
+  auto it = g_s.ids.find(key);
+  if (it != g_s.ids.end()) return it->second;
+  uint32_t id = intern(key);
+  g_s.ids.emplace(std::move(key), id);
+  return id;
+}
+
+inline void emit(const char* metric, const std::string& device, double value) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  uint64_t bits;
+  std::memcpy(&bits, &value, 8);
+  push(kCounter, kCatSystem, metric_id(metric, device), g_s.sample_tick, bits, 0, 0);
+}
+
+// Splits a line into whitespace-separated fields (no allocation beyond the vector).
+void fields(const char* p, const char* end, std::vector<std::pair<const char*, size_t>>& out) {
+  out.clear();
+  while (p < end) {
+    while (p < end && (*p == ' ' || *p == '\t')) ++p;
+    const char* s = p;
+    while (p < end && *p != ' ' && *p != '\t') ++p;
+    if (p > s) out.emplace_back(s, size_t(p - s));
+  }
+}
+
+double num(const std::pair<const char*, size_t>& f) { return std::strtod(f.first, nullptr); }
+
+template <typename F>
+void for_lines(const std::string& text, F&& fn) {
+  const char* p = text.data();
+  const char* end = p + text.size();
+  while (p < end) {
+    const char* nl = static_cast<const char*>(std::memchr(p, '\n', size_t(end - p)));
+    const char* e = nl ? nl : end;
+    fn(p, e);
+    p = e + 1;
+  }
+}
+
+void sample_stat() {
+  if (!g_s.stat.read(g_s.buf)) return;
+  std::vector<std::pair<const char*, size_t>> f;
+  for_lines(g_s.buf, [&](const char* p, const char* e) {
+    if (e - p > 3 && std::strncmp(p, "cpu", 3) == 0) {
+      fields(p, e, f);
+      if (f.size() < 9) return;
+      std::string dev(f[0].first, f[0].second);
+      if (dev == "cpu") dev = "all";
+      double user = num(f[1]), nice = num(f[2]), sys = num(f[3]), idle = num(f[4]), iowait = num(f[5]),
+             irq = num(f[6]), softirq = num(f[7]), steal = num(f[8]);
+      emit("cpu.busy", dev, user + nice + sys + irq + softirq + steal);
+      emit("cpu.idle", dev, idle);
+      emit("cpu.iowait", dev, iowait);
+    } else if (e - p > 5 && std::strncmp(p, "ctxt ", 5) == 0) {
+      emit("ctxt", "", std::strtod(p + 5, nullptr));
+    } else if (e - p > 14 && std::strncmp(p, "procs_running ", 14) == 0) {
+      emit("procs_running", "", std::strtod(p + 14, nullptr));
+    }
+  });
+}
+
+void sample_meminfo() {
+  if (!g_s.meminfo.read(g_s.buf)) return;
+  for_lines(g_s.buf, [&](const char* p, const char* e) {
+    (void)e;
+    if (std::strncmp(p, "MemTotal:", 9) == 0) emit("mem.total", "", std::strtod(p + 9, nullptr) * 1024);
+    else if (std::strncmp(p, "MemAvailable:", 13) == 0)
+      emit("mem.available", "", std::strtod(p + 13, nullptr) * 1024);
+  });
+}
+
+void sample_loadavg() {
+  if (!g_s.loadavg.read(g_s.buf)) return;
+  emit("load1", "", std::strtod(g_s.buf.c_str(), nullptr));
+}
+
+void sample_diskstats() {
+  if (!g_s.diskstats.read(g_s.buf)) return;
+  std::vector<std::pair<const char*, size_t>> f;
+  for_lines(g_s.buf, [&](const char* p, const char* e) {
+    fields(p, e, f);
+    if (f.size() < 10) return;
+    std::string dev(f[2].first, f[2].second);
+    bool whole = false;
+    for (const auto& d : g_s.disks) whole |= d == dev;
+    if (!whole) return;
+    emit("disk.reads", dev, num(f[3]));
+    emit("disk.read_bytes", dev, num(f[5]) * 512);
+    emit("disk.writes", dev, num(f[7]));
+    emit("disk.write_bytes", dev, num(f[9]) * 512);
+  });
+}
+
+void sample_netdev() {
+  if (!g_s.netdev.read(g_s.buf)) return;
+  std::vector<std::pair<const char*, size_t>> f;
+  for_lines(g_s.buf, [&](const char* p, const char* e) {
+    const char* colon = static_cast<const char*>(std::memchr(p, ':', size_t(e - p)));
+    if (!colon) return;
+    const char* s = p;
+    while (s < colon && *s == ' ') ++s;
+    std::string dev(s, size_t(colon - s));
+    if (dev == "lo") return;
+    fields(colon + 1, e, f);
+    if (f.size() < 9) return;
+    emit("net.rx_bytes", dev, num(f[0]));
+    emit("net.tx_bytes", dev, num(f[8]));
+  });
+}
+
+void sample_self() {
+  if (g_s.self_stat.read(g_s.buf)) {
+    // Fields after the command name, which may contain spaces: start past the last ')'.
+    size_t close = g_s.buf.rfind(')');
+    if (close != std::string::npos) {
+      std::vector<std::pair<const char*, size_t>> f;
+      fields(g_s.buf.data() + close + 1, g_s.buf.data() + g_s.buf.size(), f);
+      // f[0] is field 3 (state): utime=14, stime=15, num_threads=20, rss=24.
+      if (f.size() > 21) {
+        emit("proc.utime", "", num(f[11]));
+        emit("proc.stime", "", num(f[12]));
+        emit("proc.threads", "", num(f[17]));
+        emit("proc.rss", "", num(f[21]) * double(g_s.page_size));
+      }
+    }
+  }
+  if (g_s.self_io.read(g_s.buf)) {
+    for_lines(g_s.buf, [&](const char* p, const char* e) {
+      (void)e;
+      if (std::strncmp(p, "rchar:", 6) == 0) emit("proc.rchar", "", std::strtod(p + 6, nullptr));
+      else if (std::strncmp(p, "wchar:", 6) == 0) emit("proc.wchar", "", std::strtod(p + 6, nullptr));
+      else if (std::strncmp(p, "read_bytes:", 11) == 0)
+        emit("proc.read_bytes", "", std::strtod(p + 11, nullptr));
+      else if (std::strncmp(p, "write_bytes:", 12) == 0)
+        emit("proc.write_bytes", "", std::strtod(p + 12, nullptr));
+    });
+  }
+}
+
+void sample_once() {
+  g_s.sample_tick = ticks();
+  if (g_s.node) {
+    sample_stat();
+    sample_meminfo();
+    sample_loadavg();
+    sample_diskstats();
+    sample_netdev();
+  }
+  sample_self();
+}
+
+void sampler_main() {
+  auto next = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lk(g_s.mu);
+  while (!g_s.stop) {
+    lk.unlock();
+    sample_once();
+    lk.lock();
+    next += std::chrono::milliseconds(g_s.interval_ms);
+    auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now;  // fell behind (suspended, overloaded): skip, never burst
+    g_s.cv.wait_until(lk, next, [] { return g_s.stop; });
+  }
+}
+
+std::vector<std::string> whole_disks() {
+  std::vector<std::string> out;
+  DIR* d = opendir("/sys/block");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == ".." || n.rfind("loop", 0) == 0 || n.rfind("ram", 0) == 0) continue;
+    out.push_back(n);
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> start_sampler(int interval_ms, bool node) {
+  std::vector<std::string> notes;
+  stop_sampler();
+  g_s.interval_ms = interval_ms > 0 ? interval_ms : 100;
+  g_s.node = node;
+  g_s.stop = false;
+  g_s.page_size = sysconf(_SC_PAGESIZE);
+  auto need = [&](ProcFile& f, const char* path, const char* what) {
+    if (!f.open_file(path)) notes.push_back(std::string(what) + " not measured: cannot read " + path);
+  };
+  if (node) {
+    need(g_s.stat, "/proc/stat", "CPU utilization");
+    need(g_s.meminfo, "/proc/meminfo", "memory");
+    need(g_s.loadavg, "/proc/loadavg", "load average");
+    need(g_s.diskstats, "/proc/diskstats", "disk throughput");
+    need(g_s.netdev, "/proc/net/dev", "network throughput");
+    g_s.disks = whole_disks();
+  }
+  need(g_s.self_stat, "/proc/self/stat", "process CPU time and RSS");
+  need(g_s.self_io, "/proc/self/io", "process I/O bytes");
+  // A file that opens but cannot be read (some containers) is a note too.
+  for (ProcFile* f : {&g_s.stat, &g_s.meminfo, &g_s.loadavg, &g_s.diskstats, &g_s.netdev, &g_s.self_stat,
+                      &g_s.self_io}) {
+    if (f->fd >= 0 && !f->read(g_s.buf)) {
+      notes.push_back("not measured: cannot read " + f->path);
+      f->close_file();
+    }
+  }
+  try {
+    g_s.thread = std::thread(sampler_main);
+    g_s.running = true;
+  } catch (const std::exception& e) {
+    notes.push_back(std::string("system metrics off: cannot start the sampler thread: ") + e.what());
+  }
+  return notes;
+}
+
+void stop_sampler() {
+  if (g_s.running) {
+    {
+      std::lock_guard<std::mutex> lk(g_s.mu);
+      g_s.stop = true;
+    }
+    g_s.cv.notify_one();
+    if (g_s.thread.joinable()) g_s.thread.join();
+    g_s.running = false;
+  }
+  for (ProcFile* f : {&g_s.stat, &g_s.meminfo, &g_s.loadavg, &g_s.diskstats, &g_s.netdev, &g_s.self_stat,
+                      &g_s.self_io})
+    f->close_file();
+}
+
+void sampler_after_fork_child() {
+  // The sampler thread does not exist in the child; forget it without joining.
+  new (&g_s.thread) std::thread();
+  new (&g_s.mu) std::mutex();
+  new (&g_s.cv) std::condition_variable();
+  g_s.running = false;
+  g_s.stop = false;
+  // /proc/self in the child is the child: reopen on the next start.
+  for (ProcFile* f : {&g_s.stat, &g_s.meminfo, &g_s.loadavg, &g_s.diskstats, &g_s.netdev, &g_s.self_stat,
+                      &g_s.self_io})
+    f->close_file();
+}
+
+}  // namespace stepscope

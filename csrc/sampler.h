@@ -1,0 +1,14 @@
+// The native system sampler (see sampler.cc).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace stepscope {
+
+// Starts sampling every interval_ms; node=true adds the host-wide metrics.
+// Returns notes on what cannot be measured here (missing or unreadable files).
+std::vector<std::string> start_sampler(int interval_ms, bool node);
+void stop_sampler();
+void sampler_after_fork_child();
+
+}  // namespace stepscope

@@ -255,8 +255,9 @@ def _elect_node_sampler(session: Session) -> bool:
 def _start_sampling(session: Session, config: Config, origin: str) -> None:
     """System metrics: never fatal; what cannot be measured is noted in run.json."""
     try:
+        # Helpers (forked/spawned workers) are sampled by the process that started them.
         node = origin == "main" and _elect_node_sampler(session)
-        notes = list(_native.start_sampler(config.interval_ms, node))
+        notes = list(_native.start_sampler(config.interval_ms, node, origin == "main"))
     except Exception as exc:  # noqa: BLE001
         notes = [f"system metrics off: {type(exc).__name__}: {exc}"]
     meta_path = os.path.join(session.process_dir, "process.json")

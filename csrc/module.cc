@@ -406,8 +406,9 @@ NB_MODULE(_native, m) {
     d["ticks_per_ns"] = converter().ticks_per_ns();
     return d;
   });
-  m.def("start_sampler", [](int interval_ms, bool node) { return start_sampler(interval_ms, node); },
-        nb::arg("interval_ms"), nb::arg("node"),
+  m.def("start_sampler", [](int interval_ms, bool node, bool processes) {
+    return start_sampler(interval_ms, node, processes);
+  }, nb::arg("interval_ms"), nb::arg("node"), nb::arg("processes"),
         "Starts the system sampler; returns notes on metrics that cannot be measured.");
   m.def("stop_sampler", [] {
     nb::gil_scoped_release nogil;

@@ -4,8 +4,9 @@
 // are computed at read time from the raw values.
 //
 // Node metrics (CPU, memory, disks, network, load) are sampled by one process
-// per host (the Python side elects it); every process samples its own
-// resource use (RSS, CPU time, threads, I/O bytes).
+// per host (the Python side elects it); every rank or script samples its own
+// resource use (RSS, CPU time, threads, I/O bytes) and its child processes'
+// (DataLoader workers), which are so attributed to it.
 //
 // Metric names are "<metric>|<device>" (device may be empty), interned once.
 #include "sampler.h"
@@ -14,6 +15,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -68,6 +70,9 @@ struct State {
   bool running = false;
   int interval_ms = 100;
   bool node = false;
+  bool processes = false;
+  std::vector<int> children;  // child processes (DataLoader workers...), refreshed each second
+  int refresh_in = 0;
   ProcFile stat, meminfo, loadavg, diskstats, netdev, self_stat, self_io;
   std::vector<std::string> disks;  // whole disks from /sys/block
   std::unordered_map<std::string, uint32_t> ids;
@@ -190,8 +195,9 @@ void sample_netdev() {
   });
 }
 
-void sample_self() {
-  if (g_s.self_stat.read(g_s.buf)) {
+// One process's counters from /proc/<pid>/stat and /io; device "" is this process.
+void sample_process(ProcFile& stat_file, ProcFile& io_file, const std::string& device) {
+  if (stat_file.read(g_s.buf)) {
     // Fields after the command name, which may contain spaces: start past the last ')'.
     size_t close = g_s.buf.rfind(')');
     if (close != std::string::npos) {
@@ -199,23 +205,84 @@ void sample_self() {
       fields(g_s.buf.data() + close + 1, g_s.buf.data() + g_s.buf.size(), f);
       // f[0] is field 3 (state): utime=14, stime=15, num_threads=20, rss=24.
       if (f.size() > 21) {
-        emit("proc.utime", "", num(f[11]));
-        emit("proc.stime", "", num(f[12]));
-        emit("proc.threads", "", num(f[17]));
-        emit("proc.rss", "", num(f[21]) * double(g_s.page_size));
+        emit("proc.utime", device, num(f[11]));
+        emit("proc.stime", device, num(f[12]));
+        emit("proc.threads", device, num(f[17]));
+        emit("proc.rss", device, num(f[21]) * double(g_s.page_size));
       }
     }
   }
-  if (g_s.self_io.read(g_s.buf)) {
+  if (io_file.read(g_s.buf)) {
     for_lines(g_s.buf, [&](const char* p, const char* e) {
       (void)e;
-      if (std::strncmp(p, "rchar:", 6) == 0) emit("proc.rchar", "", std::strtod(p + 6, nullptr));
-      else if (std::strncmp(p, "wchar:", 6) == 0) emit("proc.wchar", "", std::strtod(p + 6, nullptr));
+      if (std::strncmp(p, "rchar:", 6) == 0) emit("proc.rchar", device, std::strtod(p + 6, nullptr));
+      else if (std::strncmp(p, "wchar:", 6) == 0) emit("proc.wchar", device, std::strtod(p + 6, nullptr));
       else if (std::strncmp(p, "read_bytes:", 11) == 0)
-        emit("proc.read_bytes", "", std::strtod(p + 11, nullptr));
+        emit("proc.read_bytes", device, std::strtod(p + 11, nullptr));
       else if (std::strncmp(p, "write_bytes:", 12) == 0)
-        emit("proc.write_bytes", "", std::strtod(p + 12, nullptr));
+        emit("proc.write_bytes", device, std::strtod(p + 12, nullptr));
     });
+  }
+}
+
+bool read_small(const std::string& path, std::string& out) {
+  ProcFile f;
+  if (!f.open_file(path)) return false;
+  bool ok = f.read(out);
+  f.close_file();
+  return ok;
+}
+
+// Children of this process: /proc/self/task/*/children where the kernel has
+// it, else a scan of /proc for our pid as parent.
+void refresh_children() {
+  g_s.children.clear();
+  std::string text;
+  bool have_children_files = false;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      if (!read_small(std::string("/proc/self/task/") + e->d_name + "/children", text)) continue;
+      have_children_files = true;
+      const char* p = text.c_str();
+      char* end;
+      for (long pid = std::strtol(p, &end, 10); end != p; pid = std::strtol(p, &end, 10)) {
+        g_s.children.push_back(int(pid));
+        p = end;
+      }
+    }
+    closedir(d);
+  }
+  if (have_children_files) return;
+  const long self = long(getpid());
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      if (!read_small(std::string("/proc/") + e->d_name + "/stat", text)) continue;
+      size_t close = text.rfind(')');
+      if (close == std::string::npos) continue;
+      long ppid = 0;
+      if (std::sscanf(text.c_str() + close + 1, " %*c %ld", &ppid) == 1 && ppid == self)
+        g_s.children.push_back(std::atoi(e->d_name));
+    }
+    closedir(d);
+  }
+}
+
+void sample_processes() {
+  sample_process(g_s.self_stat, g_s.self_io, "");
+  if (--g_s.refresh_in <= 0) {
+    refresh_children();
+    g_s.refresh_in = std::max(1, 1000 / g_s.interval_ms);
+  }
+  for (int pid : g_s.children) {
+    ProcFile st, io;
+    const std::string base = "/proc/" + std::to_string(pid);
+    if (!st.open_file(base + "/stat")) continue;  // exited since the last refresh
+    io.open_file(base + "/io");
+    sample_process(st, io, "pid" + std::to_string(pid));
+    st.close_file();
+    io.close_file();
   }
 }
 
@@ -228,7 +295,7 @@ void sample_once() {
     sample_diskstats();
     sample_netdev();
   }
-  sample_self();
+  if (g_s.processes) sample_processes();
 }
 
 void sampler_main() {
@@ -260,11 +327,14 @@ std::vector<std::string> whole_disks() {
 
 }  // namespace
 
-std::vector<std::string> start_sampler(int interval_ms, bool node) {
+std::vector<std::string> start_sampler(int interval_ms, bool node, bool processes) {
   std::vector<std::string> notes;
   stop_sampler();
+  if (!node && !processes) return notes;
   g_s.interval_ms = interval_ms > 0 ? interval_ms : 100;
   g_s.node = node;
+  g_s.processes = processes;
+  g_s.refresh_in = 0;
   g_s.stop = false;
   g_s.page_size = sysconf(_SC_PAGESIZE);
   auto need = [&](ProcFile& f, const char* path, const char* what) {
@@ -278,8 +348,10 @@ std::vector<std::string> start_sampler(int interval_ms, bool node) {
     need(g_s.netdev, "/proc/net/dev", "network throughput");
     g_s.disks = whole_disks();
   }
-  need(g_s.self_stat, "/proc/self/stat", "process CPU time and RSS");
-  need(g_s.self_io, "/proc/self/io", "process I/O bytes");
+  if (processes) {
+    need(g_s.self_stat, "/proc/self/stat", "process CPU time and RSS");
+    need(g_s.self_io, "/proc/self/io", "process I/O bytes");
+  }
   // A file that opens but cannot be read (some containers) is a note too.
   for (ProcFile* f : {&g_s.stat, &g_s.meminfo, &g_s.loadavg, &g_s.diskstats, &g_s.netdev, &g_s.self_stat,
                       &g_s.self_io}) {

@@ -5,9 +5,10 @@
 
 namespace stepscope {
 
-// Starts sampling every interval_ms; node=true adds the host-wide metrics.
-// Returns notes on what cannot be measured here (missing or unreadable files).
-std::vector<std::string> start_sampler(int interval_ms, bool node);
+// Starts sampling every interval_ms: node=true for the host-wide metrics,
+// processes=true for this process and its children. Returns notes on what
+// cannot be measured here (missing or unreadable files).
+std::vector<std::string> start_sampler(int interval_ms, bool node, bool processes);
 void stop_sampler();
 void sampler_after_fork_child();
 

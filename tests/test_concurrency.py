@@ -61,7 +61,10 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
         run.stop()
         print("RESULT", before, peak_during, stats["written"], stats["dropped"])
         loaded = stepscope.load(run.path, quiet=True)
-        print("LOADED", loaded.dropped_events, int(loaded.processes["events"].sum()))
+        (folder,) = loaded.processes["process"]
+        cols = _native.read_trace(f"{run.path}/{folder}/trace.ssc")
+        flood = int((cols["name"] == list(cols["names"]).index("flood")).sum())
+        print("LOADED", loaded.dropped_events, flood)
     """, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     _, before, peak, written, dropped = r.stdout.split("RESULT")[1].split("\n")[0].split(" ")
@@ -69,5 +72,6 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
     assert peak - before <= 64, f"stepscope held {peak - before:.0f} MiB during the flood"
     loaded_dropped, loaded_events = map(int, r.stdout.split("LOADED")[1].split())
     # every event is either on disk or counted as dropped; readers see the count
+    # (the system sampler's few events may be among the dropped ones)
     assert loaded_dropped == dropped
-    assert loaded_events + loaded_dropped == 50_000_000
+    assert 0 <= loaded_events + loaded_dropped - 50_000_000 <= 1000

@@ -88,6 +88,6 @@ def test_garbage_trace_is_a_clear_error_and_other_processes_still_load(tmp_path)
         f.write(b"this is not a trace")
     with pytest.warns(UserWarning, match=r"otherhost-pid1/trace\.ssc is not a stepscope trace"):
         r = stepscope.load(path)
-    assert len(r.events) == 20_000
+    assert (r.events["name"] == "a").sum() == 20_000
     with pytest.raises(RunFormatError):
         stepscope.load(tmp_path / "does-not-exist")

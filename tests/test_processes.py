@@ -47,6 +47,7 @@ def test_os_fork_child_gets_its_own_folder(tmp_path):
     origins = sorted(p["origin"] for p in procs.values())
     assert origins == ["fork", "main"]
     ev = run.events
+    ev = ev[ev["category"] != "system"]
     by_proc = {p: set(ev[ev["process"] == p]["name"].astype(str)) for p in procs}
     parent = next(p for p, m in procs.items() if m["origin"] == "main")
     child = next(p for p, m in procs.items() if m["origin"] == "fork")

@@ -80,7 +80,7 @@ def test_nesting_threads_and_steps_survive(run_dir):
     assert (outer["start_ns"] <= middle["start_ns"]).all() and (middle["end_ns"] <= outer["end_ns"]).all()
     assert (middle["start_ns"] <= inner["start_ns"]).all() and (inner["end_ns"] <= middle["end_ns"]).all()
     assert outer["step"].tolist() == list(range(50))
-    loss = ev[ev["kind"] == "counter"]
+    loss = ev[ev["name"] == "loss"]
     assert np.allclose(loss["value"].to_numpy(), [1.0 / (s + 1) for s in range(50)])
     ordered = ev[ev["name"].isin(["outer", "middle", "inner"])]["name"].astype(str).tolist()
     assert ordered[:3] == ["outer", "middle", "inner"]  # parents sort before children

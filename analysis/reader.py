@@ -306,6 +306,7 @@ class Run:
                                f"{self.name} (the writer could not keep up)", stacklevel=3)
         self._events = None
         self._steps = None
+        self._system = None
 
     @property
     def events(self) -> pd.DataFrame:
@@ -318,6 +319,20 @@ class Run:
         if self._steps is None:
             self._steps = steps_frame(self.events)
         return self._steps
+
+    @property
+    def system(self) -> pd.DataFrame:
+        """System metrics, long format (see stepscope.analysis.system)."""
+        if self._system is None:
+            from stepscope.analysis.system import system_frame
+
+            self._system = system_frame(self.events)
+        return self._system
+
+    @property
+    def notes(self) -> list:
+        """What could not be measured in this run, and why."""
+        return list(self.info.get("notes", []))
 
     @property
     def processes(self) -> pd.DataFrame:

@@ -1,7 +1,6 @@
 """``stepscope summary``: the run's numbers (SPEC §6).
 
-System metrics and findings are filled in by the system-metrics and rules
-layers; until a run has that data, those fields are null / empty.
+Findings are filled in by the rules layer; until then the list is empty.
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis import PHASES, load
+from stepscope.analysis.system import summarize_system
 
 
 def _ms(ns) -> float:
@@ -28,7 +28,7 @@ def summarize(run) -> dict:
         "duration_s": round(duration_s, 3),
         "steps": {},
         "phases": {},
-        "system": {"cpu_util_mean": None, "memory_used_max_bytes": None, "gpu_util_mean": None},
+        "system": summarize_system(r.system),
         "findings": [],
         "dropped_events": int(r.dropped_events),
         "warnings": r.warnings,
@@ -56,6 +56,12 @@ def format_text(s: dict) -> str:
                      f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")
     for phase, p in s["phases"].items():
         lines.append(f"  {phase:<10} {100 * p['share']:5.1f}% of train step time ({p['total_ms']:.1f} ms)")
+    sysb = s["system"]
+    if sysb.get("cpu_util"):
+        c = sysb["cpu_util"]
+        lines.append(f"  CPU        mean {c['mean']:.0f}%  p95 {c['p95']:.0f}%  max {c['max']:.0f}% (all cores)")
+    if sysb.get("memory_used_max_bytes"):
+        lines.append(f"  memory     max {sysb['memory_used_max_bytes'] / 2**30:.2f} GiB used")
     if s["dropped_events"]:
         lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
     for w in s.get("warnings", []):

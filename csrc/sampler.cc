@@ -12,6 +12,7 @@
 #include "sampler.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -77,6 +78,7 @@ struct State {
   std::vector<std::string> disks;  // whole disks from /sys/block
   std::unordered_map<std::string, uint32_t> ids;
   std::string buf;
+  std::string proc = "/proc";  // STEPSCOPE_PROC_ROOT: a stand-in tree, for tests
   uint64_t sample_tick = 0;
   long page_size = 4096;
 } g_s;
@@ -239,10 +241,10 @@ void refresh_children() {
   g_s.children.clear();
   std::string text;
   bool have_children_files = false;
-  if (DIR* d = opendir("/proc/self/task")) {
+  if (DIR* d = opendir((g_s.proc + "/self/task").c_str())) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
-      if (!read_small(std::string("/proc/self/task/") + e->d_name + "/children", text)) continue;
+      if (!read_small(g_s.proc + "/self/task/" + e->d_name + "/children", text)) continue;
       have_children_files = true;
       const char* p = text.c_str();
       char* end;
@@ -255,10 +257,10 @@ void refresh_children() {
   }
   if (have_children_files) return;
   const long self = long(getpid());
-  if (DIR* d = opendir("/proc")) {
+  if (DIR* d = opendir(g_s.proc.c_str())) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-      if (!read_small(std::string("/proc/") + e->d_name + "/stat", text)) continue;
+      if (!read_small(g_s.proc + "/" + e->d_name + "/stat", text)) continue;
       size_t close = text.rfind(')');
       if (close == std::string::npos) continue;
       long ppid = 0;
@@ -277,7 +279,7 @@ void sample_processes() {
   }
   for (int pid : g_s.children) {
     ProcFile st, io;
-    const std::string base = "/proc/" + std::to_string(pid);
+    const std::string base = g_s.proc + "/" + std::to_string(pid);
     if (!st.open_file(base + "/stat")) continue;  // exited since the last refresh
     io.open_file(base + "/io");
     sample_process(st, io, "pid" + std::to_string(pid));
@@ -299,6 +301,7 @@ void sample_once() {
 }
 
 void sampler_main() {
+  pthread_setname_np(pthread_self(), "stepscope-smpl");
   auto next = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(g_s.mu);
   while (!g_s.stop) {
@@ -337,20 +340,23 @@ std::vector<std::string> start_sampler(int interval_ms, bool node, bool processe
   g_s.refresh_in = 0;
   g_s.stop = false;
   g_s.page_size = sysconf(_SC_PAGESIZE);
-  auto need = [&](ProcFile& f, const char* path, const char* what) {
+  const char* root = std::getenv("STEPSCOPE_PROC_ROOT");
+  g_s.proc = root && *root ? root : "/proc";
+  auto need = [&](ProcFile& f, const char* rel, const char* what) {
+    const std::string path = g_s.proc + rel;
     if (!f.open_file(path)) notes.push_back(std::string(what) + " not measured: cannot read " + path);
   };
   if (node) {
-    need(g_s.stat, "/proc/stat", "CPU utilization");
-    need(g_s.meminfo, "/proc/meminfo", "memory");
-    need(g_s.loadavg, "/proc/loadavg", "load average");
-    need(g_s.diskstats, "/proc/diskstats", "disk throughput");
-    need(g_s.netdev, "/proc/net/dev", "network throughput");
+    need(g_s.stat, "/stat", "CPU utilization");
+    need(g_s.meminfo, "/meminfo", "memory");
+    need(g_s.loadavg, "/loadavg", "load average");
+    need(g_s.diskstats, "/diskstats", "disk throughput");
+    need(g_s.netdev, "/net/dev", "network throughput");
     g_s.disks = whole_disks();
   }
   if (processes) {
-    need(g_s.self_stat, "/proc/self/stat", "process CPU time and RSS");
-    need(g_s.self_io, "/proc/self/io", "process I/O bytes");
+    need(g_s.self_stat, "/self/stat", "process CPU time and RSS");
+    need(g_s.self_io, "/self/io", "process I/O bytes");
   }
   // A file that opens but cannot be read (some containers) is a note too.
   for (ProcFile* f : {&g_s.stat, &g_s.meminfo, &g_s.loadavg, &g_s.diskstats, &g_s.netdev, &g_s.self_stat,

@@ -373,6 +373,7 @@ void flush_once(bool final_pass) {
 }
 
 void writer_main() {
+  pthread_setname_np(pthread_self(), "stepscope-write");
   std::unique_lock<std::mutex> lk(g_w.wake_mu);
   while (!g_w.stop) {
     g_w.wake.wait_for(lk, std::chrono::milliseconds(g_w.flush_ms),

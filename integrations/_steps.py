@@ -138,7 +138,10 @@ class StepTracker:
             self.done = True  # no optimizer: one forward+backward is a step
 
     def optimizer_known(self, key) -> None:
+        """An optimizer exists (created, or zero_grad called): work after a fetch."""
         self.optimizers_known.add(key)
+        if self.pending is not None:
+            self._commit_pending()
 
     def optimizer_started(self, key, now: int) -> None:
         self.optimizers_known.add(key)

@@ -1,0 +1,225 @@
+"""System metrics from the native sampler: measured against known loads."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import stepscope
+from stepscope.compat.smdebug import PandasFrame
+
+from conftest import run_python
+
+MiB = 1 << 20
+
+
+def _window(system, metric, device, t0, t1):
+    s = system[(system["metric"] == metric) & (system["device"] == device)]
+    # a sample's rate covers the interval that ends at its timestamp
+    return s[(s["timestamp_ns"] > t0 + 150_000_000) & (s["timestamp_ns"] <= t1)]["value"].to_numpy()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores to pin to")
+def test_busy_core_reads_busy_and_the_others_do_not(tmp_path):
+    r = run_python("""
+        import os, time, stepscope
+        run = stepscope.start(dir="runs", name="busy", interval_ms=50)
+        cores = sorted(os.sched_getaffinity(0))
+        busy = cores[-1]
+        time.sleep(0.5)
+        os.sched_setaffinity(0, {busy})
+        t0 = time.time_ns()
+        x = 0
+        while time.time_ns() - t0 < 2_000_000_000:
+            x += 1
+        t1 = time.time_ns()
+        os.sched_setaffinity(0, set(cores))
+        time.sleep(0.3)
+        run.stop()
+        print("WINDOW", busy, t0, t1)
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    busy, t0, t1 = map(int, r.stdout.split("WINDOW")[1].split())
+    system = stepscope.load(tmp_path / "runs" / "busy").system
+    on_busy = _window(system, "cpu_util", f"cpu{busy}", t0, t1)
+    assert len(on_busy) >= 20
+    assert np.median(on_busy) >= 90, on_busy
+    others = [d for d in system["device"].unique() if str(d).startswith("cpu") and d != f"cpu{busy}"]
+    for d in others:
+        assert np.median(_window(system, "cpu_util", d, t0, t1)) < 60
+    own = _window(system, "proc_cpu_percent", "self", t0, t1)
+    assert np.median(own) >= 90  # the process itself: one core's worth
+
+
+def test_disk_and_process_io_account_for_200_mb(tmp_path):
+    r = run_python("""
+        import os, time, stepscope
+        run = stepscope.start(dir="runs", name="io", interval_ms=50)
+        time.sleep(0.3)
+        block = os.urandom(1 << 20)
+        t0 = time.time_ns()
+        with open("big.bin", "wb") as f:
+            for _ in range(200):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open("big.bin", os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read-back must hit the disk
+        while os.read(fd, 1 << 20):
+            pass
+        os.close(fd)
+        t1 = time.time_ns()
+        time.sleep(0.3)
+        run.stop()
+        os.remove("big.bin")
+        print("WINDOW", t0, t1)
+    """, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    t0, t1 = map(int, r.stdout.split("WINDOW")[1].split())
+    run = stepscope.load(tmp_path / "runs" / "io")
+    system = run.system
+
+    def total_bytes(metric, device=None):
+        s = system[system["metric"] == metric]
+        if device:
+            s = s[s["device"] == device]
+        s = s[(s["timestamp_ns"] > t0) & (s["timestamp_ns"] <= t1 + 300_000_000)]
+        dt = 0.05  # bytes/s over each 50 ms interval
+        return float(s["value"].sum()) * dt
+
+    want = 200 * MiB
+    for metric in ("proc_write_bytes_per_s", "proc_read_bytes_per_s"):
+        got = total_bytes(metric, "self")
+        assert abs(got - want) <= 0.1 * want, (metric, got / MiB)
+    for metric in ("disk_write_bytes_per_s", "disk_read_bytes_per_s"):
+        got = total_bytes(metric)
+        assert want * 0.9 <= got <= want * 1.5, (metric, got / MiB)  # the disk also serves others
+
+
+def test_rss_follows_a_500_mb_allocation(tmp_path):
+    r = run_python("""
+        import time, stepscope
+        run = stepscope.start(dir="runs", name="rss", interval_ms=50)
+        time.sleep(0.3)
+        t0 = time.time_ns()
+        block = bytearray(500 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        time.sleep(0.5)
+        t1 = time.time_ns()
+        del block
+        time.sleep(0.5)
+        run.stop()
+        print("WINDOW", t0, t1)
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    t0, t1 = map(int, r.stdout.split("WINDOW")[1].split())
+    s = stepscope.load(tmp_path / "runs" / "rss").system
+    rss = s[(s["metric"] == "proc_rss") & (s["device"] == "self")]
+    before = rss[rss["timestamp_ns"] < t0]["value"].max()
+    during = rss[(rss["timestamp_ns"] > t1 - 300_000_000) & (rss["timestamp_ns"] <= t1)]["value"].min()
+    after = rss[rss["timestamp_ns"] > t1 + 300_000_000]["value"].min()
+    assert 480 * MiB <= during - before <= 560 * MiB
+    assert after - before < 100 * MiB
+
+
+def test_missing_proc_files_are_notes_and_the_rest_is_kept(tmp_path):
+    fake = tmp_path / "proc"
+    (fake / "self").mkdir(parents=True)
+    (fake / "stat").write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\nctxt 5\n")
+    (fake / "meminfo").write_text("MemTotal:       1000 kB\nMemAvailable:    250 kB\n")
+    (fake / "self" / "stat").write_text("1 (python x) R 0 1 1 0 -1 0 0 0 0 0 7 3 0 0 20 0 4 0 1 1 100 0\n")
+    r = run_python("""
+        import time, stepscope
+        run = stepscope.start(dir="runs", name="fake", interval_ms=20)
+        time.sleep(0.3)
+        run.stop()
+    """, cwd=tmp_path, env={"STEPSCOPE_PROC_ROOT": str(fake)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    run = stepscope.load(tmp_path / "runs" / "fake")
+    notes = " ".join(run.notes)
+    for missing in ("loadavg", "diskstats", "net/dev", "self/io"):
+        assert missing in notes, notes
+    assert "/stat " not in notes
+    s = run.system
+    mem = s[s["metric"] == "mem_used_percent"]["value"]
+    assert len(mem) > 5 and (mem == 75.0).all()
+    assert (s[(s["metric"] == "proc_rss")]["value"] == 100 * os.sysconf("SC_PAGESIZE")).all()
+    assert (s[(s["metric"] == "proc_threads")]["value"] == 4).all()
+
+
+def test_summary_has_the_system_block(tmp_path):
+    r = run_python("""
+        import time, stepscope
+        with stepscope.profile(dir="runs", name="sum", interval_ms=20):
+            t = time.time()
+            while time.time() - t < 0.5:
+                pass
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([sys.executable, "-m", "stepscope", "summary", "runs/sum", "--json"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    system = json.loads(out.stdout)["system"]
+    assert 0 < system["cpu_util_mean"] <= 100
+    assert system["memory_used_max_bytes"] > 0
+    for key in ("cpu_util", "cpu_iowait", "net_rx_bytes_per_s", "disk_write_bytes_per_s"):
+        assert set(system[key]) == {"mean", "p50", "p95", "max"}
+
+
+def test_debugger_notebook_cells_run_on_a_pytorch_run(tmp_path):
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "loops.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="dbg")
+    r = subprocess.run([sys.executable, script, "loader", "10"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    # The cells of a Debugger analysis notebook, unchanged:
+    pf = PandasFrame(str(tmp_path / "runs" / "dbg"))
+    system_metrics_df = pf.get_all_system_metrics()
+    framework_metrics_df = pf.get_all_framework_metrics()
+    assert list(system_metrics_df.columns) == ["timestamp", "timestamp_us", "value", "system_metric", "dimension",
+                                               "nodeID", "type"]
+    cpu = system_metrics_df[system_metrics_df["system_metric"].str.match("cpu")]
+    assert set(cpu["dimension"]) == {"CPUUtilization", "I/OWaitPercentage"}
+    assert ((cpu["value"] >= 0) & (cpu["value"] <= 100)).all()
+    assert "MemoryUsedPercent" in set(system_metrics_df["system_metric"])
+    steps = framework_metrics_df[framework_metrics_df["framework_metric"] == "Step:ModeKeys.TRAIN"]
+    durations = steps["end_time_us"] - steps["start_time_us"]
+    assert len(steps) == 20 and (durations > 0).all()
+    assert len(framework_metrics_df[framework_metrics_df["framework_metric"] == "Step:ModeKeys.EVAL"]) == 20
+    # samples and steps share one time base
+    assert system_metrics_df["timestamp_us"].min() < steps["start_time_us"].min()
+    assert system_metrics_df["timestamp_us"].max() >= steps["end_time_us"].max() - 200_000
+
+
+def test_two_ranks_on_one_host_share_one_node_sampler(tmp_path):
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "ddp2",
+                        "--interval-ms", "20", "--", sys.executable, "-m", "torch.distributed.run",
+                        "--nproc_per_node", "2", "--master_port", "29733", script],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = stepscope.load(tmp_path / "runs" / "ddp2")
+    system = run.system
+    node_rows = system[system["metric"] == "cpu_util"]
+    assert node_rows["process"].nunique() == 1, "one process samples the host"
+    proc_rows = system[system["metric"] == "proc_rss"]
+    ranks = run.processes.dropna(subset=["rank"])
+    assert set(ranks["process"]) <= set(proc_rows["process"]), "each rank samples itself"
+    # both ranks' steps fall inside the host's sampled span
+    steps = run.steps
+    t = node_rows["timestamp_ns"]
+    for rank, s in steps.groupby("rank"):
+        assert t.min() <= s["start_ns"].min() and s["end_ns"].max() <= t.max() + 50_000_000
+        inside = ((t >= s["start_ns"].min()) & (t <= s["end_ns"].max())).sum()
+        assert inside >= 1
+    metas = [json.load(open(os.path.join(run.path, p, "process.json"))) for p in ranks["process"]]
+    assert len({m["node_sampler"] for m in metas}) == 1

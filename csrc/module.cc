@@ -414,6 +414,10 @@ NB_MODULE(_native, m) {
     nb::gil_scoped_release nogil;
     stop_sampler();
   });
+  m.def("sampler_pass_ns", [](int passes) {
+    nb::gil_scoped_release nogil;
+    return sampler_pass_ns(passes);
+  }, "Benchmark: ns per sampling pass of the running sampler (-1 if none runs).");
   m.def("read_trace", &read_trace_py, "Decodes one trace file into numpy columns.");
   m.def("bench_cpp_pair", [](uint64_t n, uint32_t name) {
     // The C++ API's cost per begin+end pair, as an integration in C++ sees it.

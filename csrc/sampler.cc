@@ -390,6 +390,15 @@ void stop_sampler() {
     f->close_file();
 }
 
+double sampler_pass_ns(int passes) {
+  // The cost of one sampling pass, without the thread's wake-up (a benchmark).
+  if (!g_s.running) return -1;
+  std::lock_guard<std::mutex> lk(g_s.mu);  // keeps the sampler thread out meanwhile
+  const int64_t t0 = mono_ns();
+  for (int i = 0; i < passes; ++i) sample_once();
+  return double(mono_ns() - t0) / passes;
+}
+
 void sampler_after_fork_child() {
   // The sampler thread does not exist in the child; forget it without joining.
   new (&g_s.thread) std::thread();

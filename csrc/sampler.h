@@ -11,5 +11,6 @@ namespace stepscope {
 std::vector<std::string> start_sampler(int interval_ms, bool node, bool processes);
 void stop_sampler();
 void sampler_after_fork_child();
+double sampler_pass_ns(int passes);
 
 }  // namespace stepscope

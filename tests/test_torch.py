@@ -65,7 +65,7 @@ def test_loops_without_dataloader(tmp_path, kind, modes, phases):
     assert phase_counts(run) == phases
 
 
-@pytest.mark.parametrize("kind", ["loader", "loader_spawn"])
+@pytest.mark.parametrize("kind", ["loader", "loader_spawn", "loader_forkserver"])
 def test_dataloader_with_workers_train_and_eval(tmp_path, kind):
     run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "8")
     run = stepscope.load(tmp_path / "runs" / "run")

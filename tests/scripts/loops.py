@@ -70,10 +70,10 @@ def main():
         with torch.no_grad():
             for i in range(N):
                 model(x)
-    elif kind in ("loader", "loader_spawn"):
+    elif kind in ("loader", "loader_spawn", "loader_forkserver"):
         from torch.utils.data import DataLoader, TensorDataset
         ds = TensorDataset(torch.randn(N * 32, 16), torch.randn(N * 32, 1))
-        ctx = "spawn" if kind == "loader_spawn" else None
+        ctx = {"loader_spawn": "spawn", "loader_forkserver": "forkserver"}.get(kind)
         loader = DataLoader(ds, batch_size=32, num_workers=2, multiprocessing_context=ctx)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         crit = nn.MSELoss()

@@ -1,5 +1,7 @@
-"""stepscope.analysis: runs on disk -> pandas tables. Reads only the on-disk format."""
+"""stepscope.analysis: runs on disk -> pandas tables, SQL and rules. Reads only the on-disk format."""
 
-from stepscope.analysis.reader import PHASES, Run, RunFormatError, load
+from stepscope.analysis.reader import RunFormatError
+from stepscope.analysis.run import Run, load
+from stepscope.analysis.tables import PHASES
 
 __all__ = ["PHASES", "Run", "RunFormatError", "load"]

@@ -55,10 +55,19 @@ def script_name(argv=None) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "python"
 
 
+def process_start_time(pid: Optional[int] = None) -> Optional[float]:
+    """When a process started (epoch seconds), from /proc; None where unknown."""
+    return _start_time(os.getpid() if pid is None else pid)
+
+
 def _parent_start_time(ppid: int) -> Optional[float]:
     """The parent's start time (epoch seconds): ranks started by one launcher share it."""
+    return _start_time(ppid)
+
+
+def _start_time(pid: int) -> Optional[float]:
     try:
-        with open(f"/proc/{ppid}/stat") as f:
+        with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         start_ticks = int(fields[19])
         with open("/proc/stat") as f:

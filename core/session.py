@@ -132,6 +132,7 @@ class Session:
             "parent": self.parent,
             "argv": list(sys.argv),
             "start_time": self._start_wall,
+            "process_start_time": runinfo.process_start_time(),
             "clock": {**runinfo.clock_anchor(), **_native.clock_info()},
             "trace": TRACE_FILE,
         }

@@ -12,8 +12,9 @@ What is hooked (all public or long-stable torch entry points):
 * Loss      outermost ``nn.modules.loss._Loss`` modules and the functional losses
             of ``torch.nn.functional`` called outside a module; otherwise the
             time between the end of Forward and the start of Backward.
-* Backward  ``torch.autograd._engine_run_backward`` (behind ``Tensor.backward``,
-            ``autograd.backward`` and ``autograd.grad``). Forwards that run
+* Backward  ``torch.autograd.backward`` and ``.grad`` (``Tensor.backward`` calls
+            the former), and ``torch.autograd._engine_run_backward`` behind them
+            for any other caller; nested calls count once. Forwards that run
             inside it (activation checkpointing) are ``Recompute``.
 * Optimizer the global optimizer step pre/post hooks; ``zero_grad`` is recorded
             as a framework annotation. Forward/backward inside ``step()``
@@ -67,6 +68,7 @@ class _Instrumentation:
         self.in_backward = 0
         self.in_optimizer = 0
         self.stack = []  # (t0, mode, phase) of open root forwards
+        self.last_root_training = True
         self.is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         from torch.nn.modules.loss import _Loss
 
@@ -102,11 +104,13 @@ class _Instrumentation:
         from torch.utils.data import dataloader
 
         self.patch(dataloader._BaseDataLoaderIter, "__next__", self.wrap_next)
+        # The public entry points (Tensor.backward calls torch.autograd.backward), so
+        # Backward includes building the initial gradient; the engine entry catches
+        # any other caller. Nested calls are counted once.
+        self.patch(torch.autograd, "backward", self.wrap_backward)
+        self.patch(torch.autograd, "grad", self.wrap_backward)
         if hasattr(torch.autograd, "_engine_run_backward"):
             self.patch(torch.autograd, "_engine_run_backward", self.wrap_backward)
-        else:  # older torch: the public entry points
-            self.patch(torch.autograd, "backward", self.wrap_backward)
-            self.patch(torch.autograd, "grad", self.wrap_backward)
         from torch.optim import optimizer as optim_mod
 
         self.handles.append(optim_mod.register_optimizer_step_pre_hook(self.optimizer_pre))
@@ -199,6 +203,7 @@ class _Instrumentation:
                 self.stack.append((_native.now(), "train", LOSS))
                 return None
             mode = self.mode_of(module)
+            self.last_root_training = module.training
             now = _native.now()
             self.tracker.forward_started(mode, now)
             self.stack.append((now, mode, FORWARD))
@@ -253,10 +258,11 @@ class _Instrumentation:
 
     # --- GetNext ------------------------------------------------------------------
     def guess_mode(self) -> str:
+        """A fetched batch's mode, before its forward shows it: grad mode, and
+        whether the model last seen was training."""
         if not self.torch.is_grad_enabled():
             return "eval"
-        models = [m for m in list(self.roots.keys()) if not isinstance(m, self.loss_type)]
-        return "train" if not models or any(m.training for m in models) else "eval"
+        return "train" if self.last_root_training else "eval"
 
     def wrap_next(self, original):
         inst = self

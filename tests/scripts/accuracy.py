@@ -18,12 +18,9 @@ crit = nn.MSELoss()
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     it = iter(loader)
     steps = 0
-    while True:
+    for _ in range(len(loader)):  # no exhausted fetch inside a GetNext range
         with record_function("GetNext"):
-            try:
-                xb, yb = next(it)
-            except StopIteration:
-                break
+            xb, yb = next(it)
         with record_function("Forward"):
             out = model(xb)
         with record_function("Loss"):

@@ -1,0 +1,177 @@
+"""``stepscope.load(RUN)``: a run as pandas tables, and SQL over them (SPEC §8).
+
+Tables are built on first use. A finished run's events are cached once as
+Parquet beside the run (``<run>/.stepscope-cache/``), keyed on the size and
+modification time of every trace file, so a second load skips decoding and
+DuckDB, Spark or Trino can read the same files. A run still being written
+loads too: whatever has been flushed so far.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings as _warnings
+from typing import Optional
+
+import pandas as pd
+
+from stepscope.analysis import tables
+from stepscope.analysis.reader import RunFormatError, events_frame, read_processes, resolve_run_path
+from stepscope.core import runinfo
+
+CACHE_DIR = ".stepscope-cache"
+CACHE_VERSION = 1
+TABLES = ("events", "steps", "phases", "system", "kernels")
+
+
+def _trace_files(path: str) -> dict:
+    out = {}
+    for d in sorted(os.listdir(path)):
+        trace = os.path.join(path, d, "trace.ssc")
+        if os.path.isfile(trace):
+            st = os.stat(trace)
+            out[d] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+class Run:
+    """A recorded run: ``events``, ``steps``, ``phases``, ``system``, ``kernels``,
+    ``processes`` as DataFrames; ``sql(query)`` over them; ``dropped_events``,
+    ``warnings`` (damage found while reading) and ``notes`` (what was not measured).
+    """
+
+    def __init__(self, path, quiet: bool = False, cache: bool = True):
+        self.path = resolve_run_path(path)
+        self.name = os.path.basename(os.path.normpath(self.path))
+        self.info = runinfo.read_json(os.path.join(self.path, "run.json"))
+        self._cache_ok = cache
+        self._procs = read_processes(self.path)
+        if not self._procs and not self.info:
+            raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
+        self.warnings = [w for p in self._procs for w in p.warnings]
+        self.dropped_events = sum(p.dropped for p in self._procs)
+        if not quiet:
+            for w in self.warnings:
+                _warnings.warn(f"stepscope: {w}", stacklevel=3)
+            if self.dropped_events:
+                _warnings.warn(f"stepscope: {self.dropped_events} events were dropped while recording "
+                               f"{self.name} (the writer could not keep up)", stacklevel=3)
+        self._tables: dict = {}
+        self._db = None
+
+    def __repr__(self) -> str:
+        return f"<stepscope.Run {self.path!r}: {len(self._procs)} process(es)>"
+
+    # --- tables ---------------------------------------------------------------------
+    @property
+    def events(self) -> pd.DataFrame:
+        if "events" not in self._tables:
+            self._tables["events"] = self._cached_events()
+        return self._tables["events"]
+
+    def _steps_and_phases(self):
+        if "steps" not in self._tables:
+            self._tables["steps"], self._tables["phases"] = tables.steps_and_phases(self.events)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        self._steps_and_phases()
+        return self._tables["steps"]
+
+    @property
+    def phases(self) -> pd.DataFrame:
+        self._steps_and_phases()
+        return self._tables["phases"]
+
+    @property
+    def system(self) -> pd.DataFrame:
+        if "system" not in self._tables:
+            from stepscope.analysis.system import system_frame
+
+            self._tables["system"] = system_frame(self.events)
+        return self._tables["system"]
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        if "kernels" not in self._tables:
+            self._tables["kernels"] = tables.kernels_frame(self.events)
+        return self._tables["kernels"]
+
+    @property
+    def notes(self) -> list:
+        """What could not be measured in this run, and why."""
+        return list(self.info.get("notes", []))
+
+    @property
+    def processes(self) -> pd.DataFrame:
+        rows = []
+        for p in self._procs:
+            c = p.columns
+            rows.append({
+                "process": os.path.basename(p.folder), "pid": p.meta.get("pid"),
+                "host": p.meta.get("host"), "rank": p.meta.get("rank"),
+                "local_rank": p.meta.get("local_rank"), "world_size": p.meta.get("world_size"),
+                "origin": p.meta.get("origin"), "parent": p.meta.get("parent"),
+                "start_time": p.meta.get("process_start_time", p.meta.get("start_time")),
+                "events": 0 if c is None else len(c["start"]),
+                "dropped": p.dropped, "clean_close": bool(c and c["clean_close"]),
+                "readable": c is not None,
+            })
+        return pd.DataFrame(rows)
+
+    # --- SQL ------------------------------------------------------------------------
+    def sql(self, query: str) -> pd.DataFrame:
+        """Runs a DuckDB query over the tables (events, steps, phases, system, kernels)."""
+        import duckdb
+
+        if self._db is None:
+            self._db = duckdb.connect()
+        for name in TABLES:
+            if name.lower() in query.lower():
+                self._db.register(name, getattr(self, name))
+        return self._db.execute(query).df()
+
+    # --- Parquet cache --------------------------------------------------------------
+    def _cached_events(self) -> pd.DataFrame:
+        manifest = {"version": CACHE_VERSION, "traces": _trace_files(self.path)}
+        complete = all(p.columns is not None and p.columns["clean_close"] for p in self._procs)
+        cache_dir = os.path.join(self.path, CACHE_DIR)
+        cached = os.path.join(cache_dir, "events.parquet")
+        if self._cache_ok and complete:
+            try:
+                with open(os.path.join(cache_dir, "manifest.json")) as f:
+                    if json.load(f) == manifest:
+                        return pd.read_parquet(cached)
+            except (OSError, ValueError, ImportError):
+                pass
+        events = events_frame(self._procs)
+        if self._cache_ok and complete and len(events):
+            self._write_cache(events, cache_dir, cached, manifest)
+        return events
+
+    @staticmethod
+    def _write_cache(events, cache_dir, cached, manifest) -> None:
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            tmp = f"{cached}.tmp{os.getpid()}"
+            events.to_parquet(tmp, index=False)
+            os.replace(tmp, cached)
+            runinfo.write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
+        except Exception:  # noqa: BLE001 - a read-only run folder just means no cache
+            pass
+
+
+def load(run, quiet: bool = False, cache: bool = True) -> Run:
+    """Loads a run folder (or a run name under STEPSCOPE_DIR)."""
+    return Run(run, quiet=quiet, cache=cache)
+
+
+def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:
+    """Writes every table as Parquet (for DuckDB, Spark, Trino); returns the folder."""
+    out_dir = out_dir or os.path.join(run.path, "parquet")
+    os.makedirs(out_dir, exist_ok=True)
+    for name in TABLES:
+        frame = getattr(run, name)
+        frame.to_parquet(os.path.join(out_dir, f"{name}.parquet"), index=False)
+    return out_dir

@@ -64,15 +64,38 @@ def _run_command(args) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _rule_params(args):
+    from stepscope.analysis.rules import ParamError, parse_params
+
+    try:
+        return parse_params(args.param)
+    except ParamError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _summary_command(args) -> int:
     from stepscope.analysis import RunFormatError
     from stepscope.cli.summary import format_text, summarize
 
+    params = _rule_params(args)
     try:
-        s = summarize(args.run)
+        s = summarize(args.run, params)
     except RunFormatError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(s, indent=2) if args.json else format_text(s))
+    return 0
+
+
+def _diff_command(args) -> int:
+    from stepscope.analysis import RunFormatError
+    from stepscope.cli.diff import diff, format_diff
+
+    params = _rule_params(args)
+    try:
+        d = diff(args.run_a, args.run_b, params)
+    except RunFormatError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(d, indent=2) if args.json else format_diff(d))
     return 0
 
 
@@ -117,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--param", action="append", default=[], help="Rule.param=value")
     s.set_defaults(func=_summary_command)
+
+    d = sub.add_parser("diff", help="what changed between two runs")
+    d.add_argument("run_a")
+    d.add_argument("run_b")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    d.set_defaults(func=_diff_command)
 
     ls = sub.add_parser("ls", help="the runs in a folder")
     ls.add_argument("dir", nargs="?")

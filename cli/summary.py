@@ -1,7 +1,4 @@
-"""``stepscope summary``: the run's numbers (SPEC §6).
-
-Findings are filled in by the rules layer; until then the list is empty.
-"""
+"""``stepscope summary``: the run's numbers and the rules' findings (SPEC §6)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,10 @@ def _ms(ns) -> float:
     return round(float(ns) / 1e6, 3)
 
 
-def summarize(run) -> dict:
+def summarize(run, params=None) -> dict:
+    """SPEC §6; params: {rule: {param: value}} overrides for the rules."""
+    from stepscope.analysis.rules import evaluate
+
     r = load(run, quiet=True)
     events, steps = r.events, r.steps
     if len(events):
@@ -32,6 +32,7 @@ def summarize(run) -> dict:
         "findings": [],
         "dropped_events": int(r.dropped_events),
         "warnings": r.warnings,
+        "notes": r.notes,
     }
     for mode, s in steps.groupby("mode", sort=False):
         d = s["duration_ns"].to_numpy()
@@ -46,6 +47,9 @@ def summarize(run) -> dict:
             out["phases"][phase] = {"count": int((base[phase] > 0).sum()),
                                     "total_ms": _ms(base[phase].sum()),
                                     "share": round(float(base[phase].sum()) / total, 4) if total else 0.0}
+    rules = evaluate(r, params)
+    out["findings"] = rules["findings"]
+    out["rules_not_applicable"] = rules["not_applicable"]
     return out
 
 
@@ -66,4 +70,11 @@ def format_text(s: dict) -> str:
         lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
     for w in s.get("warnings", []):
         lines.append(f"  warning: {w}")
+    if s.get("findings"):
+        lines.append("findings:")
+        for f in s["findings"]:
+            lines.append(f"  [{f['rule']}] {f['message']}")
+            lines.append(f"      -> {f['recommendation']}")
+    else:
+        lines.append("findings: no problems found")
     return "\n".join(lines)

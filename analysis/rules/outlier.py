@@ -1,0 +1,67 @@
+"""StepOutlier: steps far slower than the typical step, and what was slow in them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.tables import PHASES
+
+PARTS = (*PHASES, "Other")
+
+
+class StepOutlier(Rule):
+    name = "StepOutlier"
+    summary = "Steps much slower than the median step of their rank and mode (robust statistics)."
+    params = {
+        "factor": Param(2.0, "ratio", "a step is an outlier above this multiple of the median step time..."),
+        "mad_multiple": Param(8.0, "ratio", "...and above the median by this many robust standard deviations "
+                                            "(1.4826 x median absolute deviation)"),
+        "min_excess_s": Param(0.05, "s", "...and longer than the median by at least this much (ignores "
+                                         "scheduler hiccups on short steps)"),
+        "min_steps": Param(10, "steps", "ranks/modes with fewer steps are not judged"),
+        "warmup_steps": Param(1, "steps", "first steps of each rank and mode left out"),
+    }
+
+    def not_applicable(self, run):
+        if not len(run.steps):
+            return "no steps"
+        return None
+
+    def evaluate(self, run, p):
+        out = []
+        for (process, rank, mode), s in run.steps.groupby(["process", "rank", "mode"], dropna=False, sort=True):
+            s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
+            if len(s) < p["min_steps"]:
+                continue
+            d = s["duration_ns"].to_numpy(dtype=float)
+            med = float(np.median(d))
+            sigma = 1.4826 * float(np.median(np.abs(d - med)))
+            bad = s[(d > p["factor"] * med) & (d > med + p["mad_multiple"] * sigma)
+                    & (d > med + p["min_excess_s"] * 1e9)]
+            if bad.empty:
+                continue
+            typical = s[list(PARTS)].median()
+            rows, culprits = [], []
+            for r in bad.itertuples():
+                excess = {part: getattr(r, part) - typical[part] for part in PARTS}
+                slowest = max(excess, key=excess.get)
+                culprits.append(slowest)
+                rows.append({"step": int(r.step), "duration_ms": round(r.duration_ns / 1e6, 3),
+                             "slowest_part": slowest, "excess_ms": round(excess[slowest] / 1e6, 3)})
+            main = max(set(culprits), key=culprits.count)
+            where = "outside every phase (Other)" if main == "Other" else f"in {main}"
+            listed = ", ".join(str(r["step"]) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
+            out.append(Finding(
+                rule=self.name, rank=clean_rank(rank), severity="warning",
+                message=(f"{rank_label(rank, process)}: {len(rows)} of {len(s)} {mode} steps took more than "
+                         f"{p['factor']:g}x the median {med / 1e6:.1f} ms (steps {listed}); the extra time is "
+                         f"mostly {where}"),
+                recommendation=("Look at these steps in the timeline. Time in Other points at work between "
+                                "phases (checkpointing, logging, evaluation, garbage collection); in GetNext at "
+                                "an uneven data pipeline; in Forward/Backward at changing input shapes or "
+                                "recompilation. Make periodic work asynchronous or less frequent."),
+                evidence={"process": str(process), "mode": mode, "median_ms": round(med / 1e6, 3),
+                          "robust_sigma_ms": round(sigma / 1e6, 3), "steps_judged": int(len(s)),
+                          "outliers": rows[:50], "mostly": main}))
+        return out

@@ -1,0 +1,78 @@
+"""Unmodified training jobs that provoke (or do not provoke) each rule: python rule_jobs.py KIND."""
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class SlowDataset(Dataset):
+    def __init__(self, n):
+        self.x, self.y = torch.randn(n, 512), torch.randn(n, 1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(0.002)  # decoding an image from a slow disk
+        return self.x[i], self.y[i]
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+
+
+def train(loader, steps_hook=None, keep=None):
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    for i, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        out = m(x)
+        loss = nn.functional.mse_loss(out, y)
+        loss.backward()
+        opt.step()
+        if keep is not None:
+            keep.append(out.detach().repeat(1, 12000))  # ~6 MB per step, never released
+        if steps_hook:
+            steps_hook(i)
+
+
+def main(kind):
+    torch.set_num_threads(1)
+    data = TensorDataset(torch.randn(128 * 60, 512), torch.randn(128 * 60, 1))
+    if kind == "clean":
+        train(DataLoader(data, batch_size=128))
+    elif kind == "slowdata":
+        train(DataLoader(SlowDataset(16 * 40), batch_size=16))
+    elif kind == "stall":
+        train(DataLoader(data, batch_size=128), steps_hook=lambda i: time.sleep(0.2) if i % 15 == 7 else None)
+    elif kind == "leak":
+        kept = []
+        train(DataLoader(TensorDataset(torch.randn(128 * 100, 512), torch.randn(128 * 100, 1)), batch_size=128),
+              keep=kept)
+    elif kind == "slowinit":
+        time.sleep(6)  # downloading a dataset
+        train(DataLoader(data, batch_size=128))
+    elif kind == "straggler":
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("gloo")
+        m = DDP(model())
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        x, y = torch.randn(128, 512), torch.randn(128, 1)
+        for i in range(30):
+            if dist.get_rank() == 1:
+                time.sleep(0.015)  # extra work on one rank only
+            opt.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+        dist.destroy_process_group()
+    print("done", kind)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

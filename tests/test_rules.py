@@ -1,0 +1,93 @@
+"""Each rule against a real job that provokes it, and a clean job that provokes none."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stepscope.analysis.rules import RULES, ParamError, parse_params  # noqa: E402
+
+JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "rule_jobs.py")
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_INTERVAL_MS="20")
+    return env
+
+
+def run_job(tmp_path, kind, *params, torchrun=False):
+    env = _env(tmp_path)
+    cmd = [sys.executable, JOBS, kind]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29741",
+               JOBS, kind]
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--name", kind, "--", *cmd], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    args = [a for p in params for a in ("--param", p)]
+    s = subprocess.run([sys.executable, "-m", "stepscope", "summary", kind, "--json", *args], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert s.returncode == 0, s.stderr
+    return json.loads(s.stdout)
+
+
+def fired(summary):
+    return sorted({f["rule"] for f in summary["findings"]})
+
+
+def test_clean_job_triggers_nothing(tmp_path):
+    s = run_job(tmp_path, "clean")
+    assert fired(s) == [], s["findings"]
+    assert s["steps"]["train"]["count"] == 60
+    assert "LoadBalancing" in s["rules_not_applicable"]
+
+
+def test_slow_dataset_is_input_bound(tmp_path):
+    s = run_job(tmp_path, "slowdata")
+    assert fired(s) == ["GetNextBottleneck"], s["findings"]
+    (f,) = s["findings"]
+    assert f["evidence"]["getnext_share"] > 0.5
+    assert "num_workers" in f["recommendation"]
+
+
+def test_periodic_stall_names_the_steps_and_other(tmp_path):
+    s = run_job(tmp_path, "stall")
+    assert fired(s) == ["StepOutlier"], s["findings"]
+    (f,) = s["findings"]
+    steps = sorted(o["step"] for o in f["evidence"]["outliers"])
+    assert steps == [7, 22, 37, 52]  # the sleep after step i's optimizer is Other in step i
+    assert f["evidence"]["mostly"] == "Other"
+
+
+def test_growing_list_of_tensors_is_a_memory_increase(tmp_path):
+    s = run_job(tmp_path, "leak")
+    assert fired(s) == ["HostMemoryIncrease"], s["findings"]
+    assert s["findings"][0]["evidence"]["growth_mb"] > 400
+
+
+def test_sleep_before_training_is_slow_initialization(tmp_path):
+    s = run_job(tmp_path, "slowinit", "MaxInitializationTime.threshold_s=5")
+    assert fired(s) == ["MaxInitializationTime"], s["findings"]
+    assert s["findings"][0]["evidence"]["initialization_s"] >= 6
+
+
+def test_ddp_straggler_is_named(tmp_path):
+    s = run_job(tmp_path, "straggler", torchrun=True)
+    assert fired(s) == ["LoadBalancing"], s["findings"]
+    (f,) = s["findings"]
+    assert f["rank"] == 1 and f["evidence"]["slow_rank"] == 1
+    assert 10 <= f["evidence"]["extra_ms_per_step"] <= 30
+
+
+def test_param_parsing_errors_are_clear():
+    assert parse_params(["GetNextBottleneck.threshold=0.3"]) == {"GetNextBottleneck": {"threshold": 0.3}}
+    for bad, msg in [("Nope.x=1", "unknown rule"), ("GetNextBottleneck.nope=1", "has no parameter"),
+                     ("GetNextBottleneck.threshold=high", "not a number"), ("threshold=1", "Rule.param=value")]:
+        with pytest.raises(ParamError, match=msg):
+            parse_params([bad])
+    assert all(r.params and r.summary for r in RULES)

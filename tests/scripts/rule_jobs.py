@@ -16,17 +16,18 @@ class SlowDataset(Dataset):
         return len(self.x)
 
     def __getitem__(self, i):
-        time.sleep(0.002)  # decoding an image from a slow disk
+        time.sleep(0.0005)  # decoding an image from a slow disk
         return self.x[i], self.y[i]
 
 
-def model():
+def model(hidden=512):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+    return nn.Sequential(nn.Linear(512, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 1))
 
 
-def train(loader, steps_hook=None, keep=None):
-    m = model()
+def train(loader, steps_hook=None, keep=None, hidden=512):
+    m = model(hidden)
     opt = torch.optim.SGD(m.parameters(), lr=1e-3)
     for i, (x, y) in enumerate(loader):
         opt.zero_grad()
@@ -46,7 +47,9 @@ def main(kind):
     if kind == "clean":
         train(DataLoader(data, batch_size=128))
     elif kind == "slowdata":
-        train(DataLoader(SlowDataset(16 * 40), batch_size=16))
+        train(DataLoader(SlowDataset(32 * 40), batch_size=32), hidden=2048)
+    elif kind == "slowdata8":  # the same job after raising num_workers
+        train(DataLoader(SlowDataset(32 * 40), batch_size=32, num_workers=8), hidden=2048)
     elif kind == "stall":
         train(DataLoader(data, batch_size=128), steps_hook=lambda i: time.sleep(0.2) if i % 15 == 7 else None)
     elif kind == "leak":

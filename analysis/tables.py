@@ -33,14 +33,15 @@ def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
         order = np.argsort(m["start_ns"].to_numpy(), kind="stable")
         m = m.iloc[order]
         times = m["start_ns"].to_numpy()
-        names = m["name"].astype(str).to_numpy()
+        names = m["name"]
         ends = np.append(times[1:], int(last_end[process]))
-        keep = names != "end"
+        keep = (names != "end").to_numpy()
         parts.append(pd.DataFrame({
             "process": process, "pid": m["pid"].to_numpy()[keep], "rank": m["rank"].to_numpy()[keep],
-            "mode": names[keep], "step": m["arg"].to_numpy()[keep], "start_ns": times[keep],
+            "mode": names.to_numpy()[keep], "step": m["arg"].to_numpy()[keep], "start_ns": times[keep],
             "end_ns": ends[keep]}))
     steps = pd.concat(parts, ignore_index=True)
+    steps["mode"] = steps["mode"].astype(str).astype("category")
     steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
     steps["rank"] = steps["rank"].astype("Int64")
     return steps
@@ -51,10 +52,13 @@ def exclusive_durations(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> 
     dur = end - start
     if len(dur) < 2:
         return dur
+    same = tid[1:] == tid[:-1]
+    if np.all(~same | (start[1:] >= start[:-1])) and not np.any(same & (start[1:] < end[:-1])):
+        return dur  # already in order and nothing nests: the common case, no sort, no loop
     order = np.lexsort((start - end, start, tid))  # per thread, parents first
     s, e, t = start[order], end[order], tid[order]
     if not np.any((t[1:] == t[:-1]) & (s[1:] < e[:-1])):
-        return dur  # nothing nests: the common case, no Python loop
+        return dur
     excl = (e - s).copy()
     stack = []
     for i in range(len(s)):
@@ -86,48 +90,52 @@ def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray) -> np.ndar
 def phases_frame(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ph = events[(events["category"] == "phase") & (events["kind"] == "span")]
     if ph.empty:
-        return pd.DataFrame({c: [] for c in PHASE_COLUMNS})
-    parts = []
-    for process, p in ph.groupby("process", observed=True, sort=True):
-        starts = p["start_ns"].to_numpy()
-        label = _attribute(steps, process, starts)
-        has = label >= 0
-        safe = np.where(has, label, 0)
-        mode = np.where(has, steps["mode"].to_numpy()[safe] if len(steps) else "", None)
-        step = np.where(has, steps["step"].to_numpy()[safe] if len(steps) else -1, -1)
-        counted = p["name"].isin(PHASES).to_numpy()
-        excl = (p["end_ns"] - p["start_ns"]).to_numpy().copy()
+        return pd.DataFrame({c: [] for c in PHASE_COLUMNS + ["_step_row"]})
+    names = ph["name"].cat.remove_unused_categories()
+    counted_codes = [i for i, c in enumerate(names.cat.categories) if c in PHASES]
+    step_modes = steps["mode"].astype(str).to_numpy() if len(steps) else np.array([], dtype=object)
+    step_numbers = steps["step"].to_numpy() if len(steps) else np.array([], dtype=np.int64)
+    labels = np.full(len(ph), -1, dtype=np.int64)
+    excl = (ph["end_ns"] - ph["start_ns"]).to_numpy().copy()
+    codes = names.cat.codes.to_numpy()
+    process_codes = ph["process"].cat.codes.to_numpy()
+    for code, process in enumerate(ph["process"].cat.categories):
+        rows = np.flatnonzero(process_codes == code)
+        if not len(rows):
+            continue
+        starts = ph["start_ns"].to_numpy()[rows]
+        labels[rows] = _attribute(steps, process, starts)
+        counted = rows[np.isin(codes[rows], counted_codes)]
         # Recompute stays inside Backward's time: only the five phases nest here.
-        excl[counted] = exclusive_durations(starts[counted], p["end_ns"].to_numpy()[counted],
-                                            p["tid"].to_numpy()[counted])
-        parts.append(pd.DataFrame({
-            "process": process, "pid": p["pid"].to_numpy(), "rank": p["rank"].to_numpy(),
-            "tid": p["tid"].to_numpy(), "mode": mode, "step": step.astype(np.int64),
-            "name": p["name"].astype(str).to_numpy(), "start_ns": starts, "end_ns": p["end_ns"].to_numpy(),
-            "duration_ns": p["duration_ns"].to_numpy(), "exclusive_ns": excl, "_step_row": label}))
-    out = pd.concat(parts, ignore_index=True)
-    out["rank"] = out["rank"].astype("Int64")
+        excl[counted] = exclusive_durations(ph["start_ns"].to_numpy()[counted], ph["end_ns"].to_numpy()[counted],
+                                            ph["tid"].to_numpy()[counted])
+    has = labels >= 0
+    safe = np.where(has, labels, 0)
+    mode = pd.Categorical(np.where(has, step_modes[safe] if len(steps) else "", None))
+    out = pd.DataFrame({
+        "process": ph["process"].to_numpy(), "pid": ph["pid"].to_numpy(), "rank": ph["rank"].to_numpy(),
+        "tid": ph["tid"].to_numpy(), "mode": mode,
+        "step": np.where(has, step_numbers[safe] if len(steps) else -1, -1).astype(np.int64),
+        "name": names.to_numpy(), "start_ns": ph["start_ns"].to_numpy(), "end_ns": ph["end_ns"].to_numpy(),
+        "duration_ns": ph["duration_ns"].to_numpy(), "exclusive_ns": excl, "_step_row": labels})
+    out["name"] = out["name"].astype("category")
+    out["process"] = out["process"].astype("category")
     return out
 
 
-def _union_length_per_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> dict:
-    """Total length of the union of intervals, per group."""
-    out = {}
+def _union_length_per_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    """Total length of the union of intervals, per group (0..n-1), vectorized."""
+    out = np.zeros(n, dtype=np.int64)
     if len(groups) == 0:
         return out
     order = np.lexsort((starts, groups))
     g, s, e = groups[order], starts[order], ends[order]
-    cur_g, cur_s, cur_e, total = g[0], s[0], e[0], 0
-    for k in range(1, len(g)):
-        if g[k] != cur_g or s[k] > cur_e:
-            total += cur_e - cur_s
-            if g[k] != cur_g:
-                out[int(cur_g)] = int(total)
-                total = 0
-            cur_g, cur_s, cur_e = g[k], s[k], e[k]
-        else:
-            cur_e = max(cur_e, e[k])
-    out[int(cur_g)] = int(total + cur_e - cur_s)
+    reach = pd.Series(e).groupby(g).cummax().to_numpy()  # furthest end so far in the group
+    new_block = np.ones(len(g), dtype=bool)
+    new_block[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
+    block_start = s[new_block]
+    block_end = np.maximum.reduceat(e, np.flatnonzero(new_block))
+    np.add.at(out, g[new_block], block_end - block_start)
     return out
 
 
@@ -139,17 +147,17 @@ def steps_and_phases(events: pd.DataFrame):
         steps[name] = np.int64(0)
     steps["Other"] = steps["duration_ns"]
     if len(phases) and len(steps):
-        inside = phases[phases["_step_row"] >= 0]
-        counted = inside[inside["name"].isin(PHASES)]
-        totals = counted.groupby(["_step_row", "name"])["exclusive_ns"].sum().unstack(fill_value=0)
-        for name in totals.columns:
-            steps.loc[totals.index, name] = totals[name].to_numpy()
-        covered = _union_length_per_group(inside["_step_row"].to_numpy(), inside["start_ns"].to_numpy(),
-                                          inside["end_ns"].to_numpy())
-        cov = pd.Series(covered, dtype="int64").reindex(steps.index, fill_value=0).to_numpy()
-        steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - cov, 0)
-    phases = phases.drop(columns=["_step_row"], errors="ignore")
-    return steps[STEP_COLUMNS], phases[PHASE_COLUMNS] if len(phases) else phases
+        row = phases["_step_row"].to_numpy()
+        inside = row >= 0
+        excl = phases["exclusive_ns"].to_numpy()
+        for name in PHASES:
+            sel = inside & (phases["name"] == name).to_numpy()
+            steps[name] = np.bincount(row[sel], weights=excl[sel], minlength=len(steps)).astype(np.int64)
+        covered = _union_length_per_group(row[inside], phases["start_ns"].to_numpy()[inside],
+                                          phases["end_ns"].to_numpy()[inside], len(steps))
+        steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)
+    phases = phases.drop(columns=["_step_row"])
+    return steps[STEP_COLUMNS], phases[PHASE_COLUMNS]
 
 
 def kernels_frame(events: pd.DataFrame) -> pd.DataFrame:

@@ -68,7 +68,7 @@ class _Instrumentation:
         self.in_backward = 0
         self.in_optimizer = 0
         self.stack = []  # (t0, mode, phase) of open root forwards
-        self.last_root_training = True
+        self.model_refs = []  # weak references to the non-loss roots, for guess_mode
         self.is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         from torch.nn.modules.loss import _Loss
 
@@ -174,6 +174,12 @@ class _Instrumentation:
             return
         self.roots[module] = (module.register_forward_pre_hook(self.root_pre),
                               module.register_forward_hook(self.root_post, always_call=True))
+        if not isinstance(module, self.loss_type):
+            self.model_refs.append(weakref.ref(module))
+
+    @property
+    def models(self):
+        return [ref() for ref in self.model_refs]
 
     def step_completed(self, had_forward: bool) -> None:
         """Discovery runs until DISCOVERY_STEPS steps pass with no new root, and
@@ -203,7 +209,6 @@ class _Instrumentation:
                 self.stack.append((_native.now(), "train", LOSS))
                 return None
             mode = self.mode_of(module)
-            self.last_root_training = module.training
             now = _native.now()
             self.tracker.forward_started(mode, now)
             self.stack.append((now, mode, FORWARD))
@@ -259,10 +264,11 @@ class _Instrumentation:
     # --- GetNext ------------------------------------------------------------------
     def guess_mode(self) -> str:
         """A fetched batch's mode, before its forward shows it: grad mode, and
-        whether the model last seen was training."""
+        whether any known model is in training mode (model.train()/eval())."""
         if not self.torch.is_grad_enabled():
             return "eval"
-        return "train" if self.last_root_training else "eval"
+        models = [m for m in self.models if m is not None]
+        return "train" if not models or any(m.training for m in models) else "eval"
 
     def wrap_next(self, original):
         inst = self

@@ -93,8 +93,27 @@ def read_processes(run_path: str) -> List[ProcessTrace]:
     return [_read_process(f) for f in folders]
 
 
+def _start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Order by start time, longer spans first where starts are equal (parents before
+    children). Files are nearly in start order already, where a stable sort is fast."""
+    order = np.argsort(start, kind="stable")
+    ss, dur = start[order], (end - start)[order]
+    # Only spans starting on the same nanosecond need the longer one first (an
+    # instant beside a span has no nesting to keep).
+    ties = np.flatnonzero((ss[1:] == ss[:-1]) & (dur[1:] > 0) & (dur[:-1] > 0))
+    if len(ties):
+        mark = np.zeros(len(order), dtype=bool)
+        mark[ties] = True
+        mark[ties + 1] = True
+        at = np.flatnonzero(mark)
+        sub = order[at]
+        order[at] = sub[np.lexsort((start[sub] - end[sub], start[sub]))]
+    return order
+
+
 def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
-    """All events of all processes, wall-clock (epoch ns) times, sorted per thread by start."""
+    """All events of all processes, wall-clock (epoch ns) times, each process's events
+    sorted by start time (parents before children)."""
     cols = {k: [] for k in ("process", "pid", "rank", "rank_na", "host", "tid", "kind", "category",
                             "name", "start_ns", "end_ns", "step", "arg", "value")}
     processes, hosts, names, name_ids = [], [], [], {}
@@ -106,10 +125,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
         clock = p.meta.get("clock", {})
         offset = int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
         start, end = c["start"] + offset, c["end"] + offset
-        # Per thread by start, parents (longer) before children; skip if already so.
-        order = np.lexsort((start - end, start, c["track"]))
-        if np.all(order[1:] > order[:-1]):
-            order = slice(None)
+        order = _start_order(start, end)
         # Map this process's name ids onto the run-wide name list.
         local = list(c["names"])
         codes = c["name"].astype(np.int64)
@@ -137,7 +153,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
         cols["value"].append(c["value"][order])
     if not processes:
         return _empty_events()
-    cat = {k: np.concatenate(v) for k, v in cols.items()}
+    cat = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in cols.items()}
     names = sorted(name_ids, key=name_ids.get)
     return pd.DataFrame({
         "process": pd.Categorical.from_codes(cat["process"], processes),

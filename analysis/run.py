@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings as _warnings
 from typing import Optional
 
@@ -147,7 +148,9 @@ class Run:
                 pass
         events = events_frame(self._procs)
         if self._cache_ok and complete and len(events):
-            self._write_cache(events, cache_dir, cached, manifest)
+            # Written beside the caller's work; the interpreter waits for it at exit.
+            threading.Thread(target=self._write_cache, args=(events, cache_dir, cached, manifest),
+                             name="stepscope-parquet-cache").start()
         return events
 
     @staticmethod

@@ -88,39 +88,41 @@ def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray) -> np.ndar
 
 
 def phases_frame(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    ph = events[(events["category"] == "phase") & (events["kind"] == "span")]
-    if ph.empty:
+    """Phase spans, each attributed to the step it starts in (by time, per process)."""
+    rows = np.flatnonzero(((events["category"] == "phase") & (events["kind"] == "span")).to_numpy())
+    if not len(rows):
         return pd.DataFrame({c: [] for c in PHASE_COLUMNS + ["_step_row"]})
-    names = ph["name"].cat.remove_unused_categories()
+    col = {c: events[c].to_numpy()[rows] for c in ("pid", "tid", "start_ns", "end_ns", "duration_ns")}
+    names = events["name"].iloc[rows].cat.remove_unused_categories()
+    processes = events["process"].iloc[rows]
     counted_codes = [i for i, c in enumerate(names.cat.categories) if c in PHASES]
-    step_modes = steps["mode"].astype(str).to_numpy() if len(steps) else np.array([], dtype=object)
-    step_numbers = steps["step"].to_numpy() if len(steps) else np.array([], dtype=np.int64)
-    labels = np.full(len(ph), -1, dtype=np.int64)
-    excl = (ph["end_ns"] - ph["start_ns"]).to_numpy().copy()
     codes = names.cat.codes.to_numpy()
-    process_codes = ph["process"].cat.codes.to_numpy()
-    for code, process in enumerate(ph["process"].cat.categories):
-        rows = np.flatnonzero(process_codes == code)
-        if not len(rows):
+    labels = np.full(len(rows), -1, dtype=np.int64)
+    excl = col["end_ns"] - col["start_ns"]
+    process_codes = processes.cat.codes.to_numpy()
+    for code, process in enumerate(processes.cat.categories):
+        mine = np.flatnonzero(process_codes == code)
+        if not len(mine):
             continue
-        starts = ph["start_ns"].to_numpy()[rows]
-        labels[rows] = _attribute(steps, process, starts)
-        counted = rows[np.isin(codes[rows], counted_codes)]
+        labels[mine] = _attribute(steps, process, col["start_ns"][mine])
+        counted = mine[np.isin(codes[mine], counted_codes)]
         # Recompute stays inside Backward's time: only the five phases nest here.
-        excl[counted] = exclusive_durations(ph["start_ns"].to_numpy()[counted], ph["end_ns"].to_numpy()[counted],
-                                            ph["tid"].to_numpy()[counted])
+        excl[counted] = exclusive_durations(col["start_ns"][counted], col["end_ns"][counted], col["tid"][counted])
     has = labels >= 0
     safe = np.where(has, labels, 0)
-    mode = pd.Categorical(np.where(has, step_modes[safe] if len(steps) else "", None))
-    out = pd.DataFrame({
-        "process": ph["process"].to_numpy(), "pid": ph["pid"].to_numpy(), "rank": ph["rank"].to_numpy(),
-        "tid": ph["tid"].to_numpy(), "mode": mode,
-        "step": np.where(has, step_numbers[safe] if len(steps) else -1, -1).astype(np.int64),
-        "name": names.to_numpy(), "start_ns": ph["start_ns"].to_numpy(), "end_ns": ph["end_ns"].to_numpy(),
-        "duration_ns": ph["duration_ns"].to_numpy(), "exclusive_ns": excl, "_step_row": labels})
-    out["name"] = out["name"].astype("category")
-    out["process"] = out["process"].astype("category")
-    return out
+    if len(steps):
+        step_mode = steps["mode"].astype("category")
+        mode = pd.Categorical.from_codes(np.where(has, step_mode.cat.codes.to_numpy()[safe], -1),
+                                         step_mode.cat.categories)
+        step = np.where(has, steps["step"].to_numpy()[safe], -1).astype(np.int64)
+    else:
+        mode = pd.Categorical.from_codes(np.full(len(rows), -1), ["train"])
+        step = np.full(len(rows), -1, dtype=np.int64)
+    return pd.DataFrame({
+        "process": processes.array, "pid": col["pid"], "rank": events["rank"].array[rows],
+        "tid": col["tid"], "mode": mode, "step": step, "name": names.array,
+        "start_ns": col["start_ns"], "end_ns": col["end_ns"], "duration_ns": col["duration_ns"],
+        "exclusive_ns": excl, "_step_row": labels}, copy=False)
 
 
 def _union_length_per_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:

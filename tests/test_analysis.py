@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -49,6 +50,9 @@ def test_parquet_cache_is_used_and_invalidated(tmp_path):
     path = _small_run(tmp_path, "cache")
     first = stepscope.load(path).events
     cache = path / ".stepscope-cache" / "events.parquet"
+    for t in threading.enumerate():  # the cache is written in the background
+        if t.name == "stepscope-parquet-cache":
+            t.join()
     assert cache.exists()
     mtime = cache.stat().st_mtime_ns
     again = stepscope.load(path).events
@@ -61,6 +65,9 @@ def test_parquet_cache_is_used_and_invalidated(tmp_path):
     with pytest.warns(UserWarning, match="truncated"):
         reloaded = stepscope.load(path).events
     assert len(reloaded) == len(first)
+    for t in threading.enumerate():
+        if t.name == "stepscope-parquet-cache":
+            t.join()
     manifest = json.loads((path / ".stepscope-cache" / "manifest.json").read_text())
     assert manifest["traces"][proc][0] == (path / proc / "trace.ssc").stat().st_size
 

@@ -73,12 +73,15 @@ class _Instrumentation:
         from torch.nn.modules.loss import _Loss
 
         self.loss_type = _Loss
-        try:
-            from torch.fx import GraphModule
-
-            self.graph_module_type = GraphModule
-        except Exception:  # noqa: BLE001
-            self.graph_module_type = ()
+        # Modules that cannot carry Python hooks or are compiler output: not roots.
+        skipped = []
+        for path in ("torch.fx.GraphModule", "torch.jit.ScriptModule"):
+            module_name, _, cls = path.rpartition(".")
+            try:
+                skipped.append(getattr(__import__(module_name, fromlist=[cls]), cls))
+            except Exception:  # noqa: BLE001
+                pass
+        self.skipped_types = tuple(skipped)
 
     # --- failures: report once, undo everything, let the job run on ---------------
     def fail(self, exc: BaseException) -> None:
@@ -160,7 +163,7 @@ class _Instrumentation:
         if self.is_compiling():
             return None
         try:
-            if self.depth or module in self.roots or isinstance(module, self.graph_module_type):
+            if self.depth or module in self.roots or isinstance(module, self.skipped_types):
                 return None
             self.adopt(module)
             self.root_pre(module, args)  # this call started before its own hook existed
@@ -170,7 +173,7 @@ class _Instrumentation:
         return None
 
     def adopt(self, module) -> None:
-        if module in self.roots:
+        if module in self.roots or isinstance(module, self.skipped_types):
             return
         self.roots[module] = (module.register_forward_pre_hook(self.root_pre),
                               module.register_forward_hook(self.root_post, always_call=True))

@@ -20,9 +20,12 @@ def _enabled(value: str) -> bool:
 
 def _instrument_frameworks_when_imported() -> None:
     from stepscope.integrations import _importhook
+    from stepscope.integrations import lightning as lightning_integration
     from stepscope.integrations import torch as torch_integration
 
     _importhook.when_imported("torch", torch_integration._on_import)
+    _importhook.when_imported("lightning", lightning_integration._on_import)
+    _importhook.when_imported("pytorch_lightning", lightning_integration._on_import)
 
 
 def main() -> None:

@@ -35,6 +35,31 @@ def rank_from_env(env=os.environ) -> Optional[int]:
     return None
 
 
+# Integrations that know the rank better than the environment (a process group
+# initialised in-process, as Lightning does) register a callable here.
+_rank_providers: list = []
+
+
+def register_rank_provider(provider) -> None:
+    """provider() -> (rank, world_size) or None."""
+    if provider not in _rank_providers:
+        _rank_providers.append(provider)
+
+
+def current_rank() -> tuple:
+    """(rank, world_size): from the launcher's variables, else from a registered provider."""
+    rank, world = rank_from_env(), world_size_from_env()
+    if rank is None:
+        for provider in _rank_providers:
+            try:
+                found = provider()
+            except Exception:  # noqa: BLE001
+                found = None
+            if found is not None:
+                return found
+    return rank, world
+
+
 def world_size_from_env(env=os.environ) -> Optional[int]:
     for var in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
         value = env.get(var)

@@ -120,14 +120,15 @@ class Session:
 
     # --- metadata -----------------------------------------------------------------
     def _process_json(self) -> dict:
+        rank, world_size = runinfo.current_rank()
         return {
             "pid": os.getpid(),
             "ppid": os.getppid(),
             "host": runinfo.hostname(),
-            "rank": runinfo.rank_from_env() if self.origin == "main" else None,
-            "parent_rank": runinfo.rank_from_env(),
+            "rank": rank if self.origin == "main" else None,
+            "parent_rank": rank,
             "local_rank": _int_env("LOCAL_RANK"),
-            "world_size": runinfo.world_size_from_env(),
+            "world_size": world_size,
             "origin": self.origin,
             "parent": self.parent,
             "argv": list(sys.argv),
@@ -141,6 +142,8 @@ class Session:
         path = os.path.join(self.process_dir, "process.json")
         meta = runinfo.read_json(path)
         meta["end_time"] = time.time()
+        if self.origin == "main" and meta.get("rank") is None:  # learnt since the start
+            meta["rank"], meta["world_size"] = runinfo.current_rank()
         meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
                            if t.native_id is not None}
         meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "error")}
@@ -172,7 +175,7 @@ def _int_env(var: str) -> Optional[int]:
 
 def _make_process_dir(run_dir: str, origin: str) -> str:
     host = runinfo.hostname()
-    rank = runinfo.rank_from_env() if origin == "main" else None
+    rank = runinfo.current_rank()[0] if origin == "main" else None
     candidates = [f"{host}-rank{rank}"] if rank is not None else []
     candidates.append(f"{host}-pid{os.getpid()}")
     for i, name in enumerate(candidates):

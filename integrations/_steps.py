@@ -35,6 +35,7 @@ class StepTracker:
         self.reset()
 
     def reset(self) -> None:
+        self.suspended = False  # phases are recorded but begin no steps (Lightning's sanity check)
         self.mode: Optional[str] = None  # mode of the open step; None: between loops
         self.done = False  # the open step's work is complete
         self.fed = False  # a loader fetch began the open step: only fetches start steps
@@ -47,10 +48,20 @@ class StepTracker:
         self.forwards_in_step = 0
 
     # --- step boundaries ----------------------------------------------------------
+    def suspend(self) -> None:
+        """Stop counting steps (phases are still recorded): close the open step."""
+        self.close()
+        self.suspended = True
+
+    def resume(self) -> None:
+        if self.suspended:
+            self.reset()
+
     def _begin(self, mode: str, at: int) -> None:
         if self.mode is not None and self.on_new_step is not None:
             self.on_new_step(self.forwards_in_step > 0)
-        _native.begin_step(mode, at)
+        if not self.suspended:
+            _native.begin_step(mode, at)
         self.mode = mode
         self.done = False
         self.fed = False
@@ -165,6 +176,6 @@ class StepTracker:
         """End of the session: close the open step where its work ended."""
         if self.pending is not None:
             self._commit_pending()
-        if self.mode is not None:
+        if self.mode is not None and not self.suspended:
             _native.end_step(self.last_end if self.done and self.last_end else 0)
         self.reset()

@@ -33,7 +33,7 @@ import sys
 import weakref
 from typing import Optional
 
-from stepscope.core import _native, safety, session
+from stepscope.core import _native, runinfo, safety, session
 from stepscope.integrations._steps import BACKWARD, FORWARD, LOSS, RECOMPUTE, StepTracker
 
 __all__ = ["instrument", "uninstrument", "is_instrumented"]
@@ -129,6 +129,7 @@ class _Instrumentation:
         else:
             self.start_discovery()
         session.on_stop(_close_steps)
+        runinfo.register_rank_provider(_distributed_rank)
 
     def uninstall(self) -> None:
         self.stop_discovery()
@@ -195,8 +196,21 @@ class _Instrumentation:
                 self.stop_discovery()
 
     # --- forward ------------------------------------------------------------------
+    @staticmethod
+    def is_training(module) -> bool:
+        """train()/eval() of a model, looking through wrappers (DDP, DataParallel,
+        Lightning's) whose own flag is not always kept in step with the model's."""
+        for _ in range(4):
+            if module.training:
+                return True
+            inner = getattr(module, "module", None)
+            if inner is None or inner is module or not hasattr(inner, "training"):
+                return False
+            module = inner
+        return False
+
     def mode_of(self, module) -> str:
-        return "train" if self.torch.is_grad_enabled() and module.training else "eval"
+        return "train" if self.torch.is_grad_enabled() and self.is_training(module) else "eval"
 
     def root_pre(self, module, args):
         if self.is_compiling():
@@ -271,7 +285,7 @@ class _Instrumentation:
         if not self.torch.is_grad_enabled():
             return "eval"
         models = [m for m in self.models if m is not None]
-        return "train" if not models or any(m.training for m in models) else "eval"
+        return "train" if not models or any(self.is_training(m) for m in models) else "eval"
 
     def wrap_next(self, original):
         inst = self
@@ -427,6 +441,14 @@ def uninstrument() -> None:
 
 def is_instrumented() -> bool:
     return _active is not None
+
+
+def _distributed_rank():
+    """(rank, world size) of an initialised torch.distributed process group, or None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
 
 
 def _close_steps() -> None:

@@ -1,0 +1,64 @@
+"""Lightning: the callback, zero edits, the user's own profiler, no sanity-check steps."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import stepscope  # noqa: E402
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lightning_fit.py")
+
+
+def _run(tmp_path, *args, zero_edit=False):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="lt")
+    if zero_edit:
+        env["STEPSCOPE"] = "1"
+    r = subprocess.run([sys.executable, SCRIPT, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stepscope:" not in r.stderr, r.stderr[-3000:]
+    assert ("fitted 20" if "ddp" in args else "fitted 40") in r.stdout
+    return r, stepscope.load(tmp_path / "runs" / "lt")
+
+
+def _check(run):
+    steps = run.steps
+    # 20 batches x 2 epochs of training; 10 validation batches x 2 epochs, sanity check not counted
+    assert steps.groupby("mode", observed=True).size().to_dict() == {"eval": 20, "train": 40}
+    train = steps[steps["mode"] == "train"]
+    assert (train[["GetNext", "Forward", "Backward", "Optimizer"]] > 0).all().all()
+    shares = steps[["GetNext", "Forward", "Loss", "Backward", "Optimizer"]].sum(axis=1) / steps["duration_ns"]
+    assert (shares <= 1 + 1e-9).all()
+    names = set(run.events[run.events["category"] == "framework"]["name"].astype(str))
+    assert "run_training_batch" in names and any(n.startswith("[Strategy]") for n in names)
+
+
+def test_callback(tmp_path):
+    _, run = _run(tmp_path, "callback")
+    _check(run)
+
+
+def test_zero_edit(tmp_path):
+    _, run = _run(tmp_path, "plain", zero_edit=True)
+    _check(run)
+
+
+def test_users_own_profiler_keeps_working(tmp_path):
+    r, run = _run(tmp_path, "callback", "simple")
+    assert "FIT Profiler Report" in r.stdout + r.stderr
+    _check(run)
+
+
+def test_ddp_two_processes_one_run(tmp_path):
+    _, run = _run(tmp_path, "callback", "ddp")
+    procs = run.processes
+    assert sorted(procs["process"].str.rsplit("-", n=1).str[1]) == ["rank0", "rank1"]
+    steps = run.steps
+    # each rank trains on half of the 20 batches per epoch and validates half of 10
+    assert steps.groupby(["rank", "mode"], observed=True).size().to_dict() == {
+        (0, "eval"): 10, (0, "train"): 20, (1, "eval"): 10, (1, "train"): 20}

@@ -99,6 +99,27 @@ def _diff_command(args) -> int:
     return 0
 
 
+def _export_command(args) -> int:
+    from stepscope.analysis import RunFormatError, load
+    from stepscope.analysis.export import export
+
+    try:
+        run = load(args.run, quiet=True)
+    except RunFormatError as exc:
+        raise UsageError(str(exc)) from None
+    interactive = sys.stderr.isatty()
+
+    def progress(done, total):
+        if interactive and total:
+            print(f"\rstepscope: exporting {100 * done // total}%", end="", file=sys.stderr, flush=True)
+
+    path = export(run, args.format, args.output, progress)
+    if interactive:
+        print("\r", end="", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def _ls_command(args) -> int:
     root = args.dir or os.environ.get("STEPSCOPE_DIR") or _config.DEFAULT_DIR
     if not os.path.isdir(root):
@@ -147,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.add_argument("--param", action="append", default=[], help="Rule.param=value")
     d.set_defaults(func=_diff_command)
+
+    e = sub.add_parser("export", help="a trace for Perfetto / chrome://tracing, or Parquet tables")
+    e.add_argument("run")
+    e.add_argument("--format", required=True, choices=("chrome", "perfetto", "parquet"))
+    e.add_argument("-o", "--output")
+    e.set_defaults(func=_export_command)
 
     ls = sub.add_parser("ls", help="the runs in a folder")
     ls.add_argument("dir", nargs="?")

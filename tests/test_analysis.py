@@ -120,3 +120,30 @@ def test_diff_after_raising_num_workers(tmp_path):
 def test_rules_doc_is_current():
     with open(os.path.join(REPO, "docs", "rules.md")) as f:
         assert f.read().strip() == rules_markdown().strip(), "regenerate docs/rules.md (see its first line)"
+
+
+def test_export_chrome_perfetto_parquet(tmp_path):
+    import gzip
+
+    import pandas as pd
+
+    path = _small_run(tmp_path, "exp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    outs = {}
+    for fmt in ("chrome", "perfetto", "parquet"):
+        r = subprocess.run([sys.executable, "-m", "stepscope", "export", str(path), "--format", fmt], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs[fmt] = r.stdout.strip()
+    trace = json.load(open(outs["chrome"]))
+    events = trace["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X" and e.get("cat") == "phase"]
+    assert sorted({e["name"] for e in spans}) == ["Forward", "GetNext"] and len(spans) == 60
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert len(steps) == 30 and all(e["dur"] >= 3000 for e in steps)  # >= 3 ms each, in microseconds
+    assert any(e["ph"] == "C" for e in events)
+    assert json.load(gzip.open(outs["perfetto"], "rt"))["traceEvents"] == events
+    assert len(pd.read_parquet(os.path.join(outs["parquet"], "steps.parquet"))) == 30
+    bad = subprocess.run([sys.executable, "-m", "stepscope", "export", str(path), "--format", "svg"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True)
+    assert bad.returncode == 2

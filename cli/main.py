@@ -99,6 +99,19 @@ def _diff_command(args) -> int:
     return 0
 
 
+def _report_command(args) -> int:
+    from stepscope.analysis import RunFormatError, load
+    from stepscope.analysis.report import write_report
+
+    params = _rule_params(args)
+    try:
+        run = load(args.run, quiet=True)
+    except RunFormatError as exc:
+        raise UsageError(str(exc)) from None
+    print(write_report(run, args.output, params))
+    return 0
+
+
 def _export_command(args) -> int:
     from stepscope.analysis import RunFormatError, load
     from stepscope.analysis.export import export
@@ -168,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.add_argument("--param", action="append", default=[], help="Rule.param=value")
     d.set_defaults(func=_diff_command)
+
+    rp = sub.add_parser("report", help="a self-contained HTML report")
+    rp.add_argument("run")
+    rp.add_argument("-o", "--output")
+    rp.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    rp.set_defaults(func=_report_command)
 
     e = sub.add_parser("export", help="a trace for Perfetto / chrome://tracing, or Parquet tables")
     e.add_argument("run")

@@ -1,0 +1,263 @@
+"""``stepscope report``: one self-contained HTML file (plotly inlined, opens offline).
+
+Sections: verdict (findings with recommendations), job summary, step time,
+system, timeline, run metadata. Every user-supplied string (names, command
+line, messages) is escaped. The timeline here is a plotly chart of the steps
+and their phases per process (with a range slider to zoom); for event-level
+detail, `stepscope export --format perfetto` opens the whole run in Perfetto.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.run import Run
+from stepscope.analysis.tables import PHASES
+
+COLORS = {"GetNext": "#e45756", "Forward": "#4c78a8", "Loss": "#f58518", "Backward": "#54a24b",
+          "Optimizer": "#b279a2", "Other": "#bab0ac"}
+MAX_TIMELINE_STEPS = 4000  # per process; longer runs are thinned evenly
+
+
+def _esc(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _figure_html(fig, first: bool) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False, "responsive": True})
+
+
+def _verdict(summary: dict) -> str:
+    findings = summary["findings"]
+    if not findings:
+        body = '<p class="ok">No problems found.</p>'
+    else:
+        items = []
+        for f in findings:
+            evidence = json.dumps(f["evidence"], indent=1, default=str)
+            items.append(f'<div class="finding {_esc(f["severity"])}"><h3>{_esc(f["rule"])}</h3>'
+                         f'<p>{_esc(f["message"])}</p><p class="rec">{_esc(f["recommendation"])}</p>'
+                         f'<details><summary>evidence</summary><pre>{_esc(evidence)}</pre></details></div>')
+        body = "\n".join(items)
+    skipped = summary.get("rules_not_applicable", {})
+    if skipped:
+        body += "<p class='muted'>Not applicable to this run: " + "; ".join(
+            f"{_esc(k)} ({_esc(v)})" for k, v in skipped.items()) + "</p>"
+    return body
+
+
+def _job_summary(run: Run, summary: dict) -> str:
+    steps = run.steps
+    procs = run.processes
+    ev = run.events
+    rows = []
+    start = run.info.get("start_time")
+    if start:
+        rows.append(("start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(start)))))
+    rows.append(("duration", f"{summary['duration_s']:.2f} s"))
+    if len(steps) and len(ev):
+        t0, t1 = int(ev["start_ns"].min()), int(ev["end_ns"].max())
+        s0, s1 = int(steps["start_ns"].min()), int(steps["end_ns"].max())
+        total = max(t1 - t0, 1)
+        for label, a, b in (("initialization", t0, s0), ("training loop", s0, s1), ("finalization", s1, t1)):
+            rows.append((label, f"{(b - a) / 1e9:.2f} s ({100 * (b - a) / total:.0f}%)"))
+    for mode, st in summary["steps"].items():
+        rows.append((f"{mode} steps", f"{st['count']} (median {st['median_ms']:.2f} ms, p95 {st['p95_ms']:.2f} ms)"))
+    rows.append(("ranks", str(summary["ranks"])))
+    rows.append(("hosts", ", ".join(sorted({str(h) for h in procs["host"].dropna()}))))
+    rows.append(("processes", str(len(procs))))
+    return "<table>" + "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _step_figures(run: Run):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    steps = run.steps.copy()
+    if steps.empty:
+        return []
+    steps["ms"] = steps["duration_ns"] / 1e6
+    steps["label"] = steps["process"].astype(str)
+    figs = []
+    hist = go.Figure()
+    for mode, s in steps.groupby("mode", observed=True):
+        hist.add_trace(go.Histogram(x=s["ms"], name=str(mode), opacity=0.75))
+    hist.update_layout(title="Step time distribution", xaxis_title="ms", yaxis_title="steps", barmode="overlay")
+    figs.append(hist)
+
+    over = go.Figure()
+    for (label, mode), s in steps.groupby(["label", "mode"], observed=True):
+        med = s["ms"].median()
+        outlier = s["ms"] > 2 * med
+        over.add_trace(go.Scattergl(x=s["step"], y=s["ms"], mode="markers", name=f"{label} {mode}",
+                                    marker={"size": 4}))
+        if outlier.any():
+            over.add_trace(go.Scattergl(x=s["step"][outlier], y=s["ms"][outlier], mode="markers",
+                                        name=f"{label} {mode} outliers (> 2x median)",
+                                        marker={"size": 9, "symbol": "x", "color": "#e45756"}))
+    over.update_layout(title="Step time over the run", xaxis_title="step", yaxis_title="ms")
+    figs.append(over)
+
+    train = steps[steps["mode"] == "train"] if (steps["mode"] == "train").any() else steps
+    labels = sorted(train["label"].unique())
+    stacked = make_subplots(rows=len(labels), cols=1, shared_xaxes=True, subplot_titles=labels,
+                            vertical_spacing=0.08 if len(labels) > 1 else 0.1)
+    for row, label in enumerate(labels, start=1):
+        s = train[train["label"] == label]
+        for part in (*PHASES, "Other"):
+            stacked.add_trace(go.Bar(x=s["step"], y=s[part] / 1e6, name=part, marker_color=COLORS[part],
+                                     legendgroup=part, showlegend=row == 1), row=row, col=1)
+    stacked.update_layout(title="Phase breakdown per train step (per rank)", barmode="stack",
+                          yaxis_title="ms", height=260 + 220 * len(labels))
+    figs.append(stacked)
+    return figs
+
+
+def _system_figures(run: Run):
+    import plotly.graph_objects as go
+
+    system = run.system
+    if system.empty:
+        return []
+    figs = []
+    marks = run.steps["start_ns"].to_numpy() if len(run.steps) else np.array([])
+    for node, s in system.groupby("node"):
+        cpu = s[(s["metric"] == "cpu_util")]
+        if not cpu.empty:
+            allc = cpu[cpu["device"] == "all"]
+            fig = go.Figure(go.Scattergl(x=allc["timestamp"], y=allc["value"], name="all cores", mode="lines"))
+            fig.update_layout(title=f"{_esc(node)}: CPU utilization (mean of cores)", yaxis_title="%",
+                              yaxis_range=[0, 100])
+            if 0 < len(marks) <= 200:
+                for t in pd.to_datetime(marks, unit="ns", utc=True):
+                    fig.add_vline(x=t, line_width=0.5, line_color="#bbb")
+            figs.append(fig)
+            cores = cpu[cpu["device"] != "all"].pivot_table(index="device", columns="timestamp", values="value")
+            order = sorted(cores.index, key=lambda d: int(d[3:]) if d[3:].isdigit() else 0)
+            cores = cores.loc[order]
+            heat = go.Figure(go.Heatmap(z=cores.to_numpy(), x=cores.columns, y=cores.index, zmin=0, zmax=100,
+                                        colorscale="Viridis", colorbar={"title": "%"}))
+            heat.update_layout(title=f"{_esc(node)}: CPU utilization per core", height=200 + 12 * len(cores))
+            figs.append(heat)
+        for metric, title, unit in (("mem_used", "memory used", "bytes"),
+                                    ("disk_read_bytes_per_s", "disk read", "bytes/s"),
+                                    ("disk_write_bytes_per_s", "disk write", "bytes/s"),
+                                    ("net_rx_bytes_per_s", "network receive", "bytes/s"),
+                                    ("net_tx_bytes_per_s", "network transmit", "bytes/s")):
+            part = s[s["metric"] == metric]
+            if part.empty or not part["value"].any():
+                continue
+            fig = go.Figure()
+            for device, d in part.groupby("device"):
+                fig.add_trace(go.Scattergl(x=d["timestamp"], y=d["value"], name=str(device) or metric, mode="lines"))
+            fig.update_layout(title=f"{_esc(node)}: {title}", yaxis_title=unit)
+            figs.append(fig)
+    rss = system[system["metric"] == "proc_rss"]
+    if not rss.empty:
+        fig = go.Figure()
+        for (process, device), d in rss.groupby(["process", "device"]):
+            fig.add_trace(go.Scattergl(x=d["timestamp"], y=d["value"] / 2**20, mode="lines",
+                                       name=f"{process} {device}"))
+        fig.update_layout(title="Resident memory per process (and its workers)", yaxis_title="MiB")
+        figs.append(fig)
+    return figs
+
+
+def _timeline_figure(run: Run):
+    """Steps and phases per process as horizontal bars; zoom with the range slider."""
+    import plotly.graph_objects as go
+
+    ph = run.phases
+    steps = run.steps
+    if steps.empty and ph.empty:
+        return None
+    base = int(min(steps["start_ns"].min() if len(steps) else np.inf, ph["start_ns"].min() if len(ph) else np.inf))
+    fig = go.Figure()
+    for process, s in steps.groupby("process", observed=True):
+        if len(s) > MAX_TIMELINE_STEPS:
+            s = s.iloc[np.linspace(0, len(s) - 1, MAX_TIMELINE_STEPS).astype(int)]
+        fig.add_trace(go.Bar(y=[f"{process} steps"] * len(s), x=s["duration_ns"] / 1e6, base=(s["start_ns"] - base) / 1e6,
+                             orientation="h", name="steps", marker_color="#ddd", marker_line_color="#888",
+                             marker_line_width=0.5, showlegend=False,
+                             hovertext=[f"{m} step {n}: {d / 1e6:.2f} ms" for m, n, d in
+                                        zip(s["mode"].astype(str), s["step"], s["duration_ns"])], hoverinfo="text"))
+    for name in (*PHASES, "Recompute"):
+        p = ph[ph["name"] == name]
+        if p.empty:
+            continue
+        keep = p.groupby("process", observed=True).head(MAX_TIMELINE_STEPS * 2)
+        fig.add_trace(go.Bar(y=(keep["process"].astype(str) + " phases").to_list(), x=keep["duration_ns"] / 1e6,
+                             base=(keep["start_ns"] - base) / 1e6, orientation="h", name=name,
+                             marker_color=COLORS.get(name, "#999"),
+                             hovertext=[f"{name} (step {n}): {d / 1e6:.3f} ms" for n, d in
+                                        zip(keep["step"], keep["duration_ns"])], hoverinfo="text"))
+    fig.update_layout(title="Timeline: steps and phases per process (drag to zoom, double-click to reset)",
+                      barmode="overlay", xaxis={"title": "ms since the first step", "rangeslider": {"visible": True}},
+                      height=300 + 60 * steps["process"].nunique())
+    return fig
+
+
+def _metadata(run: Run, summary: dict) -> str:
+    info = dict(run.info)
+    rows = [("run", run.name), ("path", run.path), ("command", " ".join(map(str, info.get("command", [])))),
+            ("versions", json.dumps(info.get("versions", {}))), ("config", json.dumps(info.get("config", {}))),
+            ("dropped events", summary["dropped_events"])]
+    for note in run.notes:
+        rows.append(("not measured", note))
+    for w in run.warnings:
+        rows.append(("read warning", w))
+    return "<table>" + "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
+h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse}th{text-align:left;padding:.2em 1em .2em 0;color:#555;vertical-align:top}
+td{padding:.2em 0}.finding{border-left:4px solid #e45756;padding:.2em 1em;margin:1em 0;background:#fdf3f3}
+.finding.info{border-color:#4c78a8;background:#f3f6fb}.finding h3{margin:.3em 0}.rec{color:#333;font-style:italic}
+.ok{color:#2a7a2a;font-weight:bold}.muted{color:#777;font-size:.9em}pre{white-space:pre-wrap;font-size:.85em}
+nav a{margin-right:1em}
+"""
+
+
+def render(run: Run, params: Optional[dict] = None) -> str:
+    from stepscope.cli.summary import summarize
+
+    summary = summarize(run.path, params)
+    sections = [("verdict", "Verdict", _verdict(summary)), ("summary", "Job summary", _job_summary(run, summary))]
+    first = True
+    figure_sections = [("steps", "Step time", _step_figures(run)), ("system", "System", _system_figures(run))]
+    timeline = _timeline_figure(run)
+    figure_sections.append(("timeline", "Timeline", [timeline] if timeline is not None else []))
+    for key, title, figs in figure_sections:
+        parts = []
+        for fig in figs:
+            parts.append(_figure_html(fig, first))
+            first = False
+        if key == "timeline":
+            parts.append("<p class='muted'>Every event, zoomable: <code>stepscope export "
+                         f"{_esc(run.name)} --format perfetto</code> and open the file in ui.perfetto.dev.</p>")
+        sections.append((key, title, "\n".join(parts) or "<p class='muted'>No data.</p>"))
+    sections.append(("metadata", "Run metadata", _metadata(run, summary)))
+    nav = " ".join(f'<a href="#{k}">{_esc(t)}</a>' for k, t, _ in sections)
+    body = "\n".join(f'<section id="{k}"><h2>{_esc(t)}</h2>{content}</section>' for k, t, content in sections)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>stepscope: {_esc(run.name)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>stepscope report: {_esc(run.name)}</h1>"
+            f"<nav>{nav}</nav>{body}</body></html>")
+
+
+def write_report(run: Run, out: Optional[str] = None, params: Optional[dict] = None) -> str:
+    out = out or os.path.join(run.path, "report.html")
+    text = render(run, params)
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    return out

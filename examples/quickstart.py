@@ -1,4 +1,4 @@
-"""Profile a small training loop and print what stepscope recorded.
+"""Profile a small training loop, print what stepscope recorded, write the HTML report.
 
     python3 examples/quickstart.py [--steps N]
 
@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 import stepscope
+from stepscope.analysis.report import write_report
 from stepscope.cli.summary import format_text, summarize
 
 
@@ -64,7 +65,9 @@ def main():
         loss = train(args.steps)
     print(f"final loss {loss:.4f}")
     print(format_text(summarize(run.path)))
+    report = write_report(stepscope.load(run.path, quiet=True))
     print(f"run folder: {run.path}")
+    print(f"report:     {report}  (open it in a browser; it works offline)")
 
 
 if __name__ == "__main__":

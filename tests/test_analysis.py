@@ -147,3 +147,30 @@ def test_export_chrome_perfetto_parquet(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "stepscope", "export", str(path), "--format", "svg"], cwd=tmp_path,
                          env=env, capture_output=True, text=True)
     assert bad.returncode == 2
+
+
+def test_report_is_self_contained_ordered_and_escaped(tmp_path):
+    r = run_python("""
+        import time, stepscope
+        with stepscope.profile(dir="runs", name="rep", interval_ms=20):
+            for i in range(20):
+                stepscope.step()
+                with stepscope.phase("GetNext"):
+                    time.sleep(0.004)
+                with stepscope.phase("Forward"):
+                    time.sleep(0.001)
+                with stepscope.annotate("<script>alert('x')</script>"):
+                    pass
+            stepscope.end_step()
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    out = subprocess.run([sys.executable, "-m", "stepscope", "report", "runs/rep", "-o", "r.html"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "<script>alert('x')</script>" not in page
+    assert "src=\"http" not in page and "src='http" not in page  # nothing fetched: opens offline
+    order = [page.index(f'id="{s}"') for s in ("verdict", "summary", "steps", "system", "timeline", "metadata")]
+    assert order == sorted(order)
+    assert "GetNextBottleneck" in page  # 80% of each step waits for data

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -84,13 +85,27 @@ def _read_process(folder: str) -> ProcessTrace:
     return ProcessTrace(folder, meta, cols, notes)
 
 
+PROGRESS_BYTES = 64 << 20  # show a progress bar when decoding more than this
+
+
 def read_processes(run_path: str) -> List[ProcessTrace]:
     folders = sorted(
         os.path.join(run_path, d) for d in os.listdir(run_path)
         if os.path.isdir(os.path.join(run_path, d))
         and (os.path.exists(os.path.join(run_path, d, "trace.ssc"))
              or os.path.exists(os.path.join(run_path, d, "process.json"))))
-    return [_read_process(f) for f in folders]
+    sizes = [os.path.getsize(os.path.join(f, "trace.ssc")) if os.path.exists(os.path.join(f, "trace.ssc")) else 0
+             for f in folders]
+    if sum(sizes) < PROGRESS_BYTES or not sys.stderr.isatty():
+        return [_read_process(f) for f in folders]
+    from tqdm import tqdm
+
+    out = []
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="stepscope: reading traces", leave=False) as bar:
+        for folder, size in zip(folders, sizes):
+            out.append(_read_process(folder))
+            bar.update(size)
+    return out
 
 
 def _start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:

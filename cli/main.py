@@ -55,9 +55,13 @@ def _run_command(args) -> int:
             continue
     if os.path.isdir(run_dir):
         try:
-            from stepscope.cli.summary import summarize, format_text
+            from stepscope.analysis import load
+            from stepscope.analysis.report import write_report
+            from stepscope.cli.summary import format_text, summarize
 
             print(format_text(summarize(run_dir)), file=sys.stderr)
+            report = write_report(load(run_dir, quiet=True))
+            print(f"stepscope: report at {report}", file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - the job's exit code matters more
             print(f"stepscope: could not summarize {run_dir}: {exc}", file=sys.stderr)
         print(f"stepscope: run written to {run_dir}", file=sys.stderr)

@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core import _native, runinfo
+from stepscope.core import _native
 from stepscope.core.config import DEFAULT_DIR
 
 KINDS = ("span", "instant", "counter")

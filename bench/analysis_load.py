@@ -11,7 +11,6 @@ second load reads the Parquet cache.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile

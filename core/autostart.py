@@ -32,7 +32,7 @@ def main() -> None:
     try:
         if not _enabled(os.environ.get("STEPSCOPE", "")):
             return
-        import stepscope  # a child of a profiled process joins its run here
+        import stepscope  # noqa: F401 - a child of a profiled process joins its run here
         from stepscope.core import config, safety, session
 
         if session.current() is None:

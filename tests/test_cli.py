@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-from conftest import run_python
 
 TRAIN = """
 import time, stepscope

@@ -34,7 +34,7 @@ import weakref
 from typing import Optional
 
 from stepscope.core import _native, runinfo, safety, session
-from stepscope.integrations._steps import BACKWARD, FORWARD, LOSS, RECOMPUTE, StepTracker
+from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
 
 __all__ = ["instrument", "uninstrument", "is_instrumented"]
 

@@ -1,5 +1,4 @@
 """Unmodified training jobs that provoke (or do not provoke) each rule: python rule_jobs.py KIND."""
-import os
 import sys
 import time
 

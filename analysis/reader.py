@@ -34,16 +34,30 @@ class RunFormatError(ValueError):
 
 @dataclass
 class ProcessTrace:
-    """One process folder decoded: columns plus what the reader noticed."""
+    """One process folder decoded: columns plus what the reader noticed.
+
+    The columns are released (``release()``) once the events table is built;
+    the counts stay."""
 
     folder: str
     meta: dict
     columns: Optional[dict]
     warnings: List[str] = field(default_factory=list)
+    readable: bool = True
+    events: int = 0
+    dropped: int = 0
+    clean_close: bool = False
 
-    @property
-    def dropped(self) -> int:
-        return int(self.columns["dropped"]) if self.columns else 0
+    def __post_init__(self):
+        c = self.columns
+        self.readable = c is not None
+        if c is not None:
+            self.events = len(c["start"])
+            self.dropped = int(c["dropped"])
+            self.clean_close = bool(c["clean_close"])
+
+    def release(self) -> None:
+        self.columns = None
 
 
 def resolve_run_path(run) -> str:

@@ -18,7 +18,8 @@ from typing import Optional
 import pandas as pd
 
 from stepscope.analysis import tables
-from stepscope.analysis.reader import RunFormatError, events_frame, read_processes, resolve_run_path
+from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
+                                       resolve_run_path)
 from stepscope.core import runinfo
 
 CACHE_DIR = ".stepscope-cache"
@@ -47,7 +48,8 @@ class Run:
         self.name = os.path.basename(os.path.normpath(self.path))
         self.info = runinfo.read_json(os.path.join(self.path, "run.json"))
         self._cache_ok = cache
-        self._procs = read_processes(self.path)
+        self._manifest = {"version": CACHE_VERSION, "traces": _trace_files(self.path)}
+        self._procs = self._cached_processes() or read_processes(self.path)
         if not self._procs and not self.info:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
         self.warnings = [w for p in self._procs for w in p.warnings]
@@ -108,16 +110,14 @@ class Run:
     def processes(self) -> pd.DataFrame:
         rows = []
         for p in self._procs:
-            c = p.columns
             rows.append({
                 "process": os.path.basename(p.folder), "pid": p.meta.get("pid"),
                 "host": p.meta.get("host"), "rank": p.meta.get("rank"),
                 "local_rank": p.meta.get("local_rank"), "world_size": p.meta.get("world_size"),
                 "origin": p.meta.get("origin"), "parent": p.meta.get("parent"),
                 "start_time": p.meta.get("process_start_time", p.meta.get("start_time")),
-                "events": 0 if c is None else len(c["start"]),
-                "dropped": p.dropped, "clean_close": bool(c and c["clean_close"]),
-                "readable": c is not None,
+                "events": p.events, "dropped": p.dropped, "clean_close": p.clean_close,
+                "readable": p.readable,
             })
         return pd.DataFrame(rows)
 
@@ -134,24 +134,55 @@ class Run:
         return self._db.execute(query).df()
 
     # --- Parquet cache --------------------------------------------------------------
-    def _cached_events(self) -> pd.DataFrame:
-        manifest = {"version": CACHE_VERSION, "traces": _trace_files(self.path)}
-        complete = all(p.columns is not None and p.columns["clean_close"] for p in self._procs)
+    def _cache_paths(self):
         cache_dir = os.path.join(self.path, CACHE_DIR)
-        cached = os.path.join(cache_dir, "events.parquet")
-        if self._cache_ok and complete:
+        return cache_dir, os.path.join(cache_dir, "events.parquet"), os.path.join(cache_dir, "manifest.json")
+
+    def _cached_processes(self):
+        """With a valid cache, the processes' metadata and counts without decoding any trace."""
+        if not self._cache_ok:
+            return None
+        _, cached, manifest_path = self._cache_paths()
+        try:
+            with open(manifest_path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if saved.get("version") != CACHE_VERSION or saved.get("traces") != self._manifest["traces"] \
+                or not os.path.exists(cached):
+            return None
+        procs = []
+        for entry in saved.get("processes", []):
+            p = ProcessTrace(entry["folder"], entry["meta"], None, entry["warnings"])
+            p.readable, p.events, p.dropped, p.clean_close = True, entry["events"], entry["dropped"], True
+            procs.append(p)
+        if not procs:
+            return None
+        self._from_cache = True
+        return procs
+
+    def _cached_events(self) -> pd.DataFrame:
+        cache_dir, cached, _ = self._cache_paths()
+        if getattr(self, "_from_cache", False):
             try:
-                with open(os.path.join(cache_dir, "manifest.json")) as f:
-                    if json.load(f) == manifest:
-                        return pd.read_parquet(cached)
-            except (OSError, ValueError, ImportError):
-                pass
+                return _read_parquet(cached)
+            except Exception:  # noqa: BLE001 - a damaged cache: decode the traces instead
+                self._procs = read_processes(self.path)
+        complete = all(p.readable and p.clean_close for p in self._procs)
         events = events_frame(self._procs)
+        self._release_columns()
         if self._cache_ok and complete and len(events):
+            manifest = dict(self._manifest, processes=[
+                {"folder": p.folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
+                 "dropped": p.dropped} for p in self._procs])
             # Written beside the caller's work; the interpreter waits for it at exit.
             threading.Thread(target=self._write_cache, args=(events, cache_dir, cached, manifest),
                              name="stepscope-parquet-cache").start()
         return events
+
+    def _release_columns(self) -> None:
+        for p in self._procs:  # the events table holds everything now
+            p.release()
 
     @staticmethod
     def _write_cache(events, cache_dir, cached, manifest) -> None:
@@ -163,6 +194,16 @@ class Run:
             runinfo.write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
         except Exception:  # noqa: BLE001 - a read-only run folder just means no cache
             pass
+
+
+def _read_parquet(path: str) -> pd.DataFrame:
+    """Parquet to pandas without holding both copies at the peak."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = pq.read_table(path).to_pandas(self_destruct=True, split_blocks=True)
+    pa.default_memory_pool().release_unused()  # give Arrow's freed buffers back
+    return frame
 
 
 def load(run, quiet: bool = False, cache: bool = True) -> Run:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -77,53 +78,54 @@ def _rule_params(args):
         raise UsageError(str(exc)) from None
 
 
-def _summary_command(args) -> int:
+@contextlib.contextmanager
+def _run_errors():
+    """A path that is not a readable run is bad input: exit 2 with its reason."""
     from stepscope.analysis import RunFormatError
+
+    try:
+        yield
+    except RunFormatError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _summary_command(args) -> int:
     from stepscope.cli.summary import format_text, summarize
 
     params = _rule_params(args)
-    try:
+    with _run_errors():
         s = summarize(args.run, params)
-    except RunFormatError as exc:
-        raise UsageError(str(exc)) from None
     print(json.dumps(s, indent=2) if args.json else format_text(s))
     return 0
 
 
 def _diff_command(args) -> int:
-    from stepscope.analysis import RunFormatError
     from stepscope.cli.diff import diff, format_diff
 
     params = _rule_params(args)
-    try:
+    with _run_errors():
         d = diff(args.run_a, args.run_b, params)
-    except RunFormatError as exc:
-        raise UsageError(str(exc)) from None
     print(json.dumps(d, indent=2) if args.json else format_diff(d))
     return 0
 
 
 def _report_command(args) -> int:
-    from stepscope.analysis import RunFormatError, load
+    from stepscope.analysis import load
     from stepscope.analysis.report import write_report
 
     params = _rule_params(args)
-    try:
+    with _run_errors():
         run = load(args.run, quiet=True)
-    except RunFormatError as exc:
-        raise UsageError(str(exc)) from None
     print(write_report(run, args.output, params))
     return 0
 
 
 def _export_command(args) -> int:
-    from stepscope.analysis import RunFormatError, load
+    from stepscope.analysis import load
     from stepscope.analysis.export import export
 
-    try:
+    with _run_errors():
         run = load(args.run, quiet=True)
-    except RunFormatError as exc:
-        raise UsageError(str(exc)) from None
     interactive = sys.stderr.isatty()
 
     def progress(done, total):

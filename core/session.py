@@ -298,7 +298,8 @@ def start(**kwargs) -> Optional[Session]:
             return None
         # Children (spawned workers, subprocesses) that import stepscope join this run.
         os.environ[_ACTIVE_RUN_VAR] = run_dir
-        os.environ[_PARENT_RANK_VAR] = str(runinfo.rank_from_env() if runinfo.rank_from_env() is not None else "")
+        rank = runinfo.rank_from_env()
+        os.environ[_PARENT_RANK_VAR] = "" if rank is None else str(rank)
         os.environ["STEPSCOPE_RUN"] = _session.name
         return _session
 

@@ -458,5 +458,4 @@ def _close_steps() -> None:
 
 def _on_import(torch_module) -> None:
     """Zero-edit mode: called right after `import torch` (see core.autostart)."""
-    if "torch" in sys.modules:
-        instrument()
+    instrument()

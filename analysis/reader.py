@@ -142,69 +142,77 @@ def _start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
     """All events of all processes, wall-clock (epoch ns) times, each process's events
-    sorted by start time (parents before children)."""
-    cols = {k: [] for k in ("process", "pid", "rank", "rank_na", "host", "tid", "kind", "category",
-                            "name", "start_ns", "end_ns", "step", "arg", "value")}
-    processes, hosts, names, name_ids = [], [], [], {}
-    for p in procs:
+    sorted by start time (parents before children).
+
+    Memory: the output columns are allocated once at their final size and each
+    process's decoded columns are dropped as soon as they are copied, so the peak
+    stays near one copy of the run rather than three."""
+    live = [p for p in procs if p.columns is not None and len(p.columns["start"])]
+    if not live:
+        return _empty_events()
+    total = sum(len(p.columns["start"]) for p in live)
+    out = {k: np.empty(total, dtype=t) for k, t in (
+        ("process", np.int32), ("host", np.int32), ("pid", np.int32), ("rank", np.int32), ("rank_na", bool),
+        ("tid", np.int64), ("kind", np.int8), ("category", np.int8), ("name", np.int32),
+        ("start_ns", np.int64), ("end_ns", np.int64), ("step", np.int32), ("arg", np.int64),
+        ("value", np.float64))}
+    processes, hosts, name_ids = [], [], {}
+    at = 0
+    for p in live:
         c = p.columns
-        if c is None or len(c["start"]) == 0:
-            continue
         n = len(c["start"])
+        here = slice(at, at + n)
         clock = p.meta.get("clock", {})
         offset = int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
-        start, end = c["start"] + offset, c["end"] + offset
-        order = _start_order(start, end)
+        np.add(c["start"], offset, out=c["start"])
+        np.add(c["end"], offset, out=c["end"])
+        order = _start_order(c["start"], c["end"])
         # Map this process's name ids onto the run-wide name list.
         local = list(c["names"])
-        codes = c["name"].astype(np.int64)
-        if n and int(codes.max()) >= len(local):  # a names chunk was lost to damage
+        codes = c.pop("name")
+        if int(codes.max()) >= len(local):  # a names chunk was lost to damage
             local += [f"<name {i}>" for i in range(len(local), int(codes.max()) + 1)]
-        remap = np.array([name_ids.setdefault(nm, len(name_ids)) for nm in local], dtype=np.int64)
+        remap = np.array([name_ids.setdefault(nm, len(name_ids)) for nm in local], dtype=np.int32)
+        np.take(remap, codes[order], out=out["name"][here])
+        del codes
         rank = p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank")
         host = str(p.meta.get("host", ""))
         if host not in hosts:
             hosts.append(host)
         processes.append(os.path.basename(p.folder))
-        cols["process"].append(np.full(n, len(processes) - 1, dtype=np.int32))
-        cols["host"].append(np.full(n, hosts.index(host), dtype=np.int32))
-        cols["pid"].append(np.full(n, int(p.meta.get("pid", -1)), dtype=np.int64))
-        cols["rank"].append(np.full(n, -1 if rank is None else int(rank), dtype=np.int64))
-        cols["rank_na"].append(np.full(n, rank is None))
-        cols["tid"].append(c["track"][order])
-        cols["kind"].append(c["kind"][order].astype(np.int8))
-        cols["category"].append(c["category"][order].astype(np.int8))
-        cols["name"].append(remap[codes[order]])
-        cols["start_ns"].append(start[order])
-        cols["end_ns"].append(end[order])
-        cols["step"].append(c["step"][order])
-        cols["arg"].append(c["arg"][order])
-        cols["value"].append(c["value"][order])
-    if not processes:
-        return _empty_events()
-    cat = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in cols.items()}
+        out["process"][here] = len(processes) - 1
+        out["host"][here] = hosts.index(host)
+        out["pid"][here] = int(p.meta.get("pid", -1))
+        out["rank"][here] = -1 if rank is None else int(rank)
+        out["rank_na"][here] = rank is None
+        for src, dst in (("track", "tid"), ("kind", "kind"), ("category", "category"), ("start", "start_ns"),
+                         ("end", "end_ns"), ("step", "step"), ("arg", "arg"), ("value", "value")):
+            col, into = c.pop(src), out[dst][here]  # pop: the decoded column goes at once
+            np.take(col.view(into.dtype) if col.dtype.itemsize == into.dtype.itemsize else col, order, out=into)
+        p.release()
+        at += n
     names = sorted(name_ids, key=name_ids.get)
     return pd.DataFrame({
-        "process": pd.Categorical.from_codes(cat["process"], processes),
-        "pid": cat["pid"],
-        "host": pd.Categorical.from_codes(cat["host"], hosts),
-        "rank": pd.arrays.IntegerArray(cat["rank"], cat["rank_na"]),
-        "tid": cat["tid"],
-        "kind": pd.Categorical.from_codes(cat["kind"], KINDS),
-        "category": pd.Categorical.from_codes(cat["category"], _CATEGORY_NAMES),
-        "name": pd.Categorical.from_codes(cat["name"], names),
-        "start_ns": cat["start_ns"],
-        "end_ns": cat["end_ns"],
-        "duration_ns": cat["end_ns"] - cat["start_ns"],
-        "step": cat["step"],
-        "arg": cat["arg"],
-        "value": cat["value"],
+        "process": pd.Categorical.from_codes(out.pop("process"), processes),
+        "pid": out.pop("pid"),
+        "host": pd.Categorical.from_codes(out.pop("host"), hosts),
+        "rank": pd.arrays.IntegerArray(out.pop("rank"), out.pop("rank_na")),
+        "tid": out.pop("tid"),
+        "kind": pd.Categorical.from_codes(out.pop("kind"), KINDS),
+        "category": pd.Categorical.from_codes(out.pop("category"), _CATEGORY_NAMES),
+        "name": pd.Categorical.from_codes(out.pop("name"), names),
+        "start_ns": out["start_ns"],
+        "end_ns": out["end_ns"],
+        "duration_ns": out["end_ns"] - out["start_ns"],
+        "step": out.pop("step"),
+        "arg": out.pop("arg"),
+        "value": out.pop("value"),
     }, copy=False)
 
 
 def _empty_events() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
-        ("process", "category"), ("pid", "int64"), ("host", "category"), ("rank", "Int64"),
+        ("process", "category"), ("pid", "int32"), ("host", "category"), ("rank", "Int32"),
         ("tid", "int64"), ("kind", "category"), ("category", "category"), ("name", "category"),
         ("start_ns", "int64"), ("end_ns", "int64"), ("duration_ns", "int64"), ("step", "int32"),
         ("arg", "int64"), ("value", "float64")]})

@@ -23,7 +23,7 @@ from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_fram
 from stepscope.core import runinfo
 
 CACHE_DIR = ".stepscope-cache"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: pid and rank are 32-bit
 TABLES = ("events", "steps", "phases", "system", "kernels")
 
 
@@ -189,7 +189,7 @@ class Run:
         try:
             os.makedirs(cache_dir, exist_ok=True)
             tmp = f"{cached}.tmp{os.getpid()}"
-            events.to_parquet(tmp, index=False)
+            _write_parquet(events, tmp)
             os.replace(tmp, cached)
             runinfo.write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
         except Exception:  # noqa: BLE001 - a read-only run folder just means no cache
@@ -197,13 +197,29 @@ class Run:
 
 
 def _read_parquet(path: str) -> pd.DataFrame:
-    """Parquet to pandas without holding both copies at the peak."""
+    """Parquet to pandas a column at a time, so the peak is the table plus one column
+    rather than two copies of the table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    frame = pq.read_table(path).to_pandas(self_destruct=True, split_blocks=True)
+    names = pq.read_schema(path).names
+    frame = pd.DataFrame({name: pq.read_table(path, columns=[name]).to_pandas(self_destruct=True)[name]
+                          for name in names}, copy=False)
     pa.default_memory_pool().release_unused()  # give Arrow's freed buffers back
     return frame
+
+
+def _write_parquet(frame: pd.DataFrame, path: str, rows_per_group: int = 1 << 20) -> None:
+    """Parquet in row groups converted one at a time: Arrow holds one group, not a
+    second copy of the table (the cache is written while the caller builds tables)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.Schema.from_pandas(frame.iloc[:0], preserve_index=False)
+    with pq.ParquetWriter(path, schema) as writer:
+        for at in range(0, max(len(frame), 1), rows_per_group):
+            part = pa.Table.from_pandas(frame.iloc[at:at + rows_per_group], schema=schema, preserve_index=False)
+            writer.write_table(part)
 
 
 def load(run, quiet: bool = False, cache: bool = True) -> Run:

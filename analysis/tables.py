@@ -22,28 +22,43 @@ KERNEL_COLUMNS = ["process", "rank", "device", "stream", "name", "start_ns", "en
                   "correlation", "step"]
 
 
+def _rows_of(events: pd.DataFrame, category: str, kind: str) -> np.ndarray:
+    """Row positions of one category and kind, compared on the categorical codes (no copies)."""
+    cat, knd = events["category"].cat, events["kind"].cat
+    if category not in cat.categories or kind not in knd.categories:
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero((cat.codes.to_numpy() == cat.categories.get_loc(category))
+                          & (knd.codes.to_numpy() == knd.categories.get_loc(kind)))
+
+
 def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
     """Step rows from the step marks: each step runs to the next mark of its process."""
-    marks = events[(events["category"] == "step") & (events["kind"] == "instant")]
-    if marks.empty:
+    rows = _rows_of(events, "step", "instant")
+    if not len(rows):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:8]})
-    last_end = events.groupby("process", observed=True)["end_ns"].max()
-    parts = []
-    for process, m in marks.groupby("process", observed=True, sort=True):
-        order = np.argsort(m["start_ns"].to_numpy(), kind="stable")
-        m = m.iloc[order]
-        times = m["start_ns"].to_numpy()
-        names = m["name"]
-        ends = np.append(times[1:], int(last_end[process]))
-        keep = (names != "end").to_numpy()
-        parts.append(pd.DataFrame({
-            "process": process, "pid": m["pid"].to_numpy()[keep], "rank": m["rank"].to_numpy()[keep],
-            "mode": names.to_numpy()[keep], "step": m["arg"].to_numpy()[keep], "start_ns": times[keep],
-            "end_ns": ends[keep]}))
-    steps = pd.concat(parts, ignore_index=True)
-    steps["mode"] = steps["mode"].astype(str).astype("category")
+    all_codes = events["process"].cat.codes.to_numpy()
+    all_ends = events["end_ns"].to_numpy()
+    proc = all_codes[rows]
+    start = events["start_ns"].to_numpy()[rows]
+    if not (np.all(proc[1:] >= proc[:-1]) and np.all((proc[1:] != proc[:-1]) | (start[1:] >= start[:-1]))):
+        order = np.lexsort((start, proc))  # the events table is ordered like this already
+        rows, proc, start = rows[order], proc[order], start[order]
+    # A step runs to the next mark of its process; the last one to the process's last event.
+    end = np.empty_like(start)
+    end[:-1] = start[1:]
+    last = np.flatnonzero(np.append(proc[1:] != proc[:-1], True))
+    for i in last:
+        end[i] = all_ends[all_codes == proc[i]].max()
+    names = events["name"].iloc[rows].cat.remove_unused_categories()
+    keep = (names != "end").to_numpy()
+    steps = pd.DataFrame({
+        "process": pd.Categorical.from_codes(proc[keep], events["process"].cat.categories),
+        "pid": events["pid"].to_numpy()[rows[keep]],
+        "rank": events["rank"].array[rows[keep]].astype("Int64"),
+        "mode": names[keep].cat.remove_unused_categories().array,
+        "step": events["arg"].to_numpy()[rows[keep]],
+        "start_ns": start[keep], "end_ns": end[keep]})
     steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
-    steps["rank"] = steps["rank"].astype("Int64")
     return steps
 
 
@@ -73,92 +88,133 @@ def exclusive_durations(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> 
     return out
 
 
-def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray) -> np.ndarray:
-    """Row labels of the steps (of one process) that contain each start time, or -1."""
-    s = steps[steps["process"] == process]
-    if s.empty:
-        return np.full(len(starts), -1)
-    order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
-    s_start = s["start_ns"].to_numpy()[order]
-    s_end = s["end_ns"].to_numpy()[order]
-    labels = s.index.to_numpy()[order]
-    where = np.searchsorted(s_start, starts, side="right") - 1
-    ok = (where >= 0) & (starts < s_end[np.clip(where, 0, None)])
-    return np.where(ok, labels[np.clip(where, 0, None)], -1)
+def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray, out: np.ndarray) -> None:
+    """Writes into ``out`` the row labels of the steps (of one process) that contain each
+    start time, or -1. In place: on large runs every temporary here is tens of MB."""
+    mine = np.flatnonzero((steps["process"] == process).to_numpy())
+    if not len(mine):
+        out[:] = -1
+        return
+    s_start = steps["start_ns"].to_numpy()[mine]
+    order = np.argsort(s_start, kind="stable")  # sorted already: a cheap pass
+    s_start, s_end, labels = s_start[order], steps["end_ns"].to_numpy()[mine][order], steps.index.to_numpy()[mine][order]
+    where = np.searchsorted(s_start, starts, side="right")
+    where -= 1
+    before = where < 0
+    np.maximum(where, 0, out=where)
+    np.take(labels, where, out=out)
+    np.take(s_end, where, out=where)  # reuse: each start's step end
+    before |= starts >= where
+    out[before] = -1
 
 
-def phases_frame(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Phase spans, each attributed to the step it starts in (by time, per process)."""
-    rows = np.flatnonzero(((events["category"] == "phase") & (events["kind"] == "span")).to_numpy())
+def _process_blocks(process_codes: np.ndarray):
+    """(code, slice) per process. The events table keeps each process's events together,
+    so a process's phases are one contiguous block (views, not copies)."""
+    if len(process_codes) and np.all(process_codes[1:] >= process_codes[:-1]):
+        cuts = np.flatnonzero(process_codes[1:] != process_codes[:-1]) + 1
+        bounds = [0, *cuts.tolist(), len(process_codes)]
+        return [(int(process_codes[lo]), slice(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return [(int(code), np.flatnonzero(process_codes == code)) for code in np.unique(process_codes)]
+
+
+def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
+    """Phase spans, each attributed to the step it starts in (by time, per process).
+    Returns (phases, step_row): the row label in ``steps`` of each phase's step, or -1."""
+    rows = _rows_of(events, "phase", "span")
     if not len(rows):
-        return pd.DataFrame({c: [] for c in PHASE_COLUMNS + ["_step_row"]})
+        return pd.DataFrame({c: [] for c in PHASE_COLUMNS}), np.empty(0, dtype=np.int64)
     col = {c: events[c].to_numpy()[rows] for c in ("pid", "tid", "start_ns", "end_ns", "duration_ns")}
     names = events["name"].iloc[rows].cat.remove_unused_categories()
     processes = events["process"].iloc[rows]
     counted_codes = [i for i, c in enumerate(names.cat.categories) if c in PHASES]
     codes = names.cat.codes.to_numpy()
-    labels = np.full(len(rows), -1, dtype=np.int64)
-    excl = col["end_ns"] - col["start_ns"]
-    process_codes = processes.cat.codes.to_numpy()
-    for code, process in enumerate(processes.cat.categories):
-        mine = np.flatnonzero(process_codes == code)
-        if not len(mine):
+    labels = np.empty(len(rows), dtype=np.int64)
+    excl = col["duration_ns"].copy()
+    for code, mine in _process_blocks(processes.cat.codes.to_numpy()):
+        start, end, tid = col["start_ns"][mine], col["end_ns"][mine], col["tid"][mine]
+        _attribute(steps, processes.cat.categories[code], start, labels[mine])
+        counted = np.isin(codes[mine], counted_codes)
+        if counted.all():  # the usual case: views, no copies
+            excl[mine] = exclusive_durations(start, end, tid)
             continue
-        labels[mine] = _attribute(steps, process, col["start_ns"][mine])
-        counted = mine[np.isin(codes[mine], counted_codes)]
         # Recompute stays inside Backward's time: only the five phases nest here.
-        excl[counted] = exclusive_durations(col["start_ns"][counted], col["end_ns"][counted], col["tid"][counted])
+        at = np.flatnonzero(counted)
+        sub = excl[mine]
+        sub[at] = exclusive_durations(start[at], end[at], tid[at])
+        excl[mine] = sub
     has = labels >= 0
     safe = np.where(has, labels, 0)
     if len(steps):
         step_mode = steps["mode"].astype("category")
-        mode = pd.Categorical.from_codes(np.where(has, step_mode.cat.codes.to_numpy()[safe], -1),
-                                         step_mode.cat.categories)
-        step = np.where(has, steps["step"].to_numpy()[safe], -1).astype(np.int64)
+        mode_codes = step_mode.cat.codes.to_numpy()[safe]
+        mode_codes[~has] = -1
+        mode = pd.Categorical.from_codes(mode_codes, step_mode.cat.categories)
+        step = steps["step"].to_numpy().astype(np.int32)[safe]
+        step[~has] = -1
     else:
         mode = pd.Categorical.from_codes(np.full(len(rows), -1), ["train"])
-        step = np.full(len(rows), -1, dtype=np.int64)
-    return pd.DataFrame({
-        "process": processes.array, "pid": col["pid"], "rank": events["rank"].array[rows],
+        step = np.full(len(rows), -1, dtype=np.int32)
+    del safe, has
+    rank = events["rank"].array[rows]
+    del rows
+    phases = pd.DataFrame({
+        "process": processes.array, "pid": col["pid"], "rank": rank,
         "tid": col["tid"], "mode": mode, "step": step, "name": names.array,
         "start_ns": col["start_ns"], "end_ns": col["end_ns"], "duration_ns": col["duration_ns"],
-        "exclusive_ns": excl, "_step_row": labels}, copy=False)
+        "exclusive_ns": excl}, copy=False)
+    return phases, labels
 
 
-def _union_length_per_group(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
-    """Total length of the union of intervals, per group (0..n-1), vectorized."""
-    out = np.zeros(n, dtype=np.int64)
-    if len(groups) == 0:
+def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, step_end: np.ndarray) -> np.ndarray:
+    """Per step, the length of the union of its phases (each clipped to its step's end;
+    ``row`` -1 for phases outside every step, which cover nothing).
+
+    Clipping makes one running maximum over all rows correct: a step's phases start
+    after the previous step ended, so nothing carries over from one step to the next."""
+    out = np.zeros(len(step_end), dtype=np.int64)
+    if len(row) == 0:
         return out
-    order = np.lexsort((starts, groups))
-    g, s, e = groups[order], starts[order], ends[order]
-    reach = pd.Series(e).groupby(g).cummax().to_numpy()  # furthest end so far in the group
-    new_block = np.ones(len(g), dtype=bool)
-    new_block[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
-    block_start = s[new_block]
-    block_end = np.maximum.reduceat(e, np.flatnonzero(new_block))
-    np.add.at(out, g[new_block], block_end - block_start)
+    outside = row < 0
+    if outside.any():  # give them the step before (zero length keeps them harmless)
+        row = np.maximum.accumulate(row).clip(0, None)
+    if not (np.all(row[1:] >= row[:-1]) and np.all((row[1:] != row[:-1]) | (starts[1:] >= starts[:-1]))):
+        order = np.lexsort((starts, row))  # phases usually come in this order already
+        row, starts, ends, outside = row[order], starts[order], ends[order], outside[order]
+    ends = np.minimum(ends, step_end[row])
+    np.copyto(ends, starts, where=outside)
+    reach = np.maximum.accumulate(ends)  # furthest end so far
+    new_block = np.ones(len(row), dtype=bool)
+    new_block[1:] = (row[1:] != row[:-1]) | (starts[1:] > reach[:-1])
+    del reach
+    firsts = np.flatnonzero(new_block)
+    np.add.at(out, row[firsts], np.maximum.reduceat(ends, firsts) - starts[firsts])
     return out
 
 
 def steps_and_phases(events: pd.DataFrame):
     """(steps, phases): steps carry each phase's exclusive time and Other."""
     steps = _bare_steps(events)
-    phases = phases_frame(events, steps)
+    phases, row = phases_frame(events, steps)
     for name in PHASES:
         steps[name] = np.int64(0)
     steps["Other"] = steps["duration_ns"]
     if len(phases) and len(steps):
-        row = phases["_step_row"].to_numpy()
         inside = row >= 0
+        everywhere = bool(inside.all())
         excl = phases["exclusive_ns"].to_numpy()
-        for name in PHASES:
-            sel = inside & (phases["name"] == name).to_numpy()
+        name_codes = phases["name"].cat.codes.to_numpy()
+        for i, name in enumerate(phases["name"].cat.categories):
+            if name not in PHASES:
+                continue
+            sel = name_codes == i
+            if not everywhere:
+                sel &= inside
             steps[name] = np.bincount(row[sel], weights=excl[sel], minlength=len(steps)).astype(np.int64)
-        covered = _union_length_per_group(row[inside], phases["start_ns"].to_numpy()[inside],
-                                          phases["end_ns"].to_numpy()[inside], len(steps))
+            del sel
+        covered = _covered_per_step(row, phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy(),
+                                    steps["end_ns"].to_numpy())
         steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)
-    phases = phases.drop(columns=["_step_row"])
     return steps[STEP_COLUMNS], phases[PHASE_COLUMNS]
 
 

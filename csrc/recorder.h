@@ -98,7 +98,8 @@ inline void record_instant(uint8_t cat, uint32_t name, uint64_t arg = 0, bool ha
   record_instant_at(cat, name, ticks(), arg, has_arg);
 }
 
-void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg);
+// at: the sample's tick (0: now), so the counters of one sample share a timestamp.
+void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg, uint64_t at = 0);
 
 // Interned names: register once, record the integer.
 uint32_t intern(const std::string& s);

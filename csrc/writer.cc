@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "encoding.h"
+#include "gpu.h"
 #include "recorder.h"
 #include "sampler.h"
 
@@ -138,11 +139,11 @@ Chunk* rotate_chunk(ThreadState* ts) {
   return c;
 }
 
-void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg) {
+void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg, uint64_t at) {
   if (!g_enabled.load(std::memory_order_relaxed)) return;
   uint64_t bits;
   std::memcpy(&bits, &value, 8);
-  push(kCounter, cat, name, ticks(), bits, arg, has_arg ? kHasArg : 0);
+  push(kCounter, cat, name, at ? at : ticks(), bits, arg, has_arg ? kHasArg : 0);
 }
 
 uint32_t intern(const std::string& s) {
@@ -291,8 +292,8 @@ void encode_names(std::string& out) {
 void encode_stats(std::string& out, uint8_t type) {
   size_t at;
   begin_chunk(out, type, &at);
-  put_varint(out, g_dropped.load());
-  put_varint(out, g_w.written.load());
+  put_varint(out, g_dropped.load() + gpu_dropped());
+  put_varint(out, g_w.written.load() + gpu_written());
   end_chunk(out, type, at);
 }
 
@@ -361,6 +362,7 @@ void flush_once(bool final_pass) {
     encode_events(events, c->track, c->recs + c->flushed, n - c->flushed);
     c->flushed = n;
   }
+  encode_gpu(events);
   std::string& out = g_w.buf;
   out.clear();
   encode_names(out);  // after events were read: every name they use exists
@@ -410,6 +412,7 @@ void at_fork_parent() {
 // writer; Python's after-fork hook reopens a trace of the child's own.
 void at_fork_child() {
   sampler_after_fork_child();
+  reset_gpu_state(true);
   new (&g_mu) std::mutex();
   new (&g_names_mu) std::mutex();
   g_enabled.store(false);
@@ -458,6 +461,7 @@ std::string open_writer(const WriterOptions& opt) {
   g_w.path = opt.path;
   g_w.flush_ms = opt.flush_interval_ms > 0 ? opt.flush_interval_ms : 1000;
   reset_writer_state();
+  reset_gpu_state(false);
   reset_steps();
   {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -520,7 +524,8 @@ WriterStats writer_stats() {
     for (Chunk* c = g_free; c; c = c->next) ++free_n;
     in_use = g_chunks_total - free_n;
   }
-  return {g_w.written.load(), g_dropped.load(), g_w.bytes.load(), in_use, g_w.error};
+  return {g_w.written.load() + gpu_written(), g_dropped.load() + gpu_dropped(), g_w.bytes.load(), in_use,
+          g_w.error};
 }
 
 }  // namespace stepscope

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 
+#include "cupti.h"
 #include "gpu.h"
 #include "reader.h"
 #include "recorder.h"
@@ -464,6 +465,38 @@ NB_MODULE(_native, m) {
      nb::arg("device") = 0, nb::arg("stream") = 0, nb::arg("name") = 0, nb::arg("sub") = 0,
      nb::arg("sub2") = 0, nb::arg("bytes") = 0, nb::arg("thread") = 0, nb::arg("config") = 0,
      "Queues one GPU activity record (times: CLOCK_MONOTONIC ns; name: an interned id).");
+  m.def("cupti_start", [](const std::string& library) {
+    CuptiStart r;
+    {
+      nb::gil_scoped_release nogil;
+      r = cupti_start(library);
+    }
+    return nb::make_tuple(r.ok, r.no_device, r.message);
+  }, nb::arg("library"), "Starts CUPTI activity tracing; returns (ok, no_device, message).");
+  m.def("cupti_stop", [] {
+    nb::gil_scoped_release nogil;
+    cupti_stop();
+  }, "Stops CUPTI tracing and flushes its buffers into the trace.");
+  m.def("cupti_pause", [] {
+    nb::gil_scoped_release nogil;
+    return cupti_pause();
+  });
+  m.def("cupti_resume", [] {
+    nb::gil_scoped_release nogil;
+    return cupti_resume();
+  });
+  m.def("cupti_status", [] {
+    nb::dict d;
+    d["active"] = cupti_active();
+    d["clock"] = cupti_clock_mapping();
+    d["dropped"] = cupti_dropped();
+    return d;
+  });
+  m.def("cupti_layout", [] {
+    nb::dict d;
+    for (auto& [k, v] : cupti_layout()) d[k.c_str()] = v;
+    return d;
+  }, "Byte offsets of the CUPTI record fields the decoder reads.");
   m.def("demangle", [](const std::vector<std::string>& names) {
     std::vector<std::string> out;
     out.reserve(names.size());

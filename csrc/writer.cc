@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cupti.h"
 #include "encoding.h"
 #include "gpu.h"
 #include "recorder.h"
@@ -413,6 +414,7 @@ void at_fork_parent() {
 void at_fork_child() {
   sampler_after_fork_child();
   reset_gpu_state(true);
+  cupti_after_fork_child();
   new (&g_mu) std::mutex();
   new (&g_names_mu) std::mutex();
   g_enabled.store(false);

@@ -259,3 +259,138 @@ def test_precision_from_kernel_names(name, cls):
     from stepscope.analysis.gpu import precision_of
 
     assert precision_of(name) == cls
+
+
+# --- no GPU here: the real paths ---------------------------------------------------
+def _has_nvidia_driver():
+    from stepscope.core.gpu import driver_present
+
+    return driver_present()
+
+
+no_driver = pytest.mark.skipif(_has_nvidia_driver(), reason="this machine has an NVIDIA driver")
+
+
+def _gpu_notes(run_path):
+    with open(os.path.join(run_path, "run.json")) as f:
+        return [n for n in json.load(f).get("notes", []) if "GPU" in n]
+
+
+@no_driver
+@pytest.mark.parametrize("mode", ["auto", "metrics", "trace"])
+def test_no_gpu_gives_one_note_and_no_error(tmp_path, mode):
+    """On a machine without an NVIDIA driver each GPU mode records one note, prints
+    nothing, and the job's output is unchanged. `trace` really loads libcupti where the
+    CUDA toolkit has one, and CUPTI really fails for want of a driver."""
+    from conftest import run_python
+
+    r = run_python(f"""
+        import stepscope
+        with stepscope.profile(dir={str(tmp_path)!r}, name="r", gpu={mode!r}) as s:
+            stepscope.step()
+            print("done", sum(range(10)))
+        """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "done 45\n" and r.stderr == ""
+    notes = _gpu_notes(tmp_path / "r")
+    assert len(notes) == 1, notes
+    if mode == "auto":
+        assert "no NVIDIA driver" in notes[0]
+    elif mode == "metrics":
+        assert "metrics off" in notes[0] and "activity" not in notes[0]
+    else:
+        assert "metrics off" in notes[0] and "activity tracing off" in notes[0]
+    run = stepscope.load(str(tmp_path / "r"))
+    assert not run.system["metric"].str.startswith("gpu").any()
+    assert run.kernels.empty
+
+
+def test_gpu_off_gives_no_note(tmp_path):
+    s = stepscope.start(dir=str(tmp_path), name="off", gpu="off")
+    s.stop()
+    assert _gpu_notes(tmp_path / "off") == []
+
+
+@no_driver
+def test_cupti_without_driver_is_a_quiet_failure():
+    """The real libcupti of the CUDA toolkit, with no driver: CUPTI fails, we say why."""
+    from stepscope.core.gpu import find_cupti
+
+    present = [p for p in find_cupti() if os.path.isabs(p) and os.path.exists(p)]
+    if not present:
+        pytest.skip("no libcupti on this machine")
+    ok, no_device, message = _native.cupti_start(present[0])
+    assert not ok and no_device and "libcuda.so.1" in message
+    assert not _native.cupti_status()["active"]
+    _native.cupti_stop()  # harmless when not started
+
+
+def test_cupti_record_layout_matches_the_headers(tmp_path):
+    """The byte offsets the decoder reads are those of CUPTI's own headers (where a CUDA
+    toolkit is installed; the build itself needs none)."""
+    import glob
+    import shutil
+    import subprocess
+
+    headers = sorted(glob.glob("/usr/local/cuda*/include/cupti_activity.h"))
+    if not headers or not shutil.which("c++"):
+        pytest.skip("no CUDA toolkit headers here")
+    layout = _native.cupti_layout()
+    lines = [f'printf("%s %zu\\n", "{k}", offsetof({k.split(".")[0]}, {k.split(".")[1]}));' for k in layout]
+    src = tmp_path / "layout.cc"
+    src.write_text("#include <cstddef>\n#include <cstdio>\n#include <cupti_activity.h>\nint main(){\n"
+                   + "\n".join(lines) + "\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run(["c++", f"-I{os.path.dirname(headers[-1])}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    actual = dict((k, int(v)) for k, v in (line.split() for line in out if line))
+    assert actual == dict(layout)
+
+
+# --- NVML metrics in the system table ---------------------------------------------
+def _write_nvml_samples(session, samples=5, interval_ns=100_000_000):
+    """Counters as core/gpu_metrics.py records them, for two GPUs."""
+    system = _native.CATEGORIES.index("system")
+    tpn = _native.clock_info()["ticks_per_ns"]
+    t0 = _native.now()
+    for i in range(samples):
+        at = t0 + int(i * interval_ns * tpn)
+        for dev in (0, 1):
+            values = {"util": 40 + 10 * dev + i, "mem_util": 20 + dev, "mem_used": (1 + dev) << 30,
+                      "mem_total": 80 << 30, "power_mw": 300_000 + 1000 * i, "energy_mj": 1_000_000 + 30_000 * i,
+                      "temp": 60, "sm_clock": 1980, "throttle": 0, "pcie_tx_bytes": i * 50_000_000,
+                      "pcie_rx_bytes": i * 10_000_000, "nvlink_tx_kib": i * 1000, "nvlink_rx_kib": 0}
+            for metric, v in values.items():
+                _native.counter(system, _native.intern(f"gpu.{metric}|gpu{dev}"), float(v), None, at)
+    return t0
+
+
+def test_nvml_counters_become_system_metrics(run_dir):
+    s = stepscope.start(name="nvml", gpu="off", interval_ms=60000)
+    _write_nvml_samples(s)
+    s.stop()
+    run = stepscope.load(s.path)
+    sysm = run.system
+    g = sysm[sysm["metric"].str.startswith("gpu")]
+    util = g[(g["metric"] == "gpu_util") & (g["device"] == "gpu1")]["value"].tolist()
+    assert util == [50, 51, 52, 53, 54]
+    power = g[(g["metric"] == "gpu_power") & (g["device"] == "gpu0")]["value"]
+    assert power.iloc[0] == pytest.approx(300.0)
+    pcie = g[(g["metric"] == "gpu_pcie_tx_bytes_per_s") & (g["device"] == "gpu0")]["value"]
+    assert len(pcie) == 4 and pcie.to_numpy() == pytest.approx(5e8, rel=0.02)
+    nvl = g[(g["metric"] == "gpu_nvlink_tx_bytes_per_s") & (g["device"] == "gpu0")]["value"]
+    assert nvl.to_numpy() == pytest.approx(1000 * 1024 / 0.1, rel=0.02)
+    assert set(g[g["metric"] == "gpu_memory_used_percent"]["value"].round(3)) == {1.25, 2.5}
+    assert set(g["unit"][g["metric"] == "gpu_power"]) == {"W"}
+    from stepscope.analysis.system import summarize_system
+
+    summary = summarize_system(sysm)
+    assert summary["gpu_util_mean"] == pytest.approx(np.mean([40, 41, 42, 43, 44, 50, 51, 52, 53, 54]))
+    from stepscope.compat.smdebug import PandasFrame
+
+    pf = PandasFrame(s.path).get_all_system_metrics()
+    gpus = pf[pf["type"] == "gpu"]
+    assert set(gpus["system_metric"]) == {"gpu0", "gpu1"}
+    assert set(gpus["dimension"]) == {"GPUUtilization", "GPUMemoryUtilization"}
+    assert gpus[(gpus["system_metric"] == "gpu0") & (gpus["dimension"] == "GPUUtilization")]["value"].tolist() \
+        == [40, 41, 42, 43, 44]

@@ -394,3 +394,115 @@ def test_nvml_counters_become_system_metrics(run_dir):
     assert set(gpus["dimension"]) == {"GPUUtilization", "GPUMemoryUtilization"}
     assert gpus[(gpus["system_metric"] == "gpu0") & (gpus["dimension"] == "GPUUtilization")]["value"].tolist() \
         == [40, 41, 42, 43, 44]
+
+
+# --- on a GPU (pytest -m gpu) -----------------------------------------------------
+def _cuda_available():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+gpu_only = pytest.mark.skipif(not _has_nvidia_driver() or not _cuda_available(),
+                              reason="needs an NVIDIA GPU and a CUDA build of torch")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "gpu_loop.py")
+
+
+def _run_gpu_script(tmp_path, *args, name="gpu", **env):
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    full.update({"STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path / "runs"), "STEPSCOPE_RUN": name,
+                 "STEPSCOPE_GPU": "trace"}, **env)
+    r = subprocess.run([sys.executable, SCRIPT, *args], cwd=tmp_path, env=full, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stepscope:" not in r.stderr, r.stderr[-3000:]
+    return r, stepscope.load(str(tmp_path / "runs" / name))
+
+
+STEPS = 12
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_gpu_training_loop(tmp_path):
+    """Issue 6, done-when 1: kernels with names, streams and durations, each linked to its
+    launch and to a step and phase; memcpy bytes equal to the tensors moved; syncs from
+    .item() and torch.cuda.synchronize()."""
+    r, run = _run_gpu_script(tmp_path, "train", str(STEPS))
+    assert r.stdout.count("loss") == STEPS
+    steps = run.steps
+    assert len(steps) == STEPS
+    k = run.kernels
+    first, last = steps["start_ns"].min(), steps["end_ns"].max()
+    in_loop = k[(k["launch_start_ns"] >= first) & (k["launch_start_ns"] < last)]
+    assert len(in_loop) >= STEPS * 10  # forward, backward and SGD kernels every step
+    assert k["name"].str.len().gt(0).all() and (k["duration_ns"] > 0).all() and k["stream"].notna().all()
+    assert in_loop["launch_api"].notna().all() and (in_loop["step"] >= 0).all()
+    assert set(in_loop["step"]) == set(range(STEPS))
+    assert {"Forward", "Backward", "Optimizer"} <= set(in_loop["phase"].dropna())
+    assert in_loop["phase"].notna().mean() >= 0.9, in_loop[in_loop["phase"].isna()]["name"].value_counts()
+    assert (in_loop["launch_latency_ns"] > 0).all()
+    m = run.memcpy
+    htod = m[(m["kind"] == "HtoD") & (m["step"] >= 0)]
+    per_step = htod.groupby("step")["bytes"].apply(sorted).tolist()
+    assert per_step == [[512, 64 * 1024 * 4]] * STEPS  # y (int64) and x (float32), every step
+    assert htod["pinned"].all()
+    dtoh = m[(m["kind"] == "DtoH") & (m["step"] >= 0)]
+    assert (dtoh.groupby("step").size() >= 1).all() and len(dtoh) >= STEPS  # loss.item()
+    y = run.sync
+    y = y[y["step"] >= 0]
+    assert (y["kind"] == "context_synchronize").sum() >= STEPS  # torch.cuda.synchronize()
+    assert y["kind"].isin(["stream_synchronize", "event_synchronize"]).sum() >= STEPS  # .item()
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_nvml_utilization_agrees_with_kernel_busy_time(tmp_path):
+    """Issue 6, done-when 2: within 15 points on a steady load."""
+    _, run = _run_gpu_script(tmp_path, "steady", "6", name="steady")
+    k = run.kernels
+    k = k[k["device"] == k["device"].iloc[0]]
+    device = f"gpu{int(k['device'].iloc[0])}"
+    start, end = k["start_ns"].min() + 1_000_000_000, k["end_ns"].max() - 500_000_000  # the steady part
+    s, e = k["start_ns"].clip(start, end).to_numpy(), k["end_ns"].clip(start, end).to_numpy()
+    order = np.argsort(s)
+    busy, reach = 0, start
+    for a, b in zip(s[order], e[order]):
+        if b > reach:
+            busy += b - max(a, reach)
+            reach = b
+    busy_pct = 100 * busy / (end - start)
+    sysm = run.system
+    util = sysm[(sysm["metric"] == "gpu_util") & (sysm["device"] == device)
+                & (sysm["timestamp_ns"] >= start) & (sysm["timestamp_ns"] <= end)]["value"]
+    assert len(util) >= 20
+    assert abs(util.mean() - busy_pct) <= 15, (util.mean(), busy_pct)
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_torch_profiler_in_the_middle(tmp_path):
+    """Issue 6, done-when 5: torch.profiler opened mid-run; both have their data."""
+    r, run = _run_gpu_script(tmp_path, "profiler", "8", name="prof")
+    assert "profiler events" in r.stdout and int(r.stdout.split("profiler events")[1].split()[0]) > 0
+    notes = [n for n in run.notes if "torch.profiler" in n]
+    assert len(notes) == 1 and "not resumed" not in notes[0]
+    k = run.kernels
+    steps_with_kernels = set(k[k["step"] >= 0]["step"])
+    assert {0, 1, 2, 6, 7} <= steps_with_kernels  # before and after the profiler's window
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_cupti_clock_matches_the_host_clock(tmp_path):
+    """Every kernel starts after its launch call started (same clock, mapped right)."""
+    _, run = _run_gpu_script(tmp_path, "train", "4", name="clock")
+    k = run.kernels.dropna(subset=["launch_start_ns"])
+    assert len(k) and (k["launch_latency_ns"] > 0).all()
+    assert (k["launch_latency_ns"] < 10_000_000_000).all()

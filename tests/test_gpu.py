@@ -506,3 +506,22 @@ def test_cupti_clock_matches_the_host_clock(tmp_path):
     k = run.kernels.dropna(subset=["launch_start_ns"])
     assert len(k) and (k["launch_latency_ns"] > 0).all()
     assert (k["launch_latency_ns"] < 10_000_000_000).all()
+
+
+def test_torch_profiler_still_works_with_the_hand_over_wrapper(run_dir):
+    """The wrapper that hands CUPTI to torch.profiler leaves torch.profiler working
+    (on CPU here: the hand-over itself needs a GPU and is tested under -m gpu)."""
+    import torch
+    import torch.autograd.profiler as autograd_profiler
+
+    from stepscope.core import gpu
+
+    gpu._wrap_profiler(autograd_profiler)
+    gpu._wrap_profiler(autograd_profiler)  # idempotent
+    assert autograd_profiler.profile._stepscope_wrapped
+    s = stepscope.start(name="prof-cpu", gpu="off")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    s.stop()
+    assert any("mm" in e.name for e in prof.events())
+    assert not [n for n in stepscope.load(s.path).notes if "torch.profiler" in n]  # nothing was paused

@@ -89,6 +89,8 @@ def start(config, node: bool, main: bool, run_dir: str) -> List[str]:
                 sys.stderr.write(f"stepscope: GPU activity is NOT traced, the profile has no kernels: {message}\n")
                 sys.stderr.flush()
         else:
+            if config.steps is not None:  # STEPSCOPE_STEPS bounds the tracing cost
+                _native.cupti_set_steps(*config.steps)
             _pause_for_torch_profiler()
     return ["GPU: " + "; ".join(problems)] if problems else []
 

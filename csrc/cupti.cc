@@ -96,7 +96,10 @@ struct Api {
 
 std::mutex g_ctl_mu;  // start/stop/pause
 std::atomic<bool> g_active{false};
-bool g_paused = false;
+bool g_paused = false;    // torch.profiler owns CUPTI
+bool g_step_off = false;  // outside the STEPSCOPE_STEPS window
+int32_t g_first_step = -1, g_last_step = -1;
+uint32_t g_train_mode = 0;
 bool g_clock_callback = false;
 int64_t g_offset_ns = 0;  // added to CUPTI times when no timestamp callback is in place
 std::atomic<uint64_t> g_cupti_dropped{0};
@@ -358,6 +361,20 @@ void disable_and_flush() {
   g_api.flush_all(kFlushForced);
 }
 
+void set_kinds(bool on) {
+  for (ActivityKind k : kEnabledKinds) on ? g_api.enable(k) : g_api.disable(k);
+}
+
+// At a step start on the training thread: two switches per run, no flush (CUPTI
+// hands over the buffers on its own schedule, and at stop).
+void on_step(uint32_t mode, int32_t step) {
+  if (mode != g_train_mode) return;
+  const bool want = step >= g_first_step && step <= g_last_step;
+  std::lock_guard<std::mutex> lk(g_ctl_mu);
+  if (g_active && !g_paused && want == g_step_off) set_kinds(want);
+  g_step_off = !want;
+}
+
 }  // namespace
 
 CuptiStart cupti_start(const std::string& library) {
@@ -393,10 +410,12 @@ CuptiStart cupti_start(const std::string& library) {
 
 void cupti_stop() {
   std::lock_guard<std::mutex> lk(g_ctl_mu);
+  g_step_hook = nullptr;
   if (!g_active) return;
   g_active = false;
   if (!g_paused) disable_and_flush();
   g_paused = false;
+  g_step_off = false;
 }
 
 bool cupti_pause() {
@@ -418,10 +437,23 @@ std::string cupti_resume() {
     return explain(r, what);
   }
   if (!g_clock_callback) g_offset_ns = measure_offset();
+  if (g_step_off) set_kinds(false);
   return {};
 }
 
-bool cupti_active() { return g_active.load() && !g_paused; }
+bool cupti_active() { return g_active.load() && !g_paused && !g_step_off; }
+
+void cupti_set_steps(int32_t first, int32_t last, uint32_t train_mode) {
+  std::lock_guard<std::mutex> lk(g_ctl_mu);
+  g_first_step = first;
+  g_last_step = last;
+  g_train_mode = train_mode;
+  // Steps count from 0: before the first one, collection waits for step `first`.
+  const bool off = first > 0;
+  if (g_active && !g_paused && off != g_step_off) set_kinds(!off);
+  g_step_off = off;
+  g_step_hook = on_step;
+}
 std::string cupti_clock_mapping() { return g_clock_callback ? "callback" : "offset"; }
 uint64_t cupti_dropped() { return g_cupti_dropped.load(); }
 
@@ -431,6 +463,8 @@ void cupti_after_fork_child() {
   new (&g_decode_mu) std::mutex();
   g_active = false;
   g_paused = false;
+  g_step_off = false;
+  g_step_hook = nullptr;
 }
 
 std::vector<std::pair<std::string, uint32_t>> cupti_layout() {

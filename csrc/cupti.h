@@ -22,6 +22,8 @@ void cupti_stop();
 bool cupti_pause();
 std::string cupti_resume();
 bool cupti_active();
+// STEPSCOPE_STEPS: trace only train steps first..last (inclusive); collection is off before and after.
+void cupti_set_steps(int32_t first, int32_t last, uint32_t train_mode);
 std::string cupti_clock_mapping();  // "callback" or "offset"
 uint64_t cupti_dropped();
 void cupti_after_fork_child();

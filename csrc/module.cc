@@ -485,6 +485,10 @@ NB_MODULE(_native, m) {
     nb::gil_scoped_release nogil;
     return cupti_resume();
   });
+  m.def("cupti_set_steps", [](int32_t first, int32_t last) {
+    nb::gil_scoped_release nogil;
+    cupti_set_steps(first, last, intern("train"));
+  }, "Traces GPU activity only during train steps first..last (STEPSCOPE_STEPS).");
   m.def("cupti_status", [] {
     nb::dict d;
     d["active"] = cupti_active();

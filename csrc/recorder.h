@@ -107,6 +107,9 @@ uint32_t intern(const std::string& s);
 // Steps: marks a new step of `mode` (an interned mode name) at tick `at` (0: now)
 // and returns its number. Integrations that learn of a step late pass its start.
 int32_t begin_step(uint32_t mode_name, uint64_t at = 0);
+// Called at every step start (mode, number) when set: CUPTI's STEPSCOPE_STEPS window.
+using StepHook = void (*)(uint32_t mode_name, int32_t step);
+extern std::atomic<StepHook> g_step_hook;
 void end_step(uint64_t at = 0);
 
 // Session control (the writer). Returns an empty string on success, else the reason.

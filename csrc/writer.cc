@@ -168,6 +168,8 @@ void reset_steps() {
   g_current_mode.store(-1);
 }
 
+std::atomic<StepHook> g_step_hook{nullptr};
+
 int32_t begin_step(uint32_t mode_name, uint64_t at) {
   int32_t n;
   {
@@ -177,6 +179,7 @@ int32_t begin_step(uint32_t mode_name, uint64_t at) {
   g_step.store(n, std::memory_order_relaxed);
   g_current_mode.store(int32_t(mode_name), std::memory_order_relaxed);
   record_instant_at(kCatStep, mode_name, at ? at : ticks(), uint64_t(n), true);
+  if (StepHook hook = g_step_hook.load(std::memory_order_relaxed)) hook(mode_name, n);
   return n;
 }
 

@@ -258,8 +258,10 @@ void buffer_completed(void* context, uint32_t stream, uint8_t* buffer, size_t, s
     if (!out.empty() && g_enabled.load()) gpu_enqueue(out.data(), out.size());
   }
   size_t dropped = 0;
-  if (g_api.dropped && g_api.dropped(context, stream, &dropped) == kSuccess && dropped)
+  if (g_api.dropped && g_api.dropped(context, stream, &dropped) == kSuccess && dropped) {
     g_cupti_dropped.fetch_add(dropped);
+    gpu_add_dropped(dropped);  // counted like every dropped event: STATS, process.json, load() warns
+  }
   if (buffer) {
     std::free(buffer);
     g_buffers_out.fetch_sub(1);

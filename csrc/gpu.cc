@@ -212,6 +212,11 @@ uint64_t gpu_written() {
   return g_written;
 }
 
+void gpu_add_dropped(uint64_t n) {
+  std::lock_guard<std::mutex> lk(g_gpu_mu);
+  g_dropped += n;
+}
+
 uint64_t gpu_dropped() {
   std::lock_guard<std::mutex> lk(g_gpu_mu);
   return g_dropped;

@@ -62,6 +62,7 @@ void encode_gpu(std::string& out);
 // the child has only the forking thread, and the lock may have been held.
 void reset_gpu_state(bool after_fork);
 uint64_t gpu_written();
+void gpu_add_dropped(uint64_t n);  // records CUPTI itself dropped (its buffers ran out)
 uint64_t gpu_dropped();
 
 }  // namespace stepscope

@@ -551,3 +551,21 @@ def test_steps_window_bounds_kernel_tracing(tmp_path):
     assert {3, 4, 5} <= set(k["step"]) <= {2, 3, 4, 5, 6}
     assert k["step"].isin([3, 4, 5]).mean() >= 0.9
     assert len(run.steps) == 10
+
+
+def test_innermost_phase_wins():
+    """Nested phases (Forward/Backward inside an LBFGS Optimizer step, Recompute inside
+    Backward): a launch belongs to the innermost phase running."""
+    import pandas as pd
+
+    from stepscope.analysis.gpu import attribute
+
+    phases = pd.DataFrame({"process": "p", "name": ["Optimizer", "Forward", "Backward", "Recompute"],
+                           "start_ns": [0, 10, 30, 35], "end_ns": [100, 20, 50, 40]})
+    steps = pd.DataFrame({"process": ["p", "p"], "mode": ["train", "train"], "step": [0, 1],
+                          "start_ns": [0, 100], "end_ns": [100, 200]})
+    times = np.array([5, 15, 25, 37, 45, 60, 150, -1])
+    mode, step, phase = attribute(np.array(["p"] * len(times)), times, steps, phases)
+    assert list(phase) == ["Optimizer", "Forward", "Optimizer", "Recompute", "Backward", "Optimizer", None, None]
+    assert list(step) == [0, 0, 0, 0, 0, 0, 1, -1]
+    assert list(mode) == ["train"] * 7 + [None]

@@ -17,14 +17,15 @@ from typing import Optional
 
 import pandas as pd
 
-from stepscope.analysis import tables
+from stepscope.analysis import gpu, tables
 from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
                                        resolve_run_path)
 from stepscope.core import runinfo
 
 CACHE_DIR = ".stepscope-cache"
-CACHE_VERSION = 2  # 2: pid and rank are 32-bit
-TABLES = ("events", "steps", "phases", "system", "kernels")
+CACHE_VERSION = 3  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit
+GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
+TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
 
 
 def _trace_files(path: str) -> dict:
@@ -39,7 +40,7 @@ def _trace_files(path: str) -> dict:
 
 class Run:
     """A recorded run: ``events``, ``steps``, ``phases``, ``system``, ``kernels``,
-    ``processes`` as DataFrames; ``sql(query)`` over them; ``dropped_events``,
+    ``memcpy``, ``memset``, ``sync``, ``cuda_api``, ``processes`` as DataFrames; ``sql(query)`` over them; ``dropped_events``,
     ``warnings`` (damage found while reading) and ``notes`` (what was not measured).
     """
 
@@ -95,11 +96,32 @@ class Run:
             self._tables["system"] = system_frame(self.events)
         return self._tables["system"]
 
+    def _gpu(self, name: str) -> pd.DataFrame:
+        if name not in self._tables:
+            self.events  # decodes the traces (or reads the cache), GPU records included
+            self._tables.update(gpu.gpu_tables(self._gpu_raw, self.steps, self.phases))
+        return self._tables[name]
+
     @property
     def kernels(self) -> pd.DataFrame:
-        if "kernels" not in self._tables:
-            self._tables["kernels"] = tables.kernels_frame(self.events)
-        return self._tables["kernels"]
+        """GPU kernels, each with its launch, step, phase and precision (analysis/gpu.py)."""
+        return self._gpu("kernels")
+
+    @property
+    def memcpy(self) -> pd.DataFrame:
+        return self._gpu("memcpy")
+
+    @property
+    def memset(self) -> pd.DataFrame:
+        return self._gpu("memset")
+
+    @property
+    def sync(self) -> pd.DataFrame:
+        return self._gpu("sync")
+
+    @property
+    def cuda_api(self) -> pd.DataFrame:
+        return self._gpu("cuda_api")
 
     @property
     def notes(self) -> list:
@@ -138,6 +160,9 @@ class Run:
         cache_dir = os.path.join(self.path, CACHE_DIR)
         return cache_dir, os.path.join(cache_dir, "events.parquet"), os.path.join(cache_dir, "manifest.json")
 
+    def _gpu_cache_path(self) -> str:
+        return os.path.join(self.path, CACHE_DIR, "gpu.parquet")
+
     def _cached_processes(self):
         """With a valid cache, the processes' metadata and counts without decoding any trace."""
         if not self._cache_ok:
@@ -165,10 +190,13 @@ class Run:
         cache_dir, cached, _ = self._cache_paths()
         if getattr(self, "_from_cache", False):
             try:
-                return _read_parquet(cached)
+                events = _read_parquet(cached)
+                self._gpu_raw = _read_parquet(self._gpu_cache_path())
+                return events
             except Exception:  # noqa: BLE001 - a damaged cache: decode the traces instead
                 self._procs = read_processes(self.path)
         complete = all(p.readable and p.clean_close for p in self._procs)
+        self._gpu_raw = gpu.raw_frame(self._procs)  # first: events_frame releases the decoded columns
         events = events_frame(self._procs)
         self._release_columns()
         if self._cache_ok and complete and len(events):
@@ -176,7 +204,7 @@ class Run:
                 {"folder": p.folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
                  "dropped": p.dropped} for p in self._procs])
             # Written beside the caller's work; the interpreter waits for it at exit.
-            threading.Thread(target=self._write_cache, args=(events, cache_dir, cached, manifest),
+            threading.Thread(target=self._write_cache, args=(events, self._gpu_raw, cache_dir, cached, manifest),
                              name="stepscope-parquet-cache").start()
         return events
 
@@ -185,12 +213,13 @@ class Run:
             p.release()
 
     @staticmethod
-    def _write_cache(events, cache_dir, cached, manifest) -> None:
+    def _write_cache(events, gpu_raw, cache_dir, cached, manifest) -> None:
         try:
             os.makedirs(cache_dir, exist_ok=True)
-            tmp = f"{cached}.tmp{os.getpid()}"
-            _write_parquet(events, tmp)
-            os.replace(tmp, cached)
+            for frame, path in ((gpu_raw, os.path.join(cache_dir, "gpu.parquet")), (events, cached)):
+                tmp = f"{path}.tmp{os.getpid()}"
+                _write_parquet(frame, tmp)
+                os.replace(tmp, path)
             runinfo.write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
         except Exception:  # noqa: BLE001 - a read-only run folder just means no cache
             pass

@@ -6,7 +6,7 @@ consecutive samples of one series, so nothing depends on the sampling interval
 and a counter reset (a worker that exited) is a gap, not a negative rate.
 
 Columns: timestamp (UTC), timestamp_ns, node, process, metric, device, value, unit.
-Node metrics (cpu_*, mem_*, disk_*, net_*, load1, ...) come from the process
+Node metrics (cpu_*, mem_*, disk_*, net_*, load1, gpu_* per device ``gpu<N>``, ...) come from the process
 elected to sample its host; proc_* metrics belong to the process in the
 ``process`` column, device ``self`` or ``pid<N>`` for a child it started
 (DataLoader workers).
@@ -30,7 +30,21 @@ UNITS = {
     "procs_running": "", "proc_rss": "bytes", "proc_cpu_percent": "% of one core", "proc_threads": "",
     "proc_read_bytes_per_s": "bytes/s", "proc_write_bytes_per_s": "bytes/s",
     "proc_rchar_per_s": "bytes/s", "proc_wchar_per_s": "bytes/s",
+    "gpu_util": "%", "gpu_memory_util": "%", "gpu_memory_used": "bytes", "gpu_memory_total": "bytes",
+    "gpu_memory_used_percent": "%", "gpu_power": "W", "gpu_energy": "J", "gpu_temperature": "C",
+    "gpu_sm_clock": "MHz", "gpu_throttle_reasons": "bitmask", "gpu_pcie_tx_bytes_per_s": "bytes/s",
+    "gpu_pcie_rx_bytes_per_s": "bytes/s", "gpu_nvlink_tx_bytes_per_s": "bytes/s",
+    "gpu_nvlink_rx_bytes_per_s": "bytes/s", "gpu_util_driver": "%",
 }
+# NVML readings (core/gpu_metrics.py): raw name -> (metric, scale)
+GPU_GAUGES = {"gpu.util": ("gpu_util", 1), "gpu.mem_util": ("gpu_memory_util", 1),
+              "gpu.mem_used": ("gpu_memory_used", 1), "gpu.mem_total": ("gpu_memory_total", 1),
+              "gpu.power_mw": ("gpu_power", 1e-3), "gpu.energy_mj": ("gpu_energy", 1e-3),
+              "gpu.temp": ("gpu_temperature", 1), "gpu.sm_clock": ("gpu_sm_clock", 1),
+              "gpu.throttle": ("gpu_throttle_reasons", 1), "gpu.util_sample": ("gpu_util_driver", 1)}
+GPU_COUNTERS = {"gpu.pcie_tx_bytes": ("gpu_pcie_tx_bytes_per_s", 1), "gpu.pcie_rx_bytes": ("gpu_pcie_rx_bytes_per_s", 1),
+                "gpu.nvlink_tx_kib": ("gpu_nvlink_tx_bytes_per_s", 1024),
+                "gpu.nvlink_rx_kib": ("gpu_nvlink_rx_bytes_per_s", 1024)}
 
 
 def _empty() -> pd.DataFrame:
@@ -144,6 +158,10 @@ def system_frame(events: pd.DataFrame) -> pd.DataFrame:
         long["device"] = long["device"].replace("", "self")
         parts.append(long)
 
+    gpu = _wide(raw, "gpu.")
+    if not gpu.empty:
+        parts.append(_gpu_metrics(gpu))
+
     if not parts:
         return _empty()
     out = pd.concat(parts, ignore_index=True)
@@ -153,6 +171,22 @@ def system_frame(events: pd.DataFrame) -> pd.DataFrame:
     out["timestamp"] = pd.to_datetime(out["timestamp_ns"], unit="ns", utc=True)
     out = out.sort_values(["timestamp_ns", "metric", "device"], kind="stable").reset_index(drop=True)
     return out[COLUMNS]
+
+
+def _gpu_metrics(wide: pd.DataFrame) -> pd.DataFrame:
+    """NVML readings: gauges as they are (scaled to W, J), cumulative byte counters as
+    rates. The driver's own samples have timestamps of their own, hence per-column work."""
+    frame = pd.DataFrame(index=wide.index)
+    for raw, (metric, scale) in GPU_GAUGES.items():
+        if raw in wide:
+            frame[metric] = wide[raw] * scale
+    if {"gpu.mem_used", "gpu.mem_total"} <= set(wide.columns):
+        frame["gpu_memory_used_percent"] = 100 * wide["gpu.mem_used"] / wide["gpu.mem_total"]
+    for raw, (metric, scale) in GPU_COUNTERS.items():
+        if raw in wide:
+            d, dt = _rates(wide[[raw]].dropna())
+            frame[metric] = (d[raw] * scale / dt).reindex(wide.index)
+    return _long(frame)
 
 
 def summarize_system(system: pd.DataFrame) -> dict:
@@ -171,10 +205,13 @@ def summarize_system(system: pd.DataFrame) -> dict:
 
     cpu = stats("cpu_util", "all")
     mem = stats("mem_used")
+    gpu = stats("gpu_util")
     block = {
         "cpu_util_mean": cpu["mean"] if cpu else None,
         "memory_used_max_bytes": int(mem["max"]) if mem else None,
-        "gpu_util_mean": None,
+        "gpu_util_mean": gpu["mean"] if gpu else None,  # over every GPU of every node
+        "gpu_util": gpu,
+        "gpu_memory_util": stats("gpu_memory_util"),
         "cpu_util": cpu,
         "cpu_iowait": stats("cpu_iowait", "all"),
         "memory_used_percent": stats("mem_used_percent"),

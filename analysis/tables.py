@@ -6,7 +6,7 @@
 * ``phases``: one row per phase span, attributed by time to the step it
   starts in, with its exclusive time (a phase minus the phases nested in it,
   as Forward/Backward inside an LBFGS Optimizer step).
-* ``kernels``: GPU kernels; empty until a run has GPU activity.
+GPU tables (kernels, memcpy, memset, sync, cuda_api) are in ``gpu.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ PHASES = ("GetNext", "Forward", "Loss", "Backward", "Optimizer")
 STEP_COLUMNS = ["process", "pid", "rank", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, "Other"]
 PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
                  "exclusive_ns"]
-KERNEL_COLUMNS = ["process", "rank", "device", "stream", "name", "start_ns", "end_ns", "duration_ns",
-                  "correlation", "step"]
+from stepscope.analysis.gpu import KERNEL_COLUMNS  # noqa: F401,E402 - the kernels table's columns
 
 
 def _rows_of(events: pd.DataFrame, category: str, kind: str) -> np.ndarray:
@@ -216,8 +215,3 @@ def steps_and_phases(events: pd.DataFrame):
                                     steps["end_ns"].to_numpy())
         steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)
     return steps[STEP_COLUMNS], phases[PHASE_COLUMNS]
-
-
-def kernels_frame(events: pd.DataFrame) -> pd.DataFrame:
-    """GPU kernels (category gpu); the GPU integration fills this table."""
-    return pd.DataFrame({c: [] for c in KERNEL_COLUMNS})

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Optional
 
-from stepscope.core import _native, runinfo, safety
+from stepscope.core import _native, gpu, runinfo, safety
 from stepscope.core.config import Config, resolve
 
 __all__ = ["Session", "start", "stop", "current", "profile"]
@@ -98,6 +98,10 @@ class Session:
                 callback()
             except Exception as exc:  # noqa: BLE001
                 safety.report_failure("closing the last step failed", exc)
+        try:
+            gpu.stop()  # CUPTI's last buffers reach the trace before it closes
+        except Exception:  # noqa: BLE001
+            pass
         try:
             _native.close()
             self.stats = _native.stats()
@@ -263,7 +267,11 @@ def _start_sampling(session: Session, config: Config, origin: str) -> None:
         node = origin == "main" and _elect_node_sampler(session)
         notes = list(_native.start_sampler(config.interval_ms, node, origin == "main"))
     except Exception as exc:  # noqa: BLE001
-        notes = [f"system metrics off: {type(exc).__name__}: {exc}"]
+        node, notes = False, [f"system metrics off: {type(exc).__name__}: {exc}"]
+    try:
+        notes += gpu.start(config, node, origin == "main", session.run_dir)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"GPU: off ({type(exc).__name__}: {exc})")
     meta_path = os.path.join(session.process_dir, "process.json")
     meta = runinfo.read_json(meta_path)
     meta["node_sampler"] = session.node_sampler

@@ -8,7 +8,7 @@ namespace stepscope {
 
 constexpr char kFileMagic[8] = {'S', 'T', 'E', 'P', 'S', 'C', 'P', '\n'};
 constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 0;
+constexpr uint16_t kFormatMinor = 1;  // 1.1: GPU activity (GPU, LAUNCH_CONFIGS chunks)
 // File header: magic[8] | u16 major | u16 minor | u32 json_len | json bytes.
 constexpr uint32_t kFileHeaderFixed = 16;
 
@@ -19,11 +19,16 @@ constexpr uint32_t kMaxChunkPayload = 64u << 20;  // sanity bound for the reader
 
 enum ChunkType : uint8_t {
   kChunkNames = 1,   // interned strings: count, then (id, len, bytes)...
-  kChunkTrack = 2,   // a thread (or later: GPU stream) that events refer to
+  kChunkTrack = 2,   // a thread, a GPU stream or a process's CUDA API calls
   kChunkEvents = 3,  // events of one track, delta/varint encoded
   kChunkStats = 4,   // cumulative counters: dropped, written
   kChunkEnd = 5,     // clean close; same payload as kChunkStats
+  kChunkGpu = 6,     // 1.1: GPU activity of one track (gpu.cc)
+  kChunkLaunchConfigs = 7,  // 1.1: kernel launch configurations, interned like names
 };
+
+// TRACK kinds.
+enum TrackKind : uint8_t { kTrackThread = 0, kTrackGpuStream = 1, kTrackCudaApi = 2 };
 
 // Event kinds (2 bits on disk).
 enum Kind : uint8_t { kSpan = 0, kInstant = 1, kCounter = 2 };

@@ -7,6 +7,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+
+#include "cupti.h"
+#include "gpu.h"
 #include "reader.h"
 #include "recorder.h"
 #include "sampler.h"
@@ -251,10 +257,10 @@ PyObject* py_instant(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
-// counter(category, name_id, value, arg=None)
+// counter(category, name_id, value, arg=None, at=None): at = ticks, for a sample's shared time
 PyObject* py_counter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs < 3 || nargs > 4) {
-    PyErr_SetString(PyExc_TypeError, "counter(category, name_id, value, arg=None)");
+  if (nargs < 3 || nargs > 5) {
+    PyErr_SetString(PyExc_TypeError, "counter(category, name_id, value, arg=None, at=None)");
     return nullptr;
   }
   if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
@@ -262,9 +268,11 @@ PyObject* py_counter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name)) return nullptr;
   double v = PyFloat_AsDouble(args[2]);
   if (v == -1.0 && PyErr_Occurred()) return nullptr;
-  const bool has_arg = nargs == 4 && args[3] != Py_None;
+  const bool has_arg = nargs >= 4 && args[3] != Py_None;
   if (has_arg && !arg_u64(args[3], &arg)) return nullptr;
-  record_counter(uint8_t(cat & 15), uint32_t(name), v, arg, has_arg);
+  uint64_t at = 0;
+  if (nargs == 5 && args[4] != Py_None && !arg_u64(args[4], &at)) return nullptr;
+  record_counter(uint8_t(cat & 15), uint32_t(name), v, arg, has_arg, at);
   Py_RETURN_NONE;
 }
 
@@ -281,7 +289,7 @@ PyMethodDef hot_methods[] = {
     {"enabled", py_enabled, METH_NOARGS, "whether events are being recorded"},
     {"span", FASTCALL(py_span), METH_FASTCALL, "span(category, name_id, t0, t1=None, arg=None)"},
     {"instant", FASTCALL(py_instant), METH_FASTCALL, "instant(category, name_id, arg=None)"},
-    {"counter", FASTCALL(py_counter), METH_FASTCALL, "counter(category, name_id, value, arg=None)"},
+    {"counter", FASTCALL(py_counter), METH_FASTCALL, "counter(category, name_id, value, arg=None, at=None)"},
     {nullptr, nullptr, 0, nullptr}};
 
 template <typename T>
@@ -317,6 +325,23 @@ nb::dict read_trace_py(const std::string& path) {
   nb::list tracks;
   for (auto& t : c.tracks) tracks.append(nb::make_tuple(t.id, t.tid, t.kind, t.name));
   d["tracks"] = tracks;
+  GpuColumns& g = c.gpu;
+  nb::dict gpu;
+  gpu["type"] = to_numpy(std::move(g.type));
+  gpu["sub"] = to_numpy(std::move(g.sub));
+  gpu["sub2"] = to_numpy(std::move(g.sub2));
+  gpu["device"] = to_numpy(std::move(g.device));
+  gpu["stream"] = to_numpy(std::move(g.stream));
+  gpu["name"] = to_numpy(std::move(g.name));
+  gpu["config"] = to_numpy(std::move(g.config));
+  gpu["correlation"] = to_numpy(std::move(g.correlation));
+  gpu["thread"] = to_numpy(std::move(g.thread));
+  gpu["start"] = to_numpy(std::move(g.start));
+  gpu["end"] = to_numpy(std::move(g.end));
+  gpu["bytes"] = to_numpy(std::move(g.bytes));
+  gpu["track"] = to_numpy(std::move(g.track));
+  gpu["configs"] = to_numpy(std::move(g.configs));
+  d["gpu"] = gpu;
   d["header"] = nb::bytes(c.header_json.data(), c.header_json.size());
   d["version"] = nb::make_tuple(c.major, c.minor);
   d["dropped"] = c.dropped;
@@ -419,6 +444,74 @@ NB_MODULE(_native, m) {
     return sampler_pass_ns(passes);
   }, "Benchmark: ns per sampling pass of the running sampler (-1 if none runs).");
   m.def("read_trace", &read_trace_py, "Decodes one trace file into numpy columns.");
+  m.attr("GPU_TYPES") = nb::make_tuple("kernel", "memcpy", "memset", "sync", "runtime", "driver");
+  m.def("launch_config", [](std::vector<uint32_t> grid, std::vector<uint32_t> block, uint32_t registers,
+                            uint32_t static_smem, uint32_t dynamic_smem) {
+    if (grid.size() != 3 || block.size() != 3) throw nb::value_error("grid and block are (x, y, z)");
+    LaunchConfig c{{grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, registers, static_smem,
+                   dynamic_smem};
+    return intern_launch_config(c);
+  }, nb::arg("grid"), nb::arg("block"), nb::arg("registers") = 0, nb::arg("static_smem") = 0,
+     nb::arg("dynamic_smem") = 0, "Interns a kernel launch configuration; returns its id.");
+  m.def("gpu_record", [](uint8_t type, uint64_t start_ns, uint64_t end_ns, uint32_t correlation,
+                         uint32_t device, uint32_t stream, uint32_t name, uint8_t sub, uint8_t sub2,
+                         uint64_t bytes, uint32_t thread, uint32_t config) {
+    // The write path CUPTI's decoder uses, for tests and fixtures without a GPU.
+    if (type >= kNumGpuTypes) throw nb::value_error("type must be 0..5 (see GPU_TYPES)");
+    if (!g_enabled.load()) return false;
+    GpuRecord r{start_ns, end_ns, bytes, device, stream, name, config, correlation, thread, type, sub, sub2};
+    return gpu_enqueue(&r, 1) == 0;
+  }, nb::arg("type"), nb::arg("start_ns"), nb::arg("end_ns"), nb::arg("correlation") = 0,
+     nb::arg("device") = 0, nb::arg("stream") = 0, nb::arg("name") = 0, nb::arg("sub") = 0,
+     nb::arg("sub2") = 0, nb::arg("bytes") = 0, nb::arg("thread") = 0, nb::arg("config") = 0,
+     "Queues one GPU activity record (times: CLOCK_MONOTONIC ns; name: an interned id).");
+  m.def("cupti_start", [](const std::string& library) {
+    CuptiStart r;
+    {
+      nb::gil_scoped_release nogil;
+      r = cupti_start(library);
+    }
+    return nb::make_tuple(r.ok, r.no_device, r.message);
+  }, nb::arg("library"), "Starts CUPTI activity tracing; returns (ok, no_device, message).");
+  m.def("cupti_stop", [] {
+    nb::gil_scoped_release nogil;
+    cupti_stop();
+  }, "Stops CUPTI tracing and flushes its buffers into the trace.");
+  m.def("cupti_pause", [] {
+    nb::gil_scoped_release nogil;
+    return cupti_pause();
+  });
+  m.def("cupti_resume", [] {
+    nb::gil_scoped_release nogil;
+    return cupti_resume();
+  });
+  m.def("cupti_set_steps", [](int32_t first, int32_t last) {
+    nb::gil_scoped_release nogil;
+    cupti_set_steps(first, last, intern("train"));
+  }, "Traces GPU activity only during train steps first..last (STEPSCOPE_STEPS).");
+  m.def("cupti_status", [] {
+    nb::dict d;
+    d["active"] = cupti_active();
+    d["clock"] = cupti_clock_mapping();
+    d["dropped"] = cupti_dropped();
+    return d;
+  });
+  m.def("cupti_layout", [] {
+    nb::dict d;
+    for (auto& [k, v] : cupti_layout()) d[k.c_str()] = v;
+    return d;
+  }, "Byte offsets of the CUPTI record fields the decoder reads.");
+  m.def("demangle", [](const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    out.reserve(names.size());
+    for (const std::string& n : names) {
+      int status = 0;
+      char* d = abi::__cxa_demangle(n.c_str(), nullptr, nullptr, &status);
+      out.push_back(status == 0 && d ? d : n);
+      std::free(d);
+    }
+    return out;
+  }, "C++ names demangled (a name that is not mangled comes back as is).");
   m.def("bench_cpp_pair", [](uint64_t n, uint32_t name) {
     // The C++ API's cost per begin+end pair, as an integration in C++ sees it.
     nb::gil_scoped_release nogil;

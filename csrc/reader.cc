@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -121,6 +122,59 @@ void decode_events(Columns& c, const uint8_t* p, uint32_t len, const std::string
   }
 }
 
+void decode_gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& path, size_t offset) {
+  Cursor cur{p, p + len};
+  GpuColumns& g = c.gpu;
+  const int64_t track = int64_t(cur.varint());
+  const uint32_t device = uint32_t(cur.varint());
+  const uint32_t stream = uint32_t(cur.varint());
+  const uint64_t n = cur.varint();
+  int64_t prev_end = unzigzag(cur.varint());
+  int64_t prev_corr = int64_t(cur.varint());
+  if (!cur.ok || n > len) {
+    c.warnings.push_back(path + ": malformed GPU chunk at offset " + std::to_string(offset) + ", skipped");
+    return;
+  }
+  uint64_t i = 0;
+  for (; i < n; ++i) {
+    const uint8_t b0 = cur.byte();
+    const uint8_t type = b0 & 7;
+    const int64_t start = prev_end + unzigzag(cur.varint());
+    const int64_t end = start + int64_t(cur.varint());
+    const int64_t corr = prev_corr + unzigzag(cur.varint());
+    uint32_t name = 0, config = 0, thread = 0;
+    uint8_t sub2 = 0;
+    int64_t bytes = 0;
+    switch (type) {
+      case 0: name = uint32_t(cur.varint()); config = uint32_t(cur.varint()); break;  // kernel
+      case 1: sub2 = cur.byte(); bytes = int64_t(cur.varint()); break;               // memcpy
+      case 2: bytes = int64_t(cur.varint()); break;                                   // memset
+      case 3: break;                                                                  // sync
+      case 4: case 5: name = uint32_t(cur.varint()); thread = uint32_t(cur.varint()); break;
+      default: cur.ok = false;  // a newer record type: its length is unknown
+    }
+    if (!cur.ok) break;
+    prev_end = end;
+    prev_corr = corr;
+    g.type.push_back(type);
+    g.sub.push_back(b0 >> 3);
+    g.sub2.push_back(sub2);
+    g.device.push_back(device);
+    g.stream.push_back(stream);
+    g.name.push_back(name);
+    g.config.push_back(config);
+    g.correlation.push_back(uint32_t(corr));
+    g.thread.push_back(thread);
+    g.start.push_back(start);
+    g.end.push_back(end);
+    g.bytes.push_back(bytes);
+    g.track.push_back(track);
+  }
+  if (i < n)
+    c.warnings.push_back(path + ": undecodable GPU record in chunk at offset " + std::to_string(offset) +
+                         ", rest of chunk skipped");
+}
+
 }  // namespace
 
 Columns read_trace(const std::string& path) {
@@ -220,7 +274,26 @@ Columns read_trace(const std::string& path) {
         t.tid = cur.varint();
         t.kind = cur.varint();
         t.name = cur.bytes(size_t(cur.varint()));
+        if (t.kind != 0 && cur.p < cur.end) {  // GPU tracks (1.1) name their device and stream
+          t.device = cur.varint();
+          t.stream = cur.varint();
+        }
         if (cur.ok) c.tracks.push_back(std::move(t));
+        break;
+      }
+      case kChunkGpu:
+        decode_gpu(c, p, ch.len, path, ch.offset - kChunkHeader);
+        break;
+      case kChunkLaunchConfigs: {
+        uint64_t n = cur.varint();
+        for (uint64_t i = 0; i < n && cur.ok; ++i) {
+          uint64_t id = cur.varint();
+          uint32_t v[9];
+          for (uint32_t& x : v) x = uint32_t(cur.varint());
+          if (!cur.ok || id > (1u << 24)) break;
+          if (c.gpu.configs.size() < (id + 1) * 9) c.gpu.configs.resize((id + 1) * 9);
+          std::copy(v, v + 9, c.gpu.configs.begin() + long(id * 9));
+        }
         break;
       }
       case kChunkStats:

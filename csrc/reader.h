@@ -12,8 +12,19 @@ namespace stepscope {
 struct TrackInfo {
   uint64_t id;
   uint64_t tid;
-  uint64_t kind;
+  uint64_t kind;  // 0 CPU thread, 1 GPU stream, 2 CUDA API calls
   std::string name;
+  uint64_t device = 0, stream = 0;  // GPU tracks
+};
+
+// GPU activity (format 1.1), one entry per record; see gpu.h for the fields.
+struct GpuColumns {
+  std::vector<uint8_t> type, sub, sub2;
+  std::vector<uint32_t> device, stream, name, config, correlation, thread;
+  std::vector<int64_t> start, end, bytes, track;
+  // Launch configs, index = config id: grid xyz, block xyz, registers,
+  // static and dynamic shared memory (9 values each, flattened).
+  std::vector<uint32_t> configs;
 };
 
 struct Columns {
@@ -24,6 +35,7 @@ struct Columns {
   std::vector<double> value;  // NaN unless a counter
   std::vector<std::string> names;  // index = name id
   std::vector<TrackInfo> tracks;
+  GpuColumns gpu;
   std::string header_json;
   uint16_t major = 0, minor = 0;
   uint64_t dropped = 0, written = 0;

@@ -98,7 +98,8 @@ inline void record_instant(uint8_t cat, uint32_t name, uint64_t arg = 0, bool ha
   record_instant_at(cat, name, ticks(), arg, has_arg);
 }
 
-void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg);
+// at: the sample's tick (0: now), so the counters of one sample share a timestamp.
+void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg, uint64_t at = 0);
 
 // Interned names: register once, record the integer.
 uint32_t intern(const std::string& s);
@@ -106,6 +107,9 @@ uint32_t intern(const std::string& s);
 // Steps: marks a new step of `mode` (an interned mode name) at tick `at` (0: now)
 // and returns its number. Integrations that learn of a step late pass its start.
 int32_t begin_step(uint32_t mode_name, uint64_t at = 0);
+// Called at every step start (mode, number) when set: CUPTI's STEPSCOPE_STEPS window.
+using StepHook = void (*)(uint32_t mode_name, int32_t step);
+extern std::atomic<StepHook> g_step_hook;
 void end_step(uint64_t at = 0);
 
 // Session control (the writer). Returns an empty string on success, else the reason.

@@ -14,7 +14,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cupti.h"
 #include "encoding.h"
+#include "gpu.h"
 #include "recorder.h"
 #include "sampler.h"
 
@@ -138,11 +140,11 @@ Chunk* rotate_chunk(ThreadState* ts) {
   return c;
 }
 
-void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg) {
+void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg, uint64_t at) {
   if (!g_enabled.load(std::memory_order_relaxed)) return;
   uint64_t bits;
   std::memcpy(&bits, &value, 8);
-  push(kCounter, cat, name, ticks(), bits, arg, has_arg ? kHasArg : 0);
+  push(kCounter, cat, name, at ? at : ticks(), bits, arg, has_arg ? kHasArg : 0);
 }
 
 uint32_t intern(const std::string& s) {
@@ -166,6 +168,8 @@ void reset_steps() {
   g_current_mode.store(-1);
 }
 
+std::atomic<StepHook> g_step_hook{nullptr};
+
 int32_t begin_step(uint32_t mode_name, uint64_t at) {
   int32_t n;
   {
@@ -175,6 +179,7 @@ int32_t begin_step(uint32_t mode_name, uint64_t at) {
   g_step.store(n, std::memory_order_relaxed);
   g_current_mode.store(int32_t(mode_name), std::memory_order_relaxed);
   record_instant_at(kCatStep, mode_name, at ? at : ticks(), uint64_t(n), true);
+  if (StepHook hook = g_step_hook.load(std::memory_order_relaxed)) hook(mode_name, n);
   return n;
 }
 
@@ -291,8 +296,8 @@ void encode_names(std::string& out) {
 void encode_stats(std::string& out, uint8_t type) {
   size_t at;
   begin_chunk(out, type, &at);
-  put_varint(out, g_dropped.load());
-  put_varint(out, g_w.written.load());
+  put_varint(out, g_dropped.load() + gpu_dropped());
+  put_varint(out, g_w.written.load() + gpu_written());
   end_chunk(out, type, at);
 }
 
@@ -361,6 +366,7 @@ void flush_once(bool final_pass) {
     encode_events(events, c->track, c->recs + c->flushed, n - c->flushed);
     c->flushed = n;
   }
+  encode_gpu(events);
   std::string& out = g_w.buf;
   out.clear();
   encode_names(out);  // after events were read: every name they use exists
@@ -410,6 +416,8 @@ void at_fork_parent() {
 // writer; Python's after-fork hook reopens a trace of the child's own.
 void at_fork_child() {
   sampler_after_fork_child();
+  reset_gpu_state(true);
+  cupti_after_fork_child();
   new (&g_mu) std::mutex();
   new (&g_names_mu) std::mutex();
   g_enabled.store(false);
@@ -458,6 +466,7 @@ std::string open_writer(const WriterOptions& opt) {
   g_w.path = opt.path;
   g_w.flush_ms = opt.flush_interval_ms > 0 ? opt.flush_interval_ms : 1000;
   reset_writer_state();
+  reset_gpu_state(false);
   reset_steps();
   {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -520,7 +529,8 @@ WriterStats writer_stats() {
     for (Chunk* c = g_free; c; c = c->next) ++free_n;
     in_use = g_chunks_total - free_n;
   }
-  return {g_w.written.load(), g_dropped.load(), g_w.bytes.load(), in_use, g_w.error};
+  return {g_w.written.load() + gpu_written(), g_dropped.load() + gpu_dropped(), g_w.bytes.load(), in_use,
+          g_w.error};
 }
 
 }  // namespace stepscope

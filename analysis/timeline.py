@@ -31,16 +31,18 @@ U32_MAX = 0xFFFFFFFF
 
 
 def _depths(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Nesting depth of each span on its thread. Spans come in start order per thread
-    (parents first); a span's depth is the number of earlier spans of its thread still
-    open when it starts."""
+    """Nesting depth of each span on its thread (threads as small integer codes). Spans come
+    in start order per thread (parents first); a span's depth is the number of earlier
+    spans of its thread still open when it starts."""
     depth = np.zeros(len(start), dtype=np.int64)
     if len(start) < 2:
         return depth
-    order = np.argsort(thread, kind="stable")
-    t = thread[order]
-    bounds = np.flatnonzero(np.diff(t)) + 1
-    for idx in np.split(order, bounds):
+    if thread.max() == thread.min():
+        groups = [np.arange(len(start))]
+    else:  # a stable radix sort on small codes keeps each thread's start order
+        order = np.argsort(thread.astype(np.uint16) if thread.max() < 65536 else thread, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(thread[order])) + 1)
+    for idx in groups:
         s, e = start[idx], np.maximum(end[idx], start[idx] + 1)
         if np.all(s[1:] >= e[:-1]):
             continue  # nothing nests: the common case for phase-only threads
@@ -79,8 +81,9 @@ class _Builder:
 
     def add(self, rows, start, end, name, cat, arg) -> None:
         if len(rows):
-            self.parts.append((np.asarray(rows, np.int64), np.asarray(start, np.int64), np.asarray(end, np.int64),
-                               np.asarray(name, np.int64), np.asarray(cat, np.int64), np.asarray(arg, np.int64)))
+            arg = np.clip(np.asarray(arg, np.int64), -2**31, 2**31 - 1)
+            self.parts.append((np.asarray(rows, np.int32), np.asarray(start, np.int64), np.asarray(end, np.int64),
+                               np.asarray(name, np.int32), np.asarray(cat, np.uint8), arg.astype(np.int32)))
 
 
 def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.DataFrame, kernels: pd.DataFrame,
@@ -91,14 +94,19 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
     tid = ev["tid"].to_numpy()[rows_ev].astype(np.int64)
     start = ev["start_ns"].to_numpy()[rows_ev] - base
     end = ev["end_ns"].to_numpy()[rows_ev] - base
-    thread_key = (pcode << 32) | (tid & U32_MAX)
-    depth = _depths(thread_key, start, end)
-    threads, thread_of = np.unique(thread_key, return_inverse=True)
-    max_depth = np.zeros(len(threads), dtype=np.int64)
-    np.maximum.at(max_depth, thread_of, depth)
-    first_start = np.full(len(threads), np.iinfo(np.int64).max)
-    np.minimum.at(first_start, thread_of, start)
+    names = ev["name"].cat.codes.to_numpy()[rows_ev]
+    cats = ev["category"].cat.codes.to_numpy()[rows_ev]
+    args = ev["arg"].to_numpy()[rows_ev]
+    thread_of, threads = pd.factorize((pcode << 32) | (tid & U32_MAX))
+    depth = _depths(thread_of, start, end)
+    max_depth = pd.Series(depth).groupby(thread_of).max().reindex(range(len(threads)), fill_value=0).to_numpy()
+    first_start = pd.Series(start).groupby(thread_of).min().reindex(range(len(threads)), fill_value=0).to_numpy()
     thread_row = np.zeros(len(threads), dtype=np.int64)  # row id of each thread's depth 0
+    if len(pcode) and np.any(pcode[1:] < pcode[:-1]):  # processes are contiguous in the events table
+        by_process = np.argsort(pcode, kind="stable")
+    else:
+        by_process = None
+    bounds = np.searchsorted(pcode if by_process is None else pcode[by_process], np.arange(len(ev["process"].cat.categories) + 1))
 
     process_names = list(ev["process"].cat.categories)
     info = {p["process"]: p for _, p in procs.iterrows()}
@@ -125,20 +133,28 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
             node = b.node("steps", "steps", pnode, 1, pnode)
             s = steps[mine]
             row = b.nodes[node]["rows"][0]
-            modes = s["mode"].astype(str).to_numpy()
+            modes = pd.Categorical(s["mode"].astype(str))
+            mode_ids = np.array([b.name(m) for m in modes.categories], dtype=np.int64)
             b.add(np.full(len(s), row), s["start_ns"].to_numpy() - base, s["end_ns"].to_numpy() - base,
-                  [b.name(m) for m in modes], np.full(len(s), step_cat), s["step"].to_numpy())
+                  mode_ids[modes.codes], np.full(len(s), step_cat), s["step"].to_numpy())
         pid = meta.get("pid")
         for i in sorted(in_process.get(process, []), key=lambda i: (int(threads[i] & U32_MAX) != pid, first_start[i])):
             tid_i = int(threads[i] & U32_MAX)
             label = f"main thread {tid_i}" if tid_i == pid else f"thread {tid_i}"
             node = b.node(label, "thread", pnode, int(max_depth[i]) + 1, pnode)
             thread_row[i] = b.nodes[node]["rows"][0]
+        if process in process_names:  # this process's spans, rows in order, each in start order
+            code = process_names.index(process)
+            sel = slice(bounds[code], bounds[code + 1])
+            sel = sel if by_process is None else by_process[sel]
+            rows = thread_row[thread_of[sel]] + depth[sel]
+            if np.any(rows[1:] < rows[:-1]):
+                sel = np.arange(len(pcode))[sel][np.argsort(rows, kind="stable")]
+                rows = thread_row[thread_of[sel]] + depth[sel]
+            b.add(rows, start[sel], end[sel], names[sel], cats[sel], args[sel])
         mine = kern_proc == process
         if mine.any():
             _gpu_tracks(b, kernels[mine], pnode, base, kernel_cat)
-    b.add(thread_row[thread_of] + depth, start, end, ev["name"].cat.codes.to_numpy()[rows_ev],
-          ev["category"].cat.codes.to_numpy()[rows_ev], ev["arg"].to_numpy()[rows_ev])
 
 
 def _gpu_tracks(b: _Builder, k: pd.DataFrame, pnode: int, base: int, kernel_cat: int) -> None:
@@ -159,7 +175,9 @@ def _gpu_tracks(b: _Builder, k: pd.DataFrame, pnode: int, base: int, kernel_cat:
             kinds = s["kind"].astype(str) if "kind" in cols else None
             cats = [b.cat(str(c)) for c in kinds] if kinds is not None else np.full(len(s), kernel_cat)
             corr = s["correlation"].fillna(0).to_numpy().astype(np.int64) if "correlation" in cols else 0 * start
-            b.add(b.nodes[node]["rows"][0] + depth, start, end, names, cats, corr)
+            by_row = np.argsort(depth, kind="stable")  # parts come in row order
+            b.add(b.nodes[node]["rows"][0] + depth[by_row], start[by_row], end[by_row], np.asarray(names)[by_row],
+                  np.asarray(cats)[by_row], np.asarray(corr)[by_row])
 
 
 def _merge(row, start, end, name, cat, arg, q, mixed):
@@ -207,14 +225,15 @@ def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
         row, start, end, name, cat, arg = (np.concatenate(c) for c in zip(*b.parts))
     else:
         row = start = end = name = cat = arg = np.zeros(0, dtype=np.int64)
-    order = np.argsort(row, kind="stable")  # rows in order, each already in start order
-    row, start, end, name, cat, arg = row[order], start[order], end[order], name[order], cat[order], arg[order]
+    if np.any(row[1:] < row[:-1]):  # parts come in row order; kept for safety
+        order = np.argsort(row, kind="stable")
+        row, start, end, name, cat, arg = row[order], start[order], end[order], name[order], cat[order], arg[order]
     end = np.maximum(end, start)
     spans = len(row)
     q = 0
     count = fill = None
     if spans > cap:
-        k_lo, k_hi = 0, 60  # q = 2**k ns
+        k_lo, k_hi = 4, 44  # q = 2**k ns: 16 ns to 5 hours
         while k_lo < k_hi:
             k = (k_lo + k_hi) // 2
             if _count_after_merge(row, start, end, 1 << k) <= cap:
@@ -231,7 +250,6 @@ def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
     dur = end - start
     over_gap, over_dur = gap >= U32_MAX, dur >= U32_MAX
     name_u16 = len(b.names) < 65536
-    arg = np.clip(arg, -2**31, 2**31 - 1)
     arrays = {"start": _b64(np.where(over_gap, U32_MAX, gap).astype("<u4")),
               "dur": _b64(np.where(over_dur, U32_MAX, dur).astype("<u4")),
               "name": _b64(name.astype("<u2" if name_u16 else "<u4")),
@@ -266,7 +284,7 @@ def _flows(b, row, start, name, cat, arg, count) -> list:
     launch = np.flatnonzero(~is_kernel & whole & (arg > 0) & np.isin(cat, launch_cats))
     if not len(kern) or not len(launch):
         return []
-    key = lambda i: (process_of_row[row[i]] << 32) | (arg[i] & U32_MAX)  # noqa: E731
+    key = lambda i: (process_of_row[row[i]] << 32) | (arg[i].astype(np.int64) & U32_MAX)  # noqa: E731
     by_key = dict(zip(key(launch).tolist(), launch.tolist()))
     return [[by_key[k], int(i)] for k, i in zip(key(kern).tolist(), kern) if k in by_key][:200_000]
 

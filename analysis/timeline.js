@@ -325,7 +325,7 @@
                   ["duration", fmt(end[i] - start[i])]];
     if (cat === "step") rows.push(["step", names[nameOf[i]] + " " + argOf[i]]);
     else { const s = stepOf(r, start[i]); if (s) rows.push(["step", s]); }
-    if (argOf[i] && cat !== "step") rows.push(["args", (cat === "kernel" ? "correlation " : "arg ") + argOf[i]]);
+    if (argOf[i] > 0 && cat !== "step") rows.push(["args", (cat === "kernel" ? "correlation " : "arg ") + argOf[i]]);
     if (merged) rows.push(["coverage", Math.round(100 * fillOf[i] / 255) + "% of the span busy; zoom data is capped, " +
                            "export the run to Perfetto for every event"]);
     const n = nodes[rowNode[r]];

@@ -31,14 +31,14 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.run import Run, export_parquet
 
 FORMATS = ("chrome", "perfetto", "parquet")
 # stepscope categories as PyTorch's profiler names them
 CPU_CATS = {"phase": "user_annotation", "annotation": "user_annotation", "op": "cpu_op",
-            "module": "python_function", "framework": "cpu_op", "gpu": "cuda_runtime"}
-GPU_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync",
-            "gpu_memcpy": "gpu_memcpy", "gpu_memset": "gpu_memset", "cuda_sync": "cuda_sync"}
+            "module": "python_function", "framework": "cpu_op"}
+GPU_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync"}
 
 
 def _default_path(run: Run, fmt: str) -> str:
@@ -89,20 +89,15 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
     pid, tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
     ts = (ev["start_ns"].to_numpy() - base) / 1e3
     dur = ev["duration_ns"].to_numpy() / 1e3
-    step, arg, value = ev["step"].to_numpy(), ev["arg"].to_numpy(), ev["value"].to_numpy()
+    step, value = ev["step"].to_numpy(), ev["value"].to_numpy()
     name_codes, name_cats = ev["name"].cat.codes.to_numpy(), ev["name"].cat.categories
-    launches = {}
     n = len(ev)
     for i in range(n):
         name = name_cats[name_codes[i]]
         cat = cats[i]
         if kinds[i] == 0:
-            args = {"step": int(step[i])}
-            if cat == "gpu" and arg[i] > 0:
-                args["correlation"] = int(arg[i])
-                launches[(int(pid[i]), int(arg[i]))] = (int(tid[i]), float(ts[i]))
             yield dumps({"ph": "X", "cat": CPU_CATS.get(cat, cat), "name": name, "pid": int(pid[i]),
-                         "tid": int(tid[i]), "ts": float(ts[i]), "dur": float(dur[i]), "args": args})
+                         "tid": int(tid[i]), "ts": float(ts[i]), "dur": float(dur[i]), "args": {"step": int(step[i])}})
         elif kinds[i] == 1:
             if cat == "step":
                 continue  # the ProfilerStep ranges show them
@@ -114,40 +109,33 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
                          "ts": float(ts[i]), "args": {"value": float(value[i]) if np.isfinite(value[i]) else 0.0}})
         if progress is not None and i % 200_000 == 0:
             progress(i, n)
-    yield from _gpu_events(run, processes, base, launches)
+    yield from _gpu_events(run, processes, base)
 
 
-def _gpu_events(run: Run, processes, base: int, launches: dict) -> Iterator[str]:
-    """Kernels and memory operations on (device, stream) tracks, with ac2g flows from their launches."""
-    k = run.kernels
-    if not len(k):
-        return
-    k = k[k["process"].isin(processes)]
-    cols = set(k.columns)
+def _gpu_events(run: Run, processes, base: int) -> Iterator[str]:
+    """CUDA calls on their host threads; kernels and memory operations on (device, stream)
+    tracks (pid the device, tid the stream, as PyTorch writes them); ac2g flows between them."""
+    ops, calls = device_operations(run), host_launches(run)
+    ops, calls = ops[ops["process"].isin(processes)], calls[calls["process"].isin(processes)]
     pids = dict(zip(run.processes["process"], run.processes["pid"]))
     dumps = json.dumps
-    named = set()
-    for r in k.itertuples(index=False):
-        row = r._asdict()
-        device = int(row.get("device", 0) or 0)
-        stream = int(row.get("stream", 0) or 0)
-        if (device, stream) not in named:
-            named.add((device, stream))
-            yield dumps({"ph": "M", "name": "process_name", "pid": device, "args": {"name": f"GPU {device}"}})
-            yield dumps({"ph": "M", "name": "thread_name", "pid": device, "tid": stream,
-                         "args": {"name": f"stream {stream}"}})
-        kind = str(row.get("kind", "kernel")) if "kind" in cols else "kernel"
-        corr = int(row["correlation"]) if "correlation" in cols and pd.notna(row["correlation"]) else 0
-        ts = (int(row["start_ns"]) - base) / 1e3
-        args = {"device": device, "stream": stream, "correlation": corr}
-        if "step" in cols and pd.notna(row["step"]):
-            args["step"] = int(row["step"])
-        yield dumps({"ph": "X", "cat": GPU_CATS.get(kind, "kernel"), "name": str(row["name"]), "pid": device,
-                     "tid": stream, "ts": ts, "dur": int(row["duration_ns"]) / 1e3, "args": args})
-        launch = launches.get((int(pids.get(row["process"], -1)), corr)) if corr else None
+    launch_at = {}
+    for c in calls.itertuples(index=False):
+        pid = int(pids.get(c.process, -1))
+        ts = (c.start_ns - base) / 1e3
+        launch_at[(c.process, int(c.correlation))] = (pid, int(c.thread), ts)
+        yield dumps({"ph": "X", "cat": "cuda_runtime", "name": c.name, "pid": pid, "tid": int(c.thread), "ts": ts,
+                     "dur": (c.end_ns - c.start_ns) / 1e3, "args": {"correlation": int(c.correlation)}})
+    for device in sorted(set(ops["device"].tolist())):
+        yield dumps({"ph": "M", "name": "process_name", "pid": int(device), "args": {"name": f"GPU {device}"}})
+    for op in ops.itertuples(index=False):
+        device, stream, corr = int(op.device), int(op.stream), int(op.correlation)
+        ts = (op.start_ns - base) / 1e3
+        yield dumps({"ph": "X", "cat": GPU_CATS[op.kind], "name": op.name, "pid": device, "tid": stream, "ts": ts,
+                     "dur": op.duration_ns / 1e3, "args": {"device": device, "stream": stream, "correlation": corr}})
+        launch = launch_at.get((op.process, corr)) if corr else None
         if launch is not None:
-            cpu_pid = int(pids[row["process"]])
-            yield dumps({"ph": "s", "id": corr, "pid": cpu_pid, "tid": launch[0], "ts": launch[1], "cat": "ac2g",
+            yield dumps({"ph": "s", "id": corr, "pid": launch[0], "tid": launch[1], "ts": launch[2], "cat": "ac2g",
                          "name": "ac2g"})
             yield dumps({"ph": "f", "id": corr, "pid": device, "tid": stream, "ts": ts, "cat": "ac2g",
                          "name": "ac2g", "bp": "e"})
@@ -181,8 +169,9 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
         return export_parquet(run, out)
     ev = run.events
     starts = [int(ev["start_ns"].min())] if len(ev) else []
-    if len(run.kernels):
-        starts.append(int(run.kernels["start_ns"].min()))
+    ops = device_operations(run)
+    if len(ops):
+        starts.append(int(ops["start_ns"].min()))
     base = min(starts) if starts else 0
     ranks = _rank_of(run.processes, ev)
     common = {"schemaVersion": 1, "deviceProperties": [], "displayTimeUnit": "ms", "baseTimeNanoseconds": base,

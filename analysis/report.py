@@ -1,10 +1,10 @@
 """``stepscope report``: one self-contained HTML file (plotly inlined, opens offline).
 
 Sections: verdict (findings with recommendations), job summary, step time,
-system, timeline, run metadata. Every user-supplied string (names, command
-line, messages) is escaped. The timeline here is a plotly chart of the steps
-and their phases per process (with a range slider to zoom); for event-level
-detail, `stepscope export --format perfetto` opens the whole run in Perfetto.
+system, GPU (only with GPU activity), timeline (a canvas viewer:
+timeline.py builds its data, timeline.js draws it), run metadata. Every
+user-supplied string (names, command line, messages) is escaped; plots are
+drawn when scrolled near, so a large report opens at once.
 """
 
 from __future__ import annotations
@@ -234,6 +234,72 @@ def _timeline(run: Run, cap: int) -> str:
             f"<script>{js}</script>")
 
 
+TOP_KERNELS = 15
+
+
+def _gpu_section(run: Run):
+    """SageMaker Profiler's dashboard: (summary table, figures), or None without GPU activity."""
+    import plotly.graph_objects as go
+
+    from stepscope.analysis.gpu_activity import busy_ns, device_operations
+
+    ops = device_operations(run)
+    kernels = ops[ops["kind"] == "kernel"]
+    if kernels.empty:
+        return None
+    ev = run.events
+    t0 = min(int(ev["start_ns"].min()) if len(ev) else ops["start_ns"].min(), int(ops["start_ns"].min()))
+    t1 = max(int(ev["end_ns"].max()) if len(ev) else ops["end_ns"].max(), int(ops["end_ns"].max()))
+    wall = max(t1 - t0, 1)
+    rows = []
+    for device, d in ops.groupby("device", sort=True):
+        k = d[d["kind"] == "kernel"]
+        busy = busy_ns(k["start_ns"].to_numpy(), k["end_ns"].to_numpy())
+        rows.append((f"GPU {device} active (kernels running)",
+                     f"{busy / 1e9:.3f} s of {wall / 1e9:.3f} s ({100 * busy / wall:.1f}%), {len(k):,} kernels"))
+    phases = run.phases
+    if len(phases):
+        cpu = busy_ns(phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy())
+        rows.append(("CPU active (inside a phase)", f"{cpu / 1e9:.3f} s ({100 * cpu / wall:.1f}%)"))
+    head = "<table>" + "".join(f"<tr><th>{_esc(a)}</th><td>{_esc(b)}</td></tr>" for a, b in rows) + "</table>"
+    figs = []
+    by_name = kernels.groupby("name").agg(time_ms=("duration_ns", lambda x: x.sum() / 1e6),
+                                          launches=("duration_ns", "size"))
+    for column, title, unit, fmt in (("time_ms", "Kernel time, top 15", "ms", ",.1f"),
+                                     ("launches", "Kernel launches, top 15", "launches", ",.0f")):
+        top = by_name.nlargest(TOP_KERNELS, column).iloc[::-1]
+        all_ = by_name[column].sum()
+        fig = go.Figure(go.Bar(x=top[column], y=[_esc(n if len(n) <= 60 else n[:57] + "...") for n in top.index],
+                               orientation="h", hovertext=[_esc(n) for n in top.index], marker_color="#4c78a8"))
+        fig.update_layout(title=f"{title} (all {len(by_name)} kernels: {all_:{fmt}} {unit})", xaxis_title=unit,
+                          height=220 + 22 * len(top), margin={"l": 320})
+        figs.append(fig)
+    if "precision" in run.kernels.columns:
+        prec = run.kernels.groupby(run.kernels["precision"].astype(str))["duration_ns"].sum() / 1e6
+        fig = go.Figure(go.Pie(labels=list(prec.index), values=prec.to_numpy(), hole=0.4))
+        fig.update_layout(title="Kernel precision (share of kernel time)")
+        figs.append(fig)
+    activity = ops.groupby("kind")["duration_ns"].sum() / 1e6
+    labels = {"kernel": "kernels", "memcpy": "memcpy", "memset": "memset", "sync": "sync"}
+    fig = go.Figure(go.Pie(labels=[labels.get(k, k) for k in activity.index], values=activity.to_numpy(), hole=0.4))
+    fig.update_layout(title="GPU activity (share of time: kernels / memcpy / memset / sync)")
+    figs.append(fig)
+    mem = ops[ops["kind"].isin(["memcpy", "memset"])]
+    if len(mem):
+        m = mem.groupby("name")["duration_ns"].agg(["sum", "size"])
+        fig = go.Figure(go.Bar(x=list(m.index), y=m["sum"] / 1e6, text=[f"{n:,} ops" for n in m["size"]]))
+        fig.update_layout(title="Memory operations (time by kind)", yaxis_title="ms")
+        figs.append(fig)
+    util = run.system[run.system["metric"] == "gpu_util"] if len(run.system) else run.system
+    if len(util):
+        fig = go.Figure()
+        for (node, device), d in util.groupby(["node", "device"]):
+            fig.add_trace(go.Scattergl(x=d["timestamp"], y=d["value"], mode="lines", name=f"{node} {device}"))
+        fig.update_layout(title="GPU utilization over time", yaxis_title="%", yaxis_range=[0, 100])
+        figs.append(fig)
+    return head, figs
+
+
 def _metadata(run: Run, summary: dict) -> str:
     info = dict(run.info)
     rows = [("run", run.name), ("path", run.path), ("command", " ".join(map(str, info.get("command", [])))),
@@ -265,10 +331,13 @@ def render(run: Run, params: Optional[dict] = None, timeline_cap: int = DETAIL_C
 
     summary = summarize(run, params)
     sections = [("verdict", "Verdict", _verdict(summary)), ("summary", "Job summary", _job_summary(run, summary))]
-    figure_sections = [("steps", "Step time", _step_figures(run)), ("system", "System", _system_figures(run))]
-    for key, title, figs in figure_sections:
-        parts = [_figure_html(fig, f"{key}-plot{i}") for i, fig in enumerate(figs)]
-        sections.append((key, title, "\n".join(parts) or "<p class='muted'>No data.</p>"))
+    figure_sections = [("steps", "Step time", "", _step_figures(run)), ("system", "System", "", _system_figures(run))]
+    gpu = _gpu_section(run)
+    if gpu is not None:  # only where the run has GPU activity
+        figure_sections.append(("gpu", "GPU", *gpu))
+    for key, title, head, figs in figure_sections:
+        parts = [head] + [_figure_html(fig, f"{key}-plot{i}") for i, fig in enumerate(figs)]
+        sections.append((key, title, "\n".join(p for p in parts if p) or "<p class='muted'>No data.</p>"))
     sections.append(("timeline", "Timeline", _timeline(run, timeline_cap)))
     sections.append(("metadata", "Run metadata", _metadata(run, summary)))
     nav = " ".join(f'<a href="#{k}">{_esc(t)}</a>' for k, t, _ in sections)

@@ -36,6 +36,7 @@
     }
   }
   const names = M.names, cats = M.cats;
+  const GPU_CATS = new Set(["kernel", "memcpy", "memset", "sync", "cuda_runtime"]);
 
   // --- tree of tracks -------------------------------------------------------------------
   const nodes = M.nodes.map((n, i) => Object.assign({id: i, children: [], collapsed: false}, n));
@@ -325,7 +326,7 @@
                   ["duration", fmt(end[i] - start[i])]];
     if (cat === "step") rows.push(["step", names[nameOf[i]] + " " + argOf[i]]);
     else { const s = stepOf(r, start[i]); if (s) rows.push(["step", s]); }
-    if (argOf[i] > 0 && cat !== "step") rows.push(["args", (cat === "kernel" ? "correlation " : "arg ") + argOf[i]]);
+    if (argOf[i] > 0 && cat !== "step") rows.push(["args", (GPU_CATS.has(cat) ? "correlation " : "arg ") + argOf[i]]);
     if (merged) rows.push(["coverage", Math.round(100 * fillOf[i] / 255) + "% of the span busy; zoom data is capped, " +
                            "export the run to Perfetto for every event"]);
     const n = nodes[rowNode[r]];

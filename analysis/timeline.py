@@ -87,7 +87,7 @@ class _Builder:
 
 
 def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.DataFrame, kernels: pd.DataFrame,
-                base: int) -> None:
+                launches: pd.DataFrame, base: int) -> None:
     spans = (ev["kind"].cat.codes.to_numpy() == 0)
     rows_ev = np.flatnonzero(spans)
     pcode = ev["process"].cat.codes.to_numpy()[rows_ev].astype(np.int64)
@@ -115,10 +115,11 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
         in_process[process_names[key >> 32]].append(i)
     step_proc = steps["process"].astype(str).to_numpy() if len(steps) else np.array([], dtype=object)
     kern_proc = kernels["process"].astype(str).to_numpy() if len(kernels) else np.array([], dtype=object)
+    launch_proc = launches["process"].to_numpy() if len(launches) else np.array([], dtype=object)
     hosts: dict = {}
-    order = sorted(set(process_names) | set(step_proc) | set(kern_proc),
+    order = sorted(set(process_names) | set(step_proc) | set(kern_proc) | set(launch_proc),
                    key=lambda p: (str(info.get(p, {}).get("host", "")), p))
-    step_cat, kernel_cat = b.cat("step"), b.cat("kernel")
+    step_cat = b.cat("step")
     for process in order:
         meta = info.get(process, {})
         host = str(meta.get("host", "") or "host")
@@ -152,32 +153,42 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
                 sel = np.arange(len(pcode))[sel][np.argsort(rows, kind="stable")]
                 rows = thread_row[thread_of[sel]] + depth[sel]
             b.add(rows, start[sel], end[sel], names[sel], cats[sel], args[sel])
+        mine = launch_proc == process
+        if mine.any():
+            _launch_tracks(b, launches[mine], pnode, base)
         mine = kern_proc == process
         if mine.any():
-            _gpu_tracks(b, kernels[mine], pnode, base, kernel_cat)
+            _gpu_tracks(b, kernels[mine], pnode, base)
 
 
-def _gpu_tracks(b: _Builder, k: pd.DataFrame, pnode: int, base: int, kernel_cat: int) -> None:
-    """Per device a node, per stream a track; kernels nested by depth (they rarely overlap)."""
-    cols = set(k.columns)
-    device = k["device"].to_numpy() if "device" in cols else np.zeros(len(k), dtype=np.int64)
-    stream = k["stream"].to_numpy() if "stream" in cols else np.zeros(len(k), dtype=np.int64)
-    for dev in sorted(set(device.tolist()), key=str):
+def _nested_track(b: _Builder, label: str, kind: str, parent: int, process: int, frame: pd.DataFrame, base: int,
+                  names, cats, args) -> None:
+    """A track of spans (frame in start order), rows by nesting depth."""
+    start = frame["start_ns"].to_numpy().astype(np.int64) - base
+    end = frame["end_ns"].to_numpy().astype(np.int64) - base
+    depth = _depths(np.zeros(len(frame), dtype=np.int64), start, end)
+    node = b.node(label, kind, parent, int(depth.max()) + 1 if len(depth) else 1, process)
+    by_row = np.argsort(depth, kind="stable")  # parts come in row order
+    b.add(b.nodes[node]["rows"][0] + depth[by_row], start[by_row], end[by_row], np.asarray(names)[by_row],
+          np.asarray(cats)[by_row], np.asarray(args)[by_row])
+
+
+def _launch_tracks(b: _Builder, calls: pd.DataFrame, pnode: int, base: int) -> None:
+    """CUDA runtime/driver calls, a track per host thread; their argument is the correlation id."""
+    cat = b.cat("cuda_runtime")
+    for thread, t in calls.groupby("thread", sort=True):
+        _nested_track(b, f"CUDA API, thread {thread}", "thread", pnode, pnode, t, base,
+                      [b.name(n) for n in t["name"]], np.full(len(t), cat), t["correlation"].to_numpy())
+
+
+def _gpu_tracks(b: _Builder, ops: pd.DataFrame, pnode: int, base: int) -> None:
+    """Per device a node, per stream a track of its kernels, copies, memsets and syncs."""
+    for dev, on_dev in ops.groupby("device", sort=True):
         gnode = b.node(f"GPU {dev}", "gpu", pnode, 0, pnode)
-        on_dev = device == dev
-        for st in sorted(set(stream[on_dev].tolist()), key=str):
-            sel = np.flatnonzero(on_dev & (stream == st))
-            s = k.iloc[sel].sort_values("start_ns", kind="stable")
-            start, end = s["start_ns"].to_numpy().astype(np.int64) - base, s["end_ns"].to_numpy().astype(np.int64) - base
-            depth = _depths(np.zeros(len(s), dtype=np.int64), start, end)
-            node = b.node(f"stream {st}", "stream", gnode, int(depth.max()) + 1 if len(depth) else 1, pnode)
-            names = [b.name(str(n)) for n in s["name"].astype(str)]
-            kinds = s["kind"].astype(str) if "kind" in cols else None
-            cats = [b.cat(str(c)) for c in kinds] if kinds is not None else np.full(len(s), kernel_cat)
-            corr = s["correlation"].fillna(0).to_numpy().astype(np.int64) if "correlation" in cols else 0 * start
-            by_row = np.argsort(depth, kind="stable")  # parts come in row order
-            b.add(b.nodes[node]["rows"][0] + depth[by_row], start[by_row], end[by_row], np.asarray(names)[by_row],
-                  np.asarray(cats)[by_row], np.asarray(corr)[by_row])
+        for stream, t in on_dev.groupby("stream", sort=True):
+            label = "context (all streams)" if stream < 0 else f"stream {stream}"
+            _nested_track(b, label, "stream", gnode, pnode, t, base, [b.name(n) for n in t["name"]],
+                          [b.cat(k) for k in t["kind"]], t["correlation"].to_numpy())
 
 
 def _merge(row, start, end, name, cat, arg, q, mixed):
@@ -210,7 +221,10 @@ def _b64(a: np.ndarray) -> str:
 
 def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
     """The payload the page's viewer reads (see the module docstring), or None for an empty run."""
-    ev, steps, kernels = run.events, run.steps, run.kernels
+    from stepscope.analysis.gpu_activity import device_operations, host_launches
+
+    ev, steps = run.events, run.steps
+    kernels, launches = device_operations(run), host_launches(run)
     if not len(ev) and not len(steps):
         return None
     starts = [int(ev["start_ns"].min())] if len(ev) else []
@@ -220,7 +234,7 @@ def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
         starts.append(int(kernels["start_ns"].min()))
     base = min(starts)
     b = _Builder([str(n) for n in ev["name"].cat.categories], [str(c) for c in ev["category"].cat.categories])
-    _cpu_tracks(b, ev, run.processes, steps, kernels, base)
+    _cpu_tracks(b, ev, run.processes, steps, kernels, launches, base)
     if b.parts:
         row, start, end, name, cat, arg = (np.concatenate(c) for c in zip(*b.parts))
     else:
@@ -268,8 +282,8 @@ def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
 
 
 def _flows(b, row, start, name, cat, arg, count) -> list:
-    """[launch item, kernel item] pairs: a CPU span whose argument is a kernel's correlation
-    id (the GPU integration records launches that way), both kept whole in the page."""
+    """[launch item, device item] pairs: a CUDA call and the GPU operation of the same
+    correlation id in one process, both kept whole in the page."""
     kernel_rows = {r for n in b.nodes if n["kind"] == "stream" for r in n["rows"]}
     if not kernel_rows:
         return []
@@ -280,7 +294,7 @@ def _flows(b, row, start, name, cat, arg, count) -> list:
     whole = count == 1 if count is not None else np.ones(len(row), dtype=bool)
     is_kernel = np.isin(row, list(kernel_rows))
     kern = np.flatnonzero(is_kernel & whole & (arg > 0))
-    launch_cats = [i for i, c in enumerate(b.cats) if c in ("gpu", "cuda_runtime")]
+    launch_cats = [i for i, c in enumerate(b.cats) if c == "cuda_runtime"]
     launch = np.flatnonzero(~is_kernel & whole & (arg > 0) & np.isin(cat, launch_cats))
     if not len(kern) or not len(launch):
         return []

@@ -209,3 +209,79 @@ def test_large_run_opens_and_zooms_quickly(browser, tmp_path):
     assert p.js("window.stepscopeTimeline.zoomToStep(100000)")
     assert _ink(p.page.locator("#tl-canvas").screenshot()) > 0.1
     assert p.errors == [] and p.dialogs == []
+
+
+def _with_gpu_tables(run):
+    """GPU tables in the layout of the GPU integration's (docs/format.md), laid over the
+    run's own Forward phases: this machine has no GPU. Each Forward launches one kernel."""
+    import numpy as np
+    import pandas as pd
+
+    fwd = run.phases[run.phases["name"] == "Forward"].reset_index(drop=True)
+    n = len(fwd)
+    proc = fwd["process"].astype(str).to_numpy()
+    corr = np.arange(1, n + 1)
+    launch = fwd["start_ns"].to_numpy() + 10_000
+    start = launch + 30_000
+    names = np.where(corr % 3 == 0, "ampere_bf16_gemm", XSS + "kernel")
+    run._tables["kernels"] = pd.DataFrame({
+        "process": proc, "rank": 0, "device": 0, "stream": 7, "name": names, "start_ns": start,
+        "end_ns": start + 200_000, "duration_ns": 200_000, "correlation": corr, "step": fwd["step"].to_numpy(),
+        "precision": np.where(corr % 3 == 0, "BF16", "FP32")})
+    run.memcpy = pd.DataFrame({"process": proc, "device": 0, "stream": 7, "kind": "HtoD", "bytes": 4096,
+                               "start_ns": start - 20_000, "end_ns": start - 5_000, "correlation": corr + 10_000})
+    run.memset = pd.DataFrame({"process": proc[:3], "device": 0, "stream": 7, "start_ns": start[:3] + 250_000,
+                               "end_ns": start[:3] + 260_000, "correlation": 0})
+    run.sync = pd.DataFrame({"process": proc[:3], "device": 0, "stream": -1, "kind": "stream_synchronize",
+                             "start_ns": start[:3] + 200_000, "end_ns": start[:3] + 300_000, "correlation": 0})
+    run.cuda_api = pd.DataFrame({"process": np.concatenate([proc, proc]), "thread": 0,
+                                 "name": ["cudaLaunchKernel"] * n + ["cudaMemcpyAsync"] * n,
+                                 "start_ns": np.concatenate([launch, launch - 40_000]),
+                                 "end_ns": np.concatenate([launch + 5_000, launch - 35_000]),
+                                 "correlation": np.concatenate([corr, corr + 10_000])})
+    return run
+
+
+def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, small_report, tmp_path):
+    import json
+
+    from stepscope.analysis.export import export
+    from stepscope.analysis.report import write_report
+
+    path, _ = small_report
+    run = _with_gpu_tables(stepscope.load(os.path.dirname(path) + "/runs/small", quiet=True))
+    n = len(run.kernels)
+    out = write_report(run, str(tmp_path / "gpu.html"))
+    p = Page(browser, out)
+    page = p.page
+    gpu = page.locator("#gpu")
+    assert gpu.count() == 1 and "GPU 0 active" in gpu.inner_text() and f"{n:,} kernels" in gpu.inner_text()
+    order = p.js("[...document.querySelectorAll('section')].map(s => s.id)")
+    assert order == ["verdict", "summary", "steps", "system", "gpu", "timeline", "metadata"]
+    page.evaluate("window.stepscopeDrawPlots()")
+    page.wait_for_function("document.querySelectorAll('#gpu div.plot .main-svg').length >= 5")
+    assert _ink(gpu.screenshot()) > 0.02
+    meta = p.js("JSON.parse(document.getElementById('tl-data').textContent).meta")
+    labels = [n["label"] for n in meta["nodes"]]
+    assert {"GPU 0", "stream 7", "context (all streams)", "CUDA API, thread 0"} <= set(labels)
+    assert len(meta["flows"]) == 2 * n  # launch -> kernel and copy call -> memcpy
+    assert p.js("window.stepscopeTimeline.zoomToStep(4)")
+    i = p.js(f"window.stepscopeTimeline.findItem({XSS + 'kernel'!r})")
+    x, y = p.js(f"window.stepscopeTimeline.pointOf({i})")
+    page.locator("#tl-canvas").click(position={"x": x, "y": y})
+    text = page.locator("#tl-details").inner_text()
+    assert XSS + "kernel" in text and "kernel" in text and "correlation" in text and "stream 7" in text, text
+    assert p.js("document.querySelectorAll('img').length") == 0
+    assert p.errors == [] and p.dialogs == []
+    # the Chrome export: PyTorch's GPU categories, flows from each launch to its kernel
+    folder = export(run, "chrome", str(tmp_path / "chrome"))
+    events = json.load(open(os.path.join(folder, "rank0.pt.trace.json")))["traceEvents"]
+    cats = {}
+    for e in events:
+        cats[e.get("cat")] = cats.get(e.get("cat"), 0) + 1
+    assert cats["kernel"] == n and cats["gpu_memcpy"] == n and cats["gpu_memset"] == 3 and cats["cuda_sync"] == 3
+    assert cats["cuda_runtime"] == 2 * n and cats["ac2g"] == 2 * 2 * n
+    kernel = next(e for e in events if e.get("cat") == "kernel")
+    start = next(e for e in events if e["ph"] == "s" and e["id"] == kernel["args"]["correlation"])
+    finish = next(e for e in events if e["ph"] == "f" and e["id"] == kernel["args"]["correlation"])
+    assert (finish["pid"], finish["tid"], finish["ts"]) == (0, 7, kernel["ts"]) and start["ts"] < kernel["ts"]

@@ -277,7 +277,8 @@
   window.addEventListener("keydown", e => {
     const f = KEYS[e.key.toLowerCase()];
     if (!f || e.ctrlKey || e.metaKey || e.altKey) return;
-    if (document.activeElement !== canvas && !hover) return;
+    const typing = document.activeElement && /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement.tagName);
+    if (typing || (document.activeElement !== canvas && !hover)) return;
     e.preventDefault(); f(); redraw();
   });
   scroller.addEventListener("scroll", redraw);

@@ -38,16 +38,17 @@ def _depths(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     if len(start) < 2:
         return depth
     if thread.max() == thread.min():
-        groups = [np.arange(len(start))]
+        groups = [slice(None)]  # one thread: views, no copies
     else:  # a stable radix sort on small codes keeps each thread's start order
         order = np.argsort(thread.astype(np.uint16) if thread.max() < 65536 else thread, kind="stable")
         groups = np.split(order, np.flatnonzero(np.diff(thread[order])) + 1)
     for idx in groups:
-        s, e = start[idx], np.maximum(end[idx], start[idx] + 1)
-        if np.all(s[1:] >= e[:-1]):
+        s, e = start[idx], end[idx]
+        if not np.any(s[1:] < e[:-1]):
             continue  # nothing nests: the common case for phase-only threads
+        e = np.maximum(e, s + 1)
         closed = np.searchsorted(np.sort(e), s, side="right")
-        depth[idx] = np.maximum(np.arange(len(idx)) - closed, 0)
+        depth[idx] = np.maximum(np.arange(len(s)) - closed, 0)
     return depth
 
 
@@ -113,9 +114,10 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
     in_process = {name: [] for name in process_names}
     for i, key in enumerate(threads):
         in_process[process_names[key >> 32]].append(i)
-    step_proc = steps["process"].astype(str).to_numpy() if len(steps) else np.array([], dtype=object)
-    kern_proc = kernels["process"].astype(str).to_numpy() if len(kernels) else np.array([], dtype=object)
-    launch_proc = launches["process"].to_numpy() if len(launches) else np.array([], dtype=object)
+    def per_process(frame):
+        return {str(k): g for k, g in frame.groupby("process", observed=True, sort=False)} if len(frame) else {}
+
+    step_proc, kern_proc, launch_proc = per_process(steps), per_process(kernels), per_process(launches)
     hosts: dict = {}
     order = sorted(set(process_names) | set(step_proc) | set(kern_proc) | set(launch_proc),
                    key=lambda p: (str(info.get(p, {}).get("host", "")), p))
@@ -129,15 +131,14 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
         label = process if rank is None or rank != rank else f"{process} (rank {int(rank)})"
         pnode = b.node(label, "process", hosts[host])
         b.nodes[pnode]["process"] = pnode
-        mine = step_proc == process
-        if mine.any():
+        if process in step_proc:
             node = b.node("steps", "steps", pnode, 1, pnode)
-            s = steps[mine]
+            s = step_proc[process]
             row = b.nodes[node]["rows"][0]
-            modes = pd.Categorical(s["mode"].astype(str))
-            mode_ids = np.array([b.name(m) for m in modes.categories], dtype=np.int64)
+            modes = s["mode"] if isinstance(s["mode"].dtype, pd.CategoricalDtype) else s["mode"].astype("category")
+            mode_ids = np.array([b.name(str(m)) for m in modes.cat.categories], dtype=np.int64)
             b.add(np.full(len(s), row), s["start_ns"].to_numpy() - base, s["end_ns"].to_numpy() - base,
-                  mode_ids[modes.codes], np.full(len(s), step_cat), s["step"].to_numpy())
+                  mode_ids[modes.cat.codes.to_numpy()], np.full(len(s), step_cat), s["step"].to_numpy())
         pid = meta.get("pid")
         for i in sorted(in_process.get(process, []), key=lambda i: (int(threads[i] & U32_MAX) != pid, first_start[i])):
             tid_i = int(threads[i] & U32_MAX)
@@ -153,12 +154,10 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
                 sel = np.arange(len(pcode))[sel][np.argsort(rows, kind="stable")]
                 rows = thread_row[thread_of[sel]] + depth[sel]
             b.add(rows, start[sel], end[sel], names[sel], cats[sel], args[sel])
-        mine = launch_proc == process
-        if mine.any():
-            _launch_tracks(b, launches[mine], pnode, base)
-        mine = kern_proc == process
-        if mine.any():
-            _gpu_tracks(b, kernels[mine], pnode, base)
+        if process in launch_proc:
+            _launch_tracks(b, launch_proc[process], pnode, base)
+        if process in kern_proc:
+            _gpu_tracks(b, kern_proc[process], pnode, base)
 
 
 def _nested_track(b: _Builder, label: str, kind: str, parent: int, process: int, frame: pd.DataFrame, base: int,

@@ -9,6 +9,7 @@ tests/setup_browser.sh installs chromium (tox runs it first). Where it cannot
 be had the tests skip, unless CI=true or STEPSCOPE_REQUIRE_BROWSER=1, where they fail.
 """
 
+import importlib.util
 import io
 import os
 import subprocess
@@ -26,9 +27,7 @@ SECTIONS = ("verdict", "summary", "steps", "system", "timeline", "metadata")
 
 
 def _unavailable():
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("playwright") is None:
         return "playwright is not installed (pip install playwright)"
     if not os.access(CHROMIUM, os.X_OK):
         return f"{CHROMIUM} is missing (tests/setup_browser.sh installs Debian's chromium)"

@@ -1,12 +1,22 @@
-"""``stepscope export``: a run as a Chrome/Perfetto trace or as Parquet tables.
+"""``stepscope export``: a run as Chrome/Perfetto traces or as Parquet tables.
 
-* ``chrome``: the Trace Event JSON format that chrome://tracing, Perfetto
-  (ui.perfetto.dev opens it directly) and HTA read. Spans become complete
-  events (``ph: X``), instants ``i``, counters ``C``; steps get a track of
-  their own per process (``steps``), so "what ran in step 12" is one click.
-  Times are microseconds since the run's first event.
-* ``perfetto``: the same trace, gzip-compressed (Perfetto loads ``.json.gz``);
-  smaller for large runs.
+* ``chrome``: Trace Event JSON in the layout PyTorch's profiler writes, one
+  file per rank (``<out>/rank<N>.pt.trace.json``; processes without a rank,
+  such as a single script, are rank 0; DataLoader workers go with the rank
+  that started them), so chrome://tracing, Perfetto and Holistic Trace
+  Analysis read it as they read PyTorch's: ``distributedInfo`` with the rank
+  on a line of its own near the top (HTA finds it there), train steps as
+  ``ProfilerStep#N`` ranges (``user_annotation``) with their phase
+  breakdown, ``cat`` values ``user_annotation`` (phases, annotations),
+  ``cpu_op`` (ops), ``python_function`` (modules), ``cuda_runtime`` (launches),
+  and per GPU kernel ``kernel`` / ``gpu_memcpy`` / ``gpu_memset`` /
+  ``cuda_sync`` (pid the device, tid the stream) with ``ac2g`` flow events
+  from each launch to its kernel. Times are microseconds after
+  ``baseTimeNanoseconds`` (the run's first event, epoch ns), the same in
+  every rank's file.
+* ``perfetto``: every rank in one gzip-compressed file of the same events
+  (ui.perfetto.dev opens ``.json.gz`` directly). Perfetto's own protobuf
+  format is not written yet.
 * ``parquet``: every table (events, steps, phases, system, kernels) as a
   Parquet file, for DuckDB, pandas, Spark and Trino.
 """
@@ -16,41 +26,65 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
+import pandas as pd
 
+from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.run import Run, export_parquet
 
 FORMATS = ("chrome", "perfetto", "parquet")
-STEPS_TID = 0  # the steps track of each process
+# stepscope categories as PyTorch's profiler names them
+CPU_CATS = {"phase": "user_annotation", "annotation": "user_annotation", "op": "cpu_op",
+            "module": "python_function", "framework": "cpu_op"}
+GPU_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync"}
 
 
 def _default_path(run: Run, fmt: str) -> str:
-    return os.path.join(run.path, {"chrome": "trace.json", "perfetto": "trace.json.gz",
-                                   "parquet": "parquet"}[fmt])
+    return os.path.join(run.path, {"chrome": "chrome", "perfetto": "trace.json.gz", "parquet": "parquet"}[fmt])
 
 
-def _chrome_events(run: Run, progress: Optional[Callable[[int, int], None]] = None):
-    """Yields JSON strings, one trace event each."""
-    ev = run.events
-    base = int(ev["start_ns"].min()) if len(ev) else 0
+def _rank_of(procs: pd.DataFrame, ev: pd.DataFrame) -> dict:
+    """process -> rank; helpers (workers) take their parent's, processes without one are 0."""
+    ranks = {}
+    for _, p in procs.iterrows():
+        r = p["rank"]
+        ranks[p["process"]] = int(r) if r is not None and r == r else None
+    if len(ev):  # the events table carries a worker's parent rank
+        first = ev.groupby("process", observed=True)["rank"].first()
+        for process, r in first.items():
+            if ranks.get(process) is None and not pd.isna(r):
+                ranks[process] = int(r)
+    return {p: (0 if r is None else r) for p, r in ranks.items()}
+
+
+def _phases_ms(s) -> dict:
+    return {f"{k}_ms": getattr(s, k) / 1e6 for k in ("GetNext", "Forward", "Loss", "Backward", "Optimizer", "Other")}
+
+
+def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
+    """JSON strings, one trace event each, for the given processes."""
     dumps = json.dumps
     procs = run.processes
-    pid_of = dict(zip(procs["process"], procs["pid"]))
+    procs = procs[procs["process"].isin(processes)]
+    ev = run.events
+    ev = ev[ev["process"].isin(processes)] if len(ev) else ev
+    step_tid = {}
+    marks = ev[(ev["category"] == "step") & (ev["kind"] == "instant")] if len(ev) else ev
+    for process, m in marks.groupby("process", observed=True):
+        step_tid[process] = int(m["tid"].iloc[0])
     for _, p in procs.iterrows():
-        label = p["process"] if p["rank"] is None or p["rank"] != p["rank"] else f"{p['process']} (rank {int(p['rank'])})"
+        rank = p["rank"]
+        label = p["process"] if rank is None or rank != rank else f"{p['process']} (rank {int(rank)})"
         yield dumps({"ph": "M", "name": "process_name", "pid": int(p["pid"]), "args": {"name": label}})
-        yield dumps({"ph": "M", "name": "thread_name", "pid": int(p["pid"]), "tid": STEPS_TID,
-                     "args": {"name": "steps"}})
-    for s in run.steps.itertuples():
-        yield dumps({"ph": "X", "cat": "step", "name": f"{s.mode} step {s.step}", "pid": int(pid_of.get(s.process, s.pid)),
-                     "tid": STEPS_TID, "ts": (s.start_ns - base) / 1e3, "dur": s.duration_ns / 1e3,
-                     "args": {"GetNext_ms": s.GetNext / 1e6, "Forward_ms": s.Forward / 1e6, "Loss_ms": s.Loss / 1e6,
-                              "Backward_ms": s.Backward / 1e6, "Optimizer_ms": s.Optimizer / 1e6,
-                              "Other_ms": s.Other / 1e6}})
+    steps = run.steps
+    for s in steps[steps["process"].isin(processes)].itertuples():
+        name = f"ProfilerStep#{s.step}" if s.mode == "train" else f"{s.mode}Step#{s.step}"
+        yield dumps({"ph": "X", "cat": "user_annotation", "name": name, "pid": int(s.pid),
+                     "tid": step_tid.get(s.process, int(s.pid)), "ts": (s.start_ns - base) / 1e3,
+                     "dur": s.duration_ns / 1e3, "args": {"step": int(s.step), "mode": str(s.mode), **_phases_ms(s)}})
     kinds = ev["kind"].cat.codes.to_numpy()  # 0 span, 1 instant, 2 counter
-    names = ev["name"].astype(str).to_numpy() if len(ev) < 5_000_000 else None
     cats = ev["category"].astype(str).to_numpy()
     pid, tid = ev["pid"].to_numpy(), ev["tid"].to_numpy()
     ts = (ev["start_ns"].to_numpy() - base) / 1e3
@@ -59,43 +93,98 @@ def _chrome_events(run: Run, progress: Optional[Callable[[int, int], None]] = No
     name_codes, name_cats = ev["name"].cat.codes.to_numpy(), ev["name"].cat.categories
     n = len(ev)
     for i in range(n):
-        name = names[i] if names is not None else name_cats[name_codes[i]]
+        name = name_cats[name_codes[i]]
+        cat = cats[i]
         if kinds[i] == 0:
-            yield dumps({"ph": "X", "cat": cats[i], "name": name, "pid": int(pid[i]), "tid": int(tid[i]),
-                         "ts": float(ts[i]), "dur": float(dur[i]), "args": {"step": int(step[i])}})
+            yield dumps({"ph": "X", "cat": CPU_CATS.get(cat, cat), "name": name, "pid": int(pid[i]),
+                         "tid": int(tid[i]), "ts": float(ts[i]), "dur": float(dur[i]), "args": {"step": int(step[i])}})
         elif kinds[i] == 1:
-            if cats[i] == "step":
-                continue  # the steps track shows them
-            yield dumps({"ph": "i", "s": "t", "cat": cats[i], "name": name, "pid": int(pid[i]), "tid": int(tid[i]),
+            if cat == "step":
+                continue  # the ProfilerStep ranges show them
+            yield dumps({"ph": "i", "s": "t", "cat": cat, "name": name, "pid": int(pid[i]), "tid": int(tid[i]),
                          "ts": float(ts[i])})
         else:
             metric, _, device = name.partition("|")
-            label = f"{metric} {device}".strip()
-            yield dumps({"ph": "C", "cat": cats[i], "name": label, "pid": int(pid[i]), "ts": float(ts[i]),
-                         "args": {"value": float(value[i]) if np.isfinite(value[i]) else 0.0}})
+            yield dumps({"ph": "C", "cat": cat, "name": f"{metric} {device}".strip(), "pid": int(pid[i]),
+                         "ts": float(ts[i]), "args": {"value": float(value[i]) if np.isfinite(value[i]) else 0.0}})
         if progress is not None and i % 200_000 == 0:
             progress(i, n)
+    yield from _gpu_events(run, processes, base)
 
 
-def export(run: Run, fmt: str, out: Optional[str] = None, progress=None) -> str:
-    """Writes the run in `fmt`; returns the path written."""
-    if fmt not in FORMATS:
-        raise ValueError(f"format {fmt!r} is not valid; allowed: {', '.join(FORMATS)}")
-    out = out or _default_path(run, fmt)
-    if fmt == "parquet":
-        return export_parquet(run, out)
-    opener = gzip.open if fmt == "perfetto" else open
-    tmp = f"{out}.tmp{os.getpid()}"
+def _gpu_events(run: Run, processes, base: int) -> Iterator[str]:
+    """CUDA calls on their host threads; kernels and memory operations on (device, stream)
+    tracks (pid the device, tid the stream, as PyTorch writes them); ac2g flows between them."""
+    ops, calls = device_operations(run), host_launches(run)
+    ops, calls = ops[ops["process"].isin(processes)], calls[calls["process"].isin(processes)]
+    pids = dict(zip(run.processes["process"], run.processes["pid"]))
+    dumps = json.dumps
+    launch_at = {}
+    for c in calls.itertuples(index=False):
+        pid = int(pids.get(c.process, -1))
+        ts = (c.start_ns - base) / 1e3
+        launch_at[(c.process, int(c.correlation))] = (pid, int(c.thread), ts)
+        yield dumps({"ph": "X", "cat": "cuda_runtime", "name": c.name, "pid": pid, "tid": int(c.thread), "ts": ts,
+                     "dur": (c.end_ns - c.start_ns) / 1e3, "args": {"correlation": int(c.correlation)}})
+    for device in sorted(set(ops["device"].tolist())):
+        yield dumps({"ph": "M", "name": "process_name", "pid": int(device), "args": {"name": f"GPU {device}"}})
+    for op in ops.itertuples(index=False):
+        device, stream, corr = int(op.device), int(op.stream), int(op.correlation)
+        ts = (op.start_ns - base) / 1e3
+        yield dumps({"ph": "X", "cat": GPU_CATS[op.kind], "name": op.name, "pid": device, "tid": stream, "ts": ts,
+                     "dur": op.duration_ns / 1e3, "args": {"device": device, "stream": stream, "correlation": corr}})
+        launch = launch_at.get((op.process, corr)) if corr else None
+        if launch is not None:
+            yield dumps({"ph": "s", "id": corr, "pid": launch[0], "tid": launch[1], "ts": launch[2], "cat": "ac2g",
+                         "name": "ac2g"})
+            yield dumps({"ph": "f", "id": corr, "pid": device, "tid": stream, "ts": ts, "cat": "ac2g",
+                         "name": "ac2g", "bp": "e"})
+
+
+def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool) -> None:
+    opener = gzip.open if compress else open
+    tmp = f"{path}.tmp{os.getpid()}"
     with opener(tmp, "wt", encoding="utf-8") as f:
-        f.write('{"displayTimeUnit":"ms","otherData":')
-        f.write(json.dumps({"run": run.name, "tool": "stepscope", "dropped_events": int(run.dropped_events)}))
-        f.write(',"traceEvents":[\n')
+        f.write("{\n")
+        for key, value in header.items():  # one key a line: HTA reads the rank line by line
+            f.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
+        f.write('  "traceEvents": [\n')
         first = True
-        for line in _chrome_events(run, progress):
+        for line in events:
             if not first:
                 f.write(",\n")
             f.write(line)
             first = False
         f.write("\n]}\n")
-    os.replace(tmp, out)
+    os.replace(tmp, path)
+
+
+def export(run: Run, fmt: str, out: Optional[str] = None,
+           progress: Optional[Callable[[int, int], None]] = None) -> str:
+    """Writes the run in `fmt`; returns the path written (a folder for chrome and parquet)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not valid; allowed: {', '.join(FORMATS)}")
+    out = out or _default_path(run, fmt)
+    if fmt == "parquet":
+        return export_parquet(run, out)
+    ev = run.events
+    starts = [int(ev["start_ns"].min())] if len(ev) else []
+    ops = device_operations(run)
+    if len(ops):
+        starts.append(int(ops["start_ns"].min()))
+    base = min(starts) if starts else 0
+    ranks = _rank_of(run.processes, ev)
+    common = {"schemaVersion": 1, "deviceProperties": [], "displayTimeUnit": "ms", "baseTimeNanoseconds": base,
+              "traceName": run.name}
+    other = {"tool": "stepscope", "run": run.name, "dropped_events": int(run.dropped_events)}
+    if fmt == "perfetto":
+        _write_trace(out, dict(common, otherData=other), _events(run, list(ranks), base, progress), compress=True)
+        return out
+    os.makedirs(out, exist_ok=True)
+    world = len(set(ranks.values()))
+    for rank in sorted(set(ranks.values())):
+        mine = [p for p, r in ranks.items() if r == rank]
+        header = {"distributedInfo": {"rank": rank, "world_size": world}, **common, "otherData": other}
+        _write_trace(os.path.join(out, f"rank{rank}.pt.trace.json"), header, _events(run, mine, base, progress),
+                     compress=False)
     return out

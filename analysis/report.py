@@ -1,10 +1,10 @@
 """``stepscope report``: one self-contained HTML file (plotly inlined, opens offline).
 
 Sections: verdict (findings with recommendations), job summary, step time,
-system, timeline, run metadata. Every user-supplied string (names, command
-line, messages) is escaped. The timeline here is a plotly chart of the steps
-and their phases per process (with a range slider to zoom); for event-level
-detail, `stepscope export --format perfetto` opens the whole run in Perfetto.
+system, GPU (only with GPU activity), timeline (a canvas viewer:
+timeline.py builds its data, timeline.js draws it), run metadata. Every
+user-supplied string (names, command line, messages) is escaped; plots are
+drawn when scrolled near, so a large report opens at once.
 """
 
 from __future__ import annotations
@@ -20,18 +20,53 @@ import pandas as pd
 
 from stepscope.analysis.run import Run
 from stepscope.analysis.tables import PHASES
+from stepscope.analysis.timeline import DETAIL_CAP
 
 COLORS = {"GetNext": "#e45756", "Forward": "#4c78a8", "Loss": "#f58518", "Backward": "#54a24b",
           "Optimizer": "#b279a2", "Other": "#bab0ac"}
-MAX_TIMELINE_STEPS = 4000  # per process; longer runs are thinned evenly
 
 
 def _esc(value) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _figure_html(fig, first: bool) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False, "responsive": True})
+MAX_STEP_POINTS = 3000  # per process and mode; longer runs are shown as means of consecutive steps
+
+# Figures are drawn when scrolled near, so a page with many of them opens at once.
+PLOT_LOADER = """(function () {
+  var draw = function (div) {
+    if (div.dataset.drawn) return;
+    div.dataset.drawn = "1";
+    var fig = JSON.parse(document.getElementById(div.id + "-data").textContent);
+    Plotly.newPlot(div, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  };
+  var plots = document.querySelectorAll("div.plot");
+  if ("IntersectionObserver" in window) {
+    var seen = new IntersectionObserver(function (entries) {
+      entries.forEach(function (e) { if (e.isIntersecting) { seen.unobserve(e.target); draw(e.target); } });
+    }, {rootMargin: "400px"});
+    plots.forEach(function (d) { seen.observe(d); });
+  } else plots.forEach(draw);
+  window.stepscopeDrawPlots = function () { plots.forEach(draw); };
+})();"""
+
+
+def _figure_html(fig, key: str) -> str:
+    from stepscope.analysis.timeline import script_json
+
+    height = fig.layout.height or 450
+    return (f'<div class="plot" id="{key}" style="min-height:{int(height)}px"></div>'
+            f'<script type="application/json" id="{key}-data">{script_json(json.loads(fig.to_json()))}</script>')
+
+
+def _thin(s: pd.DataFrame, columns) -> pd.DataFrame:
+    """At most MAX_STEP_POINTS rows: means of consecutive steps (the first step number kept)."""
+    if len(s) <= MAX_STEP_POINTS:
+        return s
+    group = np.arange(len(s)) * MAX_STEP_POINTS // len(s)
+    out = s[list(columns)].groupby(group).mean()
+    out["step"] = s["step"].to_numpy()[np.searchsorted(group, out.index)]
+    return out
 
 
 def _verdict(summary: dict) -> str:
@@ -88,7 +123,9 @@ def _step_figures(run: Run):
     figs = []
     hist = go.Figure()
     for mode, s in steps.groupby("mode", observed=True):
-        hist.add_trace(go.Histogram(x=s["ms"], name=str(mode), opacity=0.75))
+        counts, edges = np.histogram(s["ms"], bins=min(100, max(10, int(np.sqrt(len(s))))))
+        hist.add_trace(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges), name=str(mode),
+                              opacity=0.75))
     hist.update_layout(title="Step time distribution", xaxis_title="ms", yaxis_title="steps", barmode="overlay")
     figs.append(hist)
 
@@ -96,8 +133,12 @@ def _step_figures(run: Run):
     for (label, mode), s in steps.groupby(["label", "mode"], observed=True):
         med = s["ms"].median()
         outlier = s["ms"] > 2 * med
-        over.add_trace(go.Scattergl(x=s["step"], y=s["ms"], mode="markers", name=f"{label} {mode}",
+        shown = _thin(s, ["ms", "step"])
+        over.add_trace(go.Scattergl(x=shown["step"], y=shown["ms"], mode="markers", name=f"{label} {mode}"
+                                    + (" (means of consecutive steps)" if len(shown) < len(s) else ""),
                                     marker={"size": 4}))
+        if outlier.sum() > MAX_STEP_POINTS:
+            outlier &= s["ms"] >= s["ms"][outlier].nlargest(MAX_STEP_POINTS).min()
         if outlier.any():
             over.add_trace(go.Scattergl(x=s["step"][outlier], y=s["ms"][outlier], mode="markers",
                                         name=f"{label} {mode} outliers (> 2x median)",
@@ -110,7 +151,7 @@ def _step_figures(run: Run):
     stacked = make_subplots(rows=len(labels), cols=1, shared_xaxes=True, subplot_titles=labels,
                             vertical_spacing=0.08 if len(labels) > 1 else 0.1)
     for row, label in enumerate(labels, start=1):
-        s = train[train["label"] == label]
+        s = _thin(train[train["label"] == label], [*PHASES, "Other"])
         for part in (*PHASES, "Other"):
             stacked.add_trace(go.Bar(x=s["step"], y=s[part] / 1e6, name=part, marker_color=COLORS[part],
                                      legendgroup=part, showlegend=row == 1), row=row, col=1)
@@ -170,38 +211,93 @@ def _system_figures(run: Run):
     return figs
 
 
-def _timeline_figure(run: Run):
-    """Steps and phases per process as horizontal bars; zoom with the range slider."""
+def _timeline(run: Run, cap: int) -> str:
+    """The canvas viewer (timeline.js, inlined) and its data (timeline.py)."""
+    from stepscope.analysis.timeline import script_json, timeline_data
+
+    data = timeline_data(run, cap)
+    if data is None:
+        return "<p class='muted'>No events.</p>"
+    meta = data["meta"]
+    note = ""
+    if meta["quantum_ns"]:
+        note = (f"<p class='muted' id='tl-capped'>This run has {meta['spans']:,} spans; the page keeps the ones "
+                f"longer than {meta['quantum_ns'] / 1e3:g} µs whole and merges shorter ones into coverage bars "
+                f"({meta['items']:,} items). Every event: <code>stepscope export {_esc(run.name)} --format perfetto"
+                "</code>, then open the file in ui.perfetto.dev.</p>")
+    else:
+        note = ("<p class='muted'>Every event is here. For Perfetto: <code>stepscope export "
+                f"{_esc(run.name)} --format perfetto</code>.</p>")
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "timeline.js"), encoding="utf-8") as f:
+        js = f.read()
+    return (f"{note}<div id='tl'></div><script type='application/json' id='tl-data'>{script_json(data)}</script>"
+            f"<script>{js}</script>")
+
+
+TOP_KERNELS = 15
+
+
+def _gpu_section(run: Run):
+    """SageMaker Profiler's dashboard: (summary table, figures), or None without GPU activity."""
     import plotly.graph_objects as go
 
-    ph = run.phases
-    steps = run.steps
-    if steps.empty and ph.empty:
+    from stepscope.analysis.gpu_activity import busy_ns, device_operations
+
+    ops = device_operations(run)
+    kernels = ops[ops["kind"] == "kernel"]
+    if kernels.empty:
         return None
-    base = int(min(steps["start_ns"].min() if len(steps) else np.inf, ph["start_ns"].min() if len(ph) else np.inf))
-    fig = go.Figure()
-    for process, s in steps.groupby("process", observed=True):
-        if len(s) > MAX_TIMELINE_STEPS:
-            s = s.iloc[np.linspace(0, len(s) - 1, MAX_TIMELINE_STEPS).astype(int)]
-        fig.add_trace(go.Bar(y=[f"{process} steps"] * len(s), x=s["duration_ns"] / 1e6, base=(s["start_ns"] - base) / 1e6,
-                             orientation="h", name="steps", marker_color="#ddd", marker_line_color="#888",
-                             marker_line_width=0.5, showlegend=False,
-                             hovertext=[f"{m} step {n}: {d / 1e6:.2f} ms" for m, n, d in
-                                        zip(s["mode"].astype(str), s["step"], s["duration_ns"])], hoverinfo="text"))
-    for name in (*PHASES, "Recompute"):
-        p = ph[ph["name"] == name]
-        if p.empty:
-            continue
-        keep = p.groupby("process", observed=True).head(MAX_TIMELINE_STEPS * 2)
-        fig.add_trace(go.Bar(y=(keep["process"].astype(str) + " phases").to_list(), x=keep["duration_ns"] / 1e6,
-                             base=(keep["start_ns"] - base) / 1e6, orientation="h", name=name,
-                             marker_color=COLORS.get(name, "#999"),
-                             hovertext=[f"{name} (step {n}): {d / 1e6:.3f} ms" for n, d in
-                                        zip(keep["step"], keep["duration_ns"])], hoverinfo="text"))
-    fig.update_layout(title="Timeline: steps and phases per process (drag to zoom, double-click to reset)",
-                      barmode="overlay", xaxis={"title": "ms since the first step", "rangeslider": {"visible": True}},
-                      height=300 + 60 * steps["process"].nunique())
-    return fig
+    ev = run.events
+    t0 = min(int(ev["start_ns"].min()) if len(ev) else ops["start_ns"].min(), int(ops["start_ns"].min()))
+    t1 = max(int(ev["end_ns"].max()) if len(ev) else ops["end_ns"].max(), int(ops["end_ns"].max()))
+    wall = max(t1 - t0, 1)
+    rows = []
+    for device, d in ops.groupby("device", sort=True):
+        k = d[d["kind"] == "kernel"]
+        busy = busy_ns(k["start_ns"].to_numpy(), k["end_ns"].to_numpy())
+        rows.append((f"GPU {device} active (kernels running)",
+                     f"{busy / 1e9:.3f} s of {wall / 1e9:.3f} s ({100 * busy / wall:.1f}%), {len(k):,} kernels"))
+    phases = run.phases
+    if len(phases):
+        cpu = busy_ns(phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy())
+        rows.append(("CPU active (inside a phase)", f"{cpu / 1e9:.3f} s ({100 * cpu / wall:.1f}%)"))
+    head = "<table>" + "".join(f"<tr><th>{_esc(a)}</th><td>{_esc(b)}</td></tr>" for a, b in rows) + "</table>"
+    figs = []
+    by_name = kernels.groupby("name").agg(time_ms=("duration_ns", lambda x: x.sum() / 1e6),
+                                          launches=("duration_ns", "size"))
+    for column, title, unit, fmt in (("time_ms", "Kernel time, top 15", "ms", ",.1f"),
+                                     ("launches", "Kernel launches, top 15", "launches", ",.0f")):
+        top = by_name.nlargest(TOP_KERNELS, column).iloc[::-1]
+        all_ = by_name[column].sum()
+        fig = go.Figure(go.Bar(x=top[column], y=[_esc(n if len(n) <= 60 else n[:57] + "...") for n in top.index],
+                               orientation="h", hovertext=[_esc(n) for n in top.index], marker_color="#4c78a8"))
+        fig.update_layout(title=f"{title} (all {len(by_name)} kernels: {all_:{fmt}} {unit})", xaxis_title=unit,
+                          height=220 + 22 * len(top), margin={"l": 320})
+        figs.append(fig)
+    if "precision" in run.kernels.columns:
+        prec = run.kernels.groupby(run.kernels["precision"].astype(str))["duration_ns"].sum() / 1e6
+        fig = go.Figure(go.Pie(labels=list(prec.index), values=prec.to_numpy(), hole=0.4))
+        fig.update_layout(title="Kernel precision (share of kernel time)")
+        figs.append(fig)
+    activity = ops.groupby("kind")["duration_ns"].sum() / 1e6
+    labels = {"kernel": "kernels", "memcpy": "memcpy", "memset": "memset", "sync": "sync"}
+    fig = go.Figure(go.Pie(labels=[labels.get(k, k) for k in activity.index], values=activity.to_numpy(), hole=0.4))
+    fig.update_layout(title="GPU activity (share of time: kernels / memcpy / memset / sync)")
+    figs.append(fig)
+    mem = ops[ops["kind"].isin(["memcpy", "memset"])]
+    if len(mem):
+        m = mem.groupby("name")["duration_ns"].agg(["sum", "size"])
+        fig = go.Figure(go.Bar(x=list(m.index), y=m["sum"] / 1e6, text=[f"{n:,} ops" for n in m["size"]]))
+        fig.update_layout(title="Memory operations (time by kind)", yaxis_title="ms")
+        figs.append(fig)
+    util = run.system[run.system["metric"] == "gpu_util"] if len(run.system) else run.system
+    if len(util):
+        fig = go.Figure()
+        for (node, device), d in util.groupby(["node", "device"]):
+            fig.add_trace(go.Scattergl(x=d["timestamp"], y=d["value"], mode="lines", name=f"{node} {device}"))
+        fig.update_layout(title="GPU utilization over time", yaxis_title="%", yaxis_range=[0, 100])
+        figs.append(fig)
+    return head, figs
 
 
 def _metadata(run: Run, summary: dict) -> str:
@@ -224,38 +320,43 @@ td{padding:.2em 0}.finding{border-left:4px solid #e45756;padding:.2em 1em;margin
 .finding.info{border-color:#4c78a8;background:#f3f6fb}.finding h3{margin:.3em 0}.rec{color:#333;font-style:italic}
 .ok{color:#2a7a2a;font-weight:bold}.muted{color:#777;font-size:.9em}pre{white-space:pre-wrap;font-size:.85em}
 nav a{margin-right:1em}
+#tl{margin-top:.5em}.tl-bar{margin:.3em 0}.tl-bar button,.tl-bar input{margin-right:.4em}
+.tl-scroll{max-height:640px;overflow-y:auto;border:1px solid #ddd}#tl-canvas{display:block;outline:none}
+.tl-details{min-height:3em;margin-top:.4em;font-size:.9em}
 """
 
 
-def render(run: Run, params: Optional[dict] = None) -> str:
+def render(run: Run, params: Optional[dict] = None, timeline_cap: int = DETAIL_CAP) -> str:
     from stepscope.cli.summary import summarize
 
-    summary = summarize(run.path, params)
+    summary = summarize(run, params)
     sections = [("verdict", "Verdict", _verdict(summary)), ("summary", "Job summary", _job_summary(run, summary))]
-    first = True
-    figure_sections = [("steps", "Step time", _step_figures(run)), ("system", "System", _system_figures(run))]
-    timeline = _timeline_figure(run)
-    figure_sections.append(("timeline", "Timeline", [timeline] if timeline is not None else []))
-    for key, title, figs in figure_sections:
-        parts = []
-        for fig in figs:
-            parts.append(_figure_html(fig, first))
-            first = False
-        if key == "timeline":
-            parts.append("<p class='muted'>Every event, zoomable: <code>stepscope export "
-                         f"{_esc(run.name)} --format perfetto</code> and open the file in ui.perfetto.dev.</p>")
-        sections.append((key, title, "\n".join(parts) or "<p class='muted'>No data.</p>"))
+    figure_sections = [("steps", "Step time", "", _step_figures(run)), ("system", "System", "", _system_figures(run))]
+    gpu = _gpu_section(run)
+    if gpu is not None:  # only where the run has GPU activity
+        figure_sections.append(("gpu", "GPU", *gpu))
+    for key, title, head, figs in figure_sections:
+        parts = [head] + [_figure_html(fig, f"{key}-plot{i}") for i, fig in enumerate(figs)]
+        sections.append((key, title, "\n".join(p for p in parts if p) or "<p class='muted'>No data.</p>"))
+    sections.append(("timeline", "Timeline", _timeline(run, timeline_cap)))
     sections.append(("metadata", "Run metadata", _metadata(run, summary)))
     nav = " ".join(f'<a href="#{k}">{_esc(t)}</a>' for k, t, _ in sections)
     body = "\n".join(f'<section id="{k}"><h2>{_esc(t)}</h2>{content}</section>' for k, t, content in sections)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>stepscope: {_esc(run.name)}</title>"
             f"<style>{STYLE}</style></head><body><h1>stepscope report: {_esc(run.name)}</h1>"
-            f"<nav>{nav}</nav>{body}</body></html>")
+            f"<nav>{nav}</nav>{body}<script>{_plotly_js()}</script><script>{PLOT_LOADER}</script></body></html>")
 
 
-def write_report(run: Run, out: Optional[str] = None, params: Optional[dict] = None) -> str:
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def write_report(run: Run, out: Optional[str] = None, params: Optional[dict] = None,
+                 timeline_cap: int = DETAIL_CAP) -> str:
     out = out or os.path.join(run.path, "report.html")
-    text = render(run, params)
+    text = render(run, params, timeline_cap)
     tmp = f"{out}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

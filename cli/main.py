@@ -60,8 +60,9 @@ def _run_command(args) -> int:
             from stepscope.analysis.report import write_report
             from stepscope.cli.summary import format_text, summarize
 
-            print(format_text(summarize(run_dir)), file=sys.stderr)
-            report = write_report(load(run_dir, quiet=True))
+            run = load(run_dir, quiet=True)
+            print(format_text(summarize(run)), file=sys.stderr)
+            report = write_report(run)
             print(f"stepscope: report at {report}", file=sys.stderr)
         except Exception as exc:  # noqa: BLE001 - the job's exit code matters more
             print(f"stepscope: could not summarize {run_dir}: {exc}", file=sys.stderr)

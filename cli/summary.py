@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis import PHASES, load
+from stepscope.analysis.run import Run
 from stepscope.analysis.system import summarize_system
 
 
@@ -16,7 +17,7 @@ def summarize(run, params=None) -> dict:
     """SPEC §6; params: {rule: {param: value}} overrides for the rules."""
     from stepscope.analysis.rules import evaluate
 
-    r = load(run, quiet=True)
+    r = run if isinstance(run, Run) else load(run, quiet=True)
     events, steps = r.events, r.steps
     if len(events):
         duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9

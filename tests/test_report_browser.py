@@ -1,0 +1,286 @@
+"""The report in a real browser: Debian's chromium driven by Playwright.
+
+A small real PyTorch run (with an annotation named like an XSS attack) and a
+large synthetic run (1.2 M spans, written through the core): no console
+errors, every section drawn, the timeline draws, zooms (redraw time measured
+in the page), shows details on click and zooms to a step.
+
+tests/setup_browser.sh installs chromium (tox runs it first). Where it cannot
+be had the tests skip, unless CI=true or STEPSCOPE_REQUIRE_BROWSER=1, where they fail.
+"""
+
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+import stepscope
+
+from conftest import run_python
+
+CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")
+XSS = "<img src=x onerror=alert(1)>"
+SECTIONS = ("verdict", "summary", "steps", "system", "timeline", "metadata")
+
+
+def _unavailable():
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed (pip install playwright)"
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"{CHROMIUM} is missing (tests/setup_browser.sh installs Debian's chromium)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _unavailable()
+    if reason:
+        if os.environ.get("STEPSCOPE_REQUIRE_BROWSER") == "1" or os.environ.get("CI", "").lower() in ("1", "true"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+class Page:
+    """A report opened in a fresh page, recording console errors and dialogs."""
+
+    def __init__(self, browser, path):
+        self.page = browser.new_page(viewport={"width": 1300, "height": 900})
+        self.errors, self.dialogs = [], []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.goto(f"file://{path}", timeout=60_000)
+        self.page.wait_for_function("window.stepscopeTimeline && window.stepscopeTimeline.ready")
+
+    def js(self, code):
+        return self.page.evaluate(code)
+
+
+def _ink(png: bytes) -> float:
+    """Share of pixels that are not the page's white background."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("L")
+    hist = img.histogram()
+    return 1 - sum(hist[245:]) / sum(hist)
+
+
+def _report(run_path, out, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    r = subprocess.run([sys.executable, "-m", "stepscope", "report", str(run_path), "-o", str(out)], cwd=cwd,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+TRAIN = f"""
+import time, torch, stepscope
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(480, 32), torch.randn(480, 1))
+loader = DataLoader(ds, batch_size=32, num_workers=1)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    for xb, yb in loader:
+        opt.zero_grad()
+        with stepscope.annotate({XSS!r}):
+            time.sleep(0.002)
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+        opt.step()
+print("trained")
+"""
+
+
+@pytest.fixture(scope="module")
+def small_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("small")
+    (tmp / "train.py").write_text(TRAIN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "small",
+                        "--interval-ms", "50", "--", sys.executable, "train.py"], cwd=tmp, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "trained" in r.stdout, r.stderr[-3000:]
+    run = stepscope.load(tmp / "runs" / "small", quiet=True)
+    return _report(run.path, tmp / "small.html", tmp), run
+
+
+def test_small_run_every_section_and_the_timeline(browser, small_report):
+    path, run = small_report
+    p = Page(browser, path)
+    page = p.page
+    assert run.steps["mode"].astype(str).tolist().count("train") == 30
+    # every section drawn: plots render when scrolled near; each section has ink
+    page.evaluate("window.stepscopeDrawPlots()")
+    n_plots = page.locator("div.plot").count()
+    assert n_plots >= 5
+    page.wait_for_function(f"document.querySelectorAll('div.plot .main-svg').length >= {n_plots}")
+    for section in SECTIONS:
+        loc = page.locator(f"#{section}")
+        assert _ink(loc.screenshot()) > 0.01, section
+    # the timeline: drawn, its tree has the process, a thread and the steps
+    tl = page.locator("#tl-canvas")
+    tl.scroll_into_view_if_needed()
+    assert _ink(tl.screenshot()) > 0.1
+    assert p.js("window.stepscopeTimeline.draws") >= 1
+    # zoom with the wheel, then with W; pan with D (redraw timed in the page)
+    v = p.js("window.stepscopeTimeline.view()")
+    box = tl.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + 40)
+    page.mouse.wheel(0, -400)
+    page.wait_for_function(f"window.stepscopeTimeline.view()[1] - window.stepscopeTimeline.view()[0] < {0.8 * (v[1] - v[0])}")
+    w1 = p.js("window.stepscopeTimeline.view()")
+    page.keyboard.press("w")
+    page.wait_for_function(f"window.stepscopeTimeline.view()[1] - window.stepscopeTimeline.view()[0] < {0.9 * (w1[1] - w1[0])}")
+    w2 = p.js("window.stepscopeTimeline.view()")
+    page.keyboard.press("d")
+    page.wait_for_function(f"window.stepscopeTimeline.view()[0] > {w2[0]}")
+    assert p.js("window.stepscopeTimeline.zoom(0.5)") < 100  # ms, measured with performance.now()
+    # zoom to step 7 (train): the view is that step's span, padded 5% each side
+    page.fill("#tl-step", "7")
+    page.click("#tl-step-go")
+    t7 = run.steps[(run.steps["mode"] == "train") & (run.steps["step"] == 7)].iloc[0]
+    base = int(p.js("JSON.parse(document.getElementById('tl-data').textContent).meta.base_epoch_ns"))
+    a, b = p.js("window.stepscopeTimeline.view()")
+    width = t7.end_ns - t7.start_ns
+    assert abs(a - (t7.start_ns - base - 0.05 * width)) < 1e3 and abs(b - (t7.end_ns - base + 0.05 * width)) < 1e3
+    # click the annotation: details, as text; no dialog, no <img> element
+    i = p.js(f"window.stepscopeTimeline.findItem({XSS!r})")
+    assert i >= 0
+    x, y = p.js(f"window.stepscopeTimeline.pointOf({i})")
+    tl.click(position={"x": x, "y": y})
+    details = page.locator("#tl-details")
+    details.wait_for()
+    text = details.inner_text()
+    assert XSS in text and "annotation" in text and "train 7" in text, text
+    assert p.js("document.querySelectorAll('img').length") == 0
+    assert XSS not in page.content().split("tl-details")[0]  # only escaped in the markup before
+    # fold the process in the tree: fewer rows, canvas shorter
+    h = p.js("document.getElementById('tl-canvas').height")
+    tl.click(position={"x": 30, "y": 22 + 18 + 9})  # the process header, under the host's
+    page.wait_for_function(f"document.getElementById('tl-canvas').height < {h}")
+    assert p.errors == [] and p.dialogs == []
+
+
+def _large_run(path, spans):
+    """Step marks and five phases per step, written through the core (as bench/analysis_load.py)."""
+    r = run_python(f"""
+        import numpy as np, stepscope
+        from stepscope.core import _native
+        run = stepscope.start(dir={str(path)!r}, name="big", buffer_mb=256, interval_ms=100)
+        tpn = _native.clock_info()["ticks_per_ns"]
+        phase = stepscope.CATEGORIES.index("phase")
+        ids = [_native.intern(p) for p in ("GetNext", "Forward", "Loss", "Backward", "Optimizer")]
+        durs = (np.random.default_rng(0).integers(20_000, 200_000, size=({spans} // 5, 5)) * tpn).astype(np.int64).tolist()
+        t = _native.now()
+        for d5 in durs:
+            _native.begin_step("train", t)
+            for pid, d in zip(ids, d5):
+                _native.span(phase, pid, t, t + d)
+                t += d + int(1000 * tpn)
+        run.stop()
+        print(run.stats["dropped"])
+    """, cwd=path, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "0", r.stderr
+    return path / "big"
+
+
+def test_large_run_opens_and_zooms_quickly(browser, tmp_path):
+    run_path = _large_run(tmp_path, 1_200_000)
+    out = _report(run_path, tmp_path / "big.html", tmp_path)
+    p = Page(browser, out)
+    assert p.page.locator("#tl-capped").count() == 1  # merged detail, and it says so
+    items = p.js("window.stepscopeTimeline.items")
+    assert 100_000 < items <= 1_000_000
+    draws = [p.js("window.stepscopeTimeline.setView(0, 1e18)")]
+    for _ in range(30):
+        draws.append(p.js("window.stepscopeTimeline.zoom(0.5)"))
+    assert max(draws) < 100, draws  # ms per redraw, from the whole run to microseconds
+    assert p.js("window.stepscopeTimeline.zoomToStep(100000)")
+    assert _ink(p.page.locator("#tl-canvas").screenshot()) > 0.1
+    assert p.errors == [] and p.dialogs == []
+
+
+def _with_gpu_tables(run):
+    """GPU tables in the layout of the GPU integration's (docs/format.md), laid over the
+    run's own Forward phases: this machine has no GPU. Each Forward launches one kernel."""
+    import numpy as np
+    import pandas as pd
+
+    fwd = run.phases[run.phases["name"] == "Forward"].reset_index(drop=True)
+    n = len(fwd)
+    proc = fwd["process"].astype(str).to_numpy()
+    corr = np.arange(1, n + 1)
+    launch = fwd["start_ns"].to_numpy() + 10_000
+    start = launch + 30_000
+    names = np.where(corr % 3 == 0, "ampere_bf16_gemm", XSS + "kernel")
+    run._tables["kernels"] = pd.DataFrame({
+        "process": proc, "rank": 0, "device": 0, "stream": 7, "name": names, "start_ns": start,
+        "end_ns": start + 200_000, "duration_ns": 200_000, "correlation": corr, "step": fwd["step"].to_numpy(),
+        "precision": np.where(corr % 3 == 0, "BF16", "FP32")})
+    run.memcpy = pd.DataFrame({"process": proc, "device": 0, "stream": 7, "kind": "HtoD", "bytes": 4096,
+                               "start_ns": start - 20_000, "end_ns": start - 5_000, "correlation": corr + 10_000})
+    run.memset = pd.DataFrame({"process": proc[:3], "device": 0, "stream": 7, "start_ns": start[:3] + 250_000,
+                               "end_ns": start[:3] + 260_000, "correlation": 0})
+    run.sync = pd.DataFrame({"process": proc[:3], "device": 0, "stream": -1, "kind": "stream_synchronize",
+                             "start_ns": start[:3] + 200_000, "end_ns": start[:3] + 300_000, "correlation": 0})
+    run.cuda_api = pd.DataFrame({"process": np.concatenate([proc, proc]), "thread": 0,
+                                 "name": ["cudaLaunchKernel"] * n + ["cudaMemcpyAsync"] * n,
+                                 "start_ns": np.concatenate([launch, launch - 40_000]),
+                                 "end_ns": np.concatenate([launch + 5_000, launch - 35_000]),
+                                 "correlation": np.concatenate([corr, corr + 10_000])})
+    return run
+
+
+def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, small_report, tmp_path):
+    import json
+
+    from stepscope.analysis.export import export
+    from stepscope.analysis.report import write_report
+
+    path, _ = small_report
+    run = _with_gpu_tables(stepscope.load(os.path.dirname(path) + "/runs/small", quiet=True))
+    n = len(run.kernels)
+    out = write_report(run, str(tmp_path / "gpu.html"))
+    p = Page(browser, out)
+    page = p.page
+    gpu = page.locator("#gpu")
+    assert gpu.count() == 1 and "GPU 0 active" in gpu.inner_text() and f"{n:,} kernels" in gpu.inner_text()
+    order = p.js("[...document.querySelectorAll('section')].map(s => s.id)")
+    assert order == ["verdict", "summary", "steps", "system", "gpu", "timeline", "metadata"]
+    page.evaluate("window.stepscopeDrawPlots()")
+    page.wait_for_function("document.querySelectorAll('#gpu div.plot .main-svg').length >= 5")
+    assert _ink(gpu.screenshot()) > 0.02
+    meta = p.js("JSON.parse(document.getElementById('tl-data').textContent).meta")
+    labels = [n["label"] for n in meta["nodes"]]
+    assert {"GPU 0", "stream 7", "context (all streams)", "CUDA API, thread 0"} <= set(labels)
+    assert len(meta["flows"]) == 2 * n  # launch -> kernel and copy call -> memcpy
+    assert p.js("window.stepscopeTimeline.zoomToStep(4)")
+    i = p.js(f"window.stepscopeTimeline.findItem({XSS + 'kernel'!r})")
+    x, y = p.js(f"window.stepscopeTimeline.pointOf({i})")
+    page.locator("#tl-canvas").click(position={"x": x, "y": y})
+    text = page.locator("#tl-details").inner_text()
+    assert XSS + "kernel" in text and "kernel" in text and "correlation" in text and "stream 7" in text, text
+    assert p.js("document.querySelectorAll('img').length") == 0
+    assert p.errors == [] and p.dialogs == []
+    # the Chrome export: PyTorch's GPU categories, flows from each launch to its kernel
+    folder = export(run, "chrome", str(tmp_path / "chrome"))
+    events = json.load(open(os.path.join(folder, "rank0.pt.trace.json")))["traceEvents"]
+    cats = {}
+    for e in events:
+        cats[e.get("cat")] = cats.get(e.get("cat"), 0) + 1
+    assert cats["kernel"] == n and cats["gpu_memcpy"] == n and cats["gpu_memset"] == 3 and cats["cuda_sync"] == 3
+    assert cats["cuda_runtime"] == 2 * n and cats["ac2g"] == 2 * 2 * n
+    kernel = next(e for e in events if e.get("cat") == "kernel")
+    start = next(e for e in events if e["ph"] == "s" and e["id"] == kernel["args"]["correlation"])
+    finish = next(e for e in events if e["ph"] == "f" and e["id"] == kernel["args"]["correlation"])
+    assert (finish["pid"], finish["tid"], finish["ts"]) == (0, 7, kernel["ts"]) and start["ts"] < kernel["ts"]

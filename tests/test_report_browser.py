@@ -227,13 +227,13 @@ def _with_gpu_tables(run):
         "process": proc, "rank": 0, "device": 0, "stream": 7, "name": names, "start_ns": start,
         "end_ns": start + 200_000, "duration_ns": 200_000, "correlation": corr, "step": fwd["step"].to_numpy(),
         "precision": np.where(corr % 3 == 0, "BF16", "FP32")})
-    run.memcpy = pd.DataFrame({"process": proc, "device": 0, "stream": 7, "kind": "HtoD", "bytes": 4096,
+    run._tables["memcpy"] = pd.DataFrame({"process": proc, "device": 0, "stream": 7, "kind": "HtoD", "bytes": 4096,
                                "start_ns": start - 20_000, "end_ns": start - 5_000, "correlation": corr + 10_000})
-    run.memset = pd.DataFrame({"process": proc[:3], "device": 0, "stream": 7, "start_ns": start[:3] + 250_000,
+    run._tables["memset"] = pd.DataFrame({"process": proc[:3], "device": 0, "stream": 7, "start_ns": start[:3] + 250_000,
                                "end_ns": start[:3] + 260_000, "correlation": 0})
-    run.sync = pd.DataFrame({"process": proc[:3], "device": 0, "stream": -1, "kind": "stream_synchronize",
+    run._tables["sync"] = pd.DataFrame({"process": proc[:3], "device": 0, "stream": -1, "kind": "stream_synchronize",
                              "start_ns": start[:3] + 200_000, "end_ns": start[:3] + 300_000, "correlation": 0})
-    run.cuda_api = pd.DataFrame({"process": np.concatenate([proc, proc]), "thread": 0,
+    run._tables["cuda_api"] = pd.DataFrame({"process": np.concatenate([proc, proc]), "thread": 0,
                                  "name": ["cudaLaunchKernel"] * n + ["cudaMemcpyAsync"] * n,
                                  "start_ns": np.concatenate([launch, launch - 40_000]),
                                  "end_ns": np.concatenate([launch + 5_000, launch - 35_000]),

@@ -128,6 +128,10 @@ def _build_class(keras):
             self._work_end = 0  # tick: end of the open step's compiled call, when known
             self._sampler = None
             self._off = False
+            try:
+                instrument()  # before fit: its first batch may run before on_train_begin
+            except Exception as exc:  # noqa: BLE001
+                safety.report_failure("the Keras integration failed", exc)
 
         # --- loops ---------------------------------------------------------------
         def _begin(self, kind: str) -> None:
@@ -311,6 +315,45 @@ def _torch_mode_ends() -> None:
             inst.forced_modes.pop()
 
 
+def _hidden_from_torch(original):
+    """Keras's symbolic passes (building a model on KerasTensors, on a first
+    batch before a loop's callbacks run) call the torch modules too: they are
+    no steps and no phases. They run as if nested in a forward (``depth``),
+    which the PyTorch hooks ignore."""
+
+    @functools.wraps(original)
+    def symbolic(*args, **kwargs):
+        inst = _torch_instrumentation()
+        if inst is not None:
+            inst.depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if inst is not None:
+                inst.depth -= 1
+
+    symbolic.__stepscope_original__ = original
+    return symbolic
+
+
+def _symbolic_calls_hidden_from_torch(original):
+    """A Keras layer called on KerasTensors (building a model) passes through
+    ``nn.Module.__call__`` too; only outermost calls are checked."""
+    from keras.src.backend.common.keras_tensor import any_symbolic_tensors
+
+    hidden = _hidden_from_torch(original)
+
+    @functools.wraps(original)
+    def __call__(layer, *args, **kwargs):
+        inst = _torch_instrumentation()
+        if inst is None or inst.depth or not any_symbolic_tensors(args, kwargs):
+            return original(layer, *args, **kwargs)
+        return hidden(layer, *args, **kwargs)
+
+    __call__.__stepscope_original__ = original
+    return __call__
+
+
 def _wrap_optimizer_apply(original):
     """Keras's optimizer on the torch backend: Optimizer, counted once (apply_gradients calls apply)."""
     depth = [0]
@@ -421,6 +464,8 @@ def instrument() -> bool:
             _patch(tensorboard, "start_trace", _yield_to_user_profiler)
         elif backend == "torch":
             _patch(keras.optimizers.Optimizer, "apply", _wrap_optimizer_apply)
+            _patch(keras.Model, "_symbolic_build", _hidden_from_torch)
+            _patch(keras.Layer, "__call__", _symbolic_calls_hidden_from_torch)
     except Exception as exc:  # noqa: BLE001 - an unknown Keras layout: this integration stays off
         _unpatch()
         safety.warn_once("keras", f"stepscope: cannot instrument Keras {keras.__version__} "

@@ -45,7 +45,7 @@ KNOWN_KERAS_MAJOR = 3
 MODES = {"train": "train", "test": "eval", "predict": "predict"}
 _class = None
 _patches: list = []  # (owner, attribute, original or None when it was inherited)
-_state = {"instrumented": False, "supported": None}
+_state = {"instrumented": False, "backend_hooked": False, "supported": None}
 
 
 # --- versions -------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def _build_class(keras):
             self._sampler = None
             self._off = False
             try:
-                instrument()  # before fit: its first batch may run before on_train_begin
+                _hook_backend()  # before fit: its first batch may run before on_train_begin
             except Exception as exc:  # noqa: BLE001
                 safety.report_failure("the Keras integration failed", exc)
 
@@ -144,7 +144,9 @@ def _build_class(keras):
 
             if stepscope.current() is None:
                 stepscope.start(**self._start_kwargs)
-            instrument()
+            if not _hook_backend():
+                self._off = True
+                return
             mode = MODES[kind]
             self._close_window()
             self._end_step()
@@ -440,20 +442,16 @@ def _yield_to_user_profiler(original):
     return start_trace
 
 
-def instrument() -> bool:
-    """Adds the callback to every fit/evaluate/predict and hooks the backend. Idempotent.
-
-    Returns False (after one stderr line) for a Keras version this does not know.
-    """
-    if _state["instrumented"]:
+def _hook_backend() -> bool:
+    """What the callback needs beside itself: tf.data fetches and the yield to
+    TensorBoard's profiler (TF), the Keras optimizer and symbolic passes (torch)."""
+    if _state["backend_hooked"]:
         return True
     import keras
 
     if not _supported(keras):
         return False
     try:
-        for name in ("fit", "evaluate", "predict"):
-            _patch(keras.Model, name, _with_callback)
         backend = _backend(keras)
         if backend == "tensorflow":
             from stepscope.integrations import tfdata
@@ -467,11 +465,36 @@ def instrument() -> bool:
             _patch(keras.Model, "_symbolic_build", _hidden_from_torch)
             _patch(keras.Layer, "__call__", _symbolic_calls_hidden_from_torch)
     except Exception as exc:  # noqa: BLE001 - an unknown Keras layout: this integration stays off
-        _unpatch()
-        safety.warn_once("keras", f"stepscope: cannot instrument Keras {keras.__version__} "
-                                  f"({type(exc).__name__}: {exc}); Keras is not profiled, "
-                                  "the program continues unaffected")
-        _state["supported"] = False
+        _unsupported_layout(keras, exc)
+        return False
+    _state["backend_hooked"] = True
+    return True
+
+
+def _unsupported_layout(keras, exc) -> None:
+    uninstrument()
+    safety.warn_once("keras", f"stepscope: cannot instrument Keras {keras.__version__} "
+                              f"({type(exc).__name__}: {exc}); Keras is not profiled, "
+                              "the program continues unaffected")
+    _state["supported"] = False
+
+
+def instrument() -> bool:
+    """Zero-edit mode: adds the callback to every fit/evaluate/predict. Idempotent.
+
+    Returns False (after one stderr line) for a Keras version this does not know.
+    """
+    if _state["instrumented"]:
+        return True
+    if not _hook_backend():
+        return False
+    import keras
+
+    try:
+        for name in ("fit", "evaluate", "predict"):
+            _patch(keras.Model, name, _with_callback)
+    except Exception as exc:  # noqa: BLE001
+        _unsupported_layout(keras, exc)
         return False
     _state["instrumented"] = True
     return True
@@ -487,9 +510,13 @@ def _unpatch() -> None:
 
 
 def uninstrument() -> None:
-    """Removes every patch instrument() installed (callbacks already passed to Keras stay)."""
+    """Removes every patch this integration installed (callbacks already passed to Keras stay)."""
     _unpatch()
-    _state["instrumented"] = False
+    if _state["backend_hooked"]:
+        from stepscope.integrations import tfdata
+
+        tfdata.uninstrument()
+    _state["instrumented"] = _state["backend_hooked"] = False
 
 
 def is_instrumented() -> bool:

@@ -9,9 +9,11 @@ Sampling policy (``plan``):
 
 * without ``STEPSCOPE_STEPS``: one window per epoch, in the middle of the
   epoch (away from the first steps, which trace and compile, and from a short
-  last batch), of ``clamp(steps_per_epoch // 50, 1, 5)`` steps. At the window's
-  worst cost (+50% on its steps, ~5 ms to export and parse) that is <= 2% of
-  any epoch of >= 50 steps; shorter epochs still get one sampled step each.
+  last batch), of ``clamp(steps_per_epoch // 100, 1, 5)`` steps. A window costs
+  +13-50% on its own steps and ~4 ms to export and parse (an XLA program's HLO
+  is read once per process, ~10 ms more the first time): <= 2% of any epoch of
+  >= 1 s (e.g. 200 steps of 5 ms, or 1000 of 1 ms); shorter epochs still get
+  one sampled step each, at a higher relative cost.
 * with ``STEPSCOPE_STEPS=a-b``: exactly train steps a..b (numbered from 0 over
   the whole session, as in the run), one window.
 
@@ -49,7 +51,7 @@ def plan(steps_per_epoch: Optional[int]) -> Tuple[int, int]:
     """(first batch of the epoch's window, its length) for an epoch of that many steps."""
     if not steps_per_epoch:
         return 2, 2
-    length = max(1, min(5, steps_per_epoch // 50))
+    length = max(1, min(5, steps_per_epoch // 100))
     return max(0, (steps_per_epoch - length) // 2), length
 
 

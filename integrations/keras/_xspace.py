@@ -39,6 +39,7 @@ class Scopes:
     """Which name-scope segment means which phase."""
 
     def __init__(self, model_name: str, optimizer_name: Optional[str]):
+        self.key = (model_name, optimizer_name)
         self.rules = [(re.compile(r"gradient_tape$"), "Backward")]
         if optimizer_name:
             self.rules.append((_scope(optimizer_name), "Optimizer"))
@@ -73,32 +74,47 @@ def _xspace_class():
     return xplane_pb2.XSpace
 
 
-def _hlo_phases(metadata_plane, scopes: Scopes) -> Dict[Tuple[str, str], Dict[Optional[str], float]]:
-    """(module, instruction) -> phase weights, from the HLO protos of the metadata plane."""
-    from tensorflow.compiler.xla.service import hlo_pb2
+_hlo_cache: Dict[Tuple[str, tuple], Dict[Tuple[str, str], Dict[Optional[str], float]]] = {}
 
+
+def _hlo_phases(metadata_plane, scopes: Scopes) -> Dict[Tuple[str, str], Dict[Optional[str], float]]:
+    """(module, instruction) -> phase weights, from the HLO protos of the metadata plane.
+
+    A compiled program does not change between windows: each module is read once
+    per process (reading one costs ~10 ms in Python)."""
     out: Dict[Tuple[str, str], Dict[Optional[str], float]] = {}
     for md in metadata_plane.event_metadata.values():
         for stat in md.stats:
-            if not stat.bytes_value:
-                continue
-            proto = hlo_pb2.HloProto()
-            proto.ParseFromString(stat.bytes_value)
-            module = proto.hlo_module
-            computations = {c.id: c for c in module.computations}
-            for comp in module.computations:
-                for ins in comp.instructions:
-                    counts: Counter = Counter()
-                    for cid in ins.called_computation_ids:
-                        for inner in getattr(computations.get(cid), "instructions", ()):
-                            phase = scopes.phase(inner.metadata.op_name) if inner.metadata.op_name else None
-                            if phase is not None:
-                                counts[phase] += 1
-                    if not counts and ins.metadata.op_name:
-                        counts[scopes.phase(ins.metadata.op_name)] += 1
-                    total = sum(counts.values())
-                    out[(module.name, ins.name)] = ({p: n / total for p, n in counts.items()} if total
-                                                    else {None: 1.0})
+            if stat.bytes_value:
+                key = (md.name, scopes.key)
+                if key not in _hlo_cache:
+                    _hlo_cache[key] = _module_phases(stat.bytes_value, scopes)
+                out.update(_hlo_cache[key])
+    return out
+
+
+def _module_phases(data: bytes, scopes: Scopes) -> Dict[Tuple[str, str], Dict[Optional[str], float]]:
+    """Phase weights of every instruction of one HLO module: those of the
+    instructions fused into it, else its own op name's."""
+    from tensorflow.compiler.xla.service import hlo_pb2
+
+    proto = hlo_pb2.HloProto()
+    proto.ParseFromString(data)
+    module = proto.hlo_module
+    computations = {c.id: c for c in module.computations}
+    out: Dict[Tuple[str, str], Dict[Optional[str], float]] = {}
+    for comp in module.computations:
+        for ins in comp.instructions:
+            counts: Counter = Counter()
+            for cid in ins.called_computation_ids:
+                for inner in getattr(computations.get(cid), "instructions", ()):
+                    phase = scopes.phase(inner.metadata.op_name) if inner.metadata.op_name else None
+                    if phase is not None:
+                        counts[phase] += 1
+            if not counts and ins.metadata.op_name:
+                counts[scopes.phase(ins.metadata.op_name)] += 1
+            total = sum(counts.values())
+            out[(module.name, ins.name)] = {p: n / total for p, n in counts.items()} if total else {None: 1.0}
     return out
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from typing import Optional
 
 from stepscope.core import _native, safety
 

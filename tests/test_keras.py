@@ -41,28 +41,33 @@ def _check_common(steps, expected):
         assert sorted(group["step"]) == list(range(len(group))), mode
 
 
-def _check_tf(run, epochs_sampled=3):
+def _check_tf(run, sampled_steps=None):
     steps = run.steps
     # fit(numpy): 2 epochs x 10 + 2 x 2 validation; fit(dataset): 8; evaluate: 4; predict: 3
     _check_common(steps, {"train": 28, "eval": 8, "predict": 3})
     assert (steps["GetNext"] > 0).all(), "every step's fetch is timed"
     train = steps[steps["mode"] == "train"]
     sampled = train[train["Forward"] > 0]
-    assert len(sampled) == epochs_sampled, "one sampled step per epoch of 8-10 steps"
+    windows = run.events[run.events["name"] == "stepscope.profiler_window"]
+    if sampled_steps is None:  # the default policy: one step in the middle of each epoch of 8-10 steps
+        assert list(sampled["step"]) == [4, 14, 23]
+        assert len(windows) == 3
+    else:
+        assert list(sampled["step"]) == sampled_steps
+        assert len(windows) == 1
     assert (sampled[COMPUTE] > 0).all().all(), sampled[COMPUTE]
     # Backward and Optimizer are real work: each at least a tenth of Forward's
     assert (sampled[["Backward", "Optimizer"]].min(axis=1) > 0.1 * sampled["Forward"]).all()
     assert (steps[steps["mode"] != "train"][COMPUTE] == 0).all().all()
-    windows = run.events[run.events["name"] == "stepscope.profiler_window"]
-    assert len(windows) == epochs_sampled
     return steps
 
 
-@pytest.mark.parametrize("how,jit", [("callback", "nojit"), ("plain", "nojit"), ("callback", "jit"),
-                                     ("plain", "jit")])
-def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit):
-    _run(tmp_path, "keras_fit.py", how, jit, zero_edit=how == "plain")
-    _check_tf(stepscope.load(tmp_path / "runs" / "k"))
+@pytest.mark.parametrize("how,jit,sampled", [("callback", "nojit", None), ("plain", "nojit", "12-13"),
+                                             ("callback", "jit", None), ("plain", "jit", None)])
+def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
+    extra = {"STEPSCOPE_STEPS": sampled} if sampled else {}
+    _run(tmp_path, "keras_fit.py", how, jit, zero_edit=how == "plain", **extra)
+    _check_tf(stepscope.load(tmp_path / "runs" / "k"), sampled and [12, 13])
 
 
 def test_tf_backend_yields_to_tensorboard_profiler(tmp_path):

@@ -20,12 +20,16 @@ def _enabled(value: str) -> bool:
 
 def _instrument_frameworks_when_imported() -> None:
     from stepscope.integrations import _importhook
+    from stepscope.integrations import keras as keras_integration
     from stepscope.integrations import lightning as lightning_integration
+    from stepscope.integrations import tfdata as tfdata_integration
     from stepscope.integrations import torch as torch_integration
 
     _importhook.when_imported("torch", torch_integration._on_import)
     _importhook.when_imported("lightning", lightning_integration._on_import)
     _importhook.when_imported("pytorch_lightning", lightning_integration._on_import)
+    _importhook.when_imported("tensorflow", tfdata_integration._on_import)
+    _importhook.when_imported("keras", keras_integration._on_import)
 
 
 def main() -> None:

@@ -36,6 +36,22 @@ def report_failure(what: str, exc: BaseException | None = None) -> None:
             pass
 
 
+_warned: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """One line on stderr per key and process, for what stepscope skips while
+    it keeps recording (an integration for an unknown version, a profiler in use)."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except Exception:
+        pass
+
+
 def reset() -> None:
     """Forget an earlier report (tests, and a forked child's fresh start)."""
     global _reported

@@ -13,6 +13,7 @@ def test_import_does_not_import_frameworks(tmp_path):
     r = run_python("""
         import sys
         import stepscope, stepscope.core, stepscope.integrations, stepscope.compat.smppy
+        import stepscope.integrations.keras, stepscope.integrations.keras._window, stepscope.integrations.tfdata
         heavy = [m for m in ("torch", "tensorflow", "keras", "lightning", "pytorch_lightning", "jax")
                  if m in sys.modules]
         print("HEAVY", heavy)

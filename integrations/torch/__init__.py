@@ -69,6 +69,7 @@ class _Instrumentation:
         self.in_optimizer = 0
         self.stack = []  # (t0, mode, phase) of open root forwards
         self.model_refs = []  # weak references to the non-loss roots, for guess_mode
+        self.forced_modes = []  # a framework loop that knows its mode (Keras fit/evaluate/predict)
         self.is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         from torch.nn.modules.loss import _Loss
 
@@ -210,6 +211,8 @@ class _Instrumentation:
         return False
 
     def mode_of(self, module) -> str:
+        if self.forced_modes:
+            return self.forced_modes[-1]
         return "train" if self.torch.is_grad_enabled() and self.is_training(module) else "eval"
 
     def root_pre(self, module, args):
@@ -282,6 +285,8 @@ class _Instrumentation:
     def guess_mode(self) -> str:
         """A fetched batch's mode, before its forward shows it: grad mode, and
         whether any known model is in training mode (model.train()/eval())."""
+        if self.forced_modes:
+            return self.forced_modes[-1]
         if not self.torch.is_grad_enabled():
             return "eval"
         models = [m for m in self.models if m is not None]

@@ -1,0 +1,109 @@
+"""Keras 3: real CPU training with the callback and with zero edits, TF backend
+(jit_compile off and on) and torch backend."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("keras")
+pytest.importorskip("tensorflow")
+
+import stepscope  # noqa: E402
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+PHASES = ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]
+COMPUTE = ["Forward", "Loss", "Backward", "Optimizer"]
+
+
+def _run(tmp_path, script, *args, zero_edit=False, clean=True, **env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k != "KERAS_BACKEND"}
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k", TF_CPP_MIN_LOG_LEVEL="3", **env_extra)
+    if zero_edit:
+        env["STEPSCOPE"] = "1"
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "done" in r.stdout
+    if clean:
+        assert "stepscope:" not in r.stderr, r.stderr[-3000:]
+    return r
+
+
+def _check_common(steps, expected):
+    assert steps.groupby("mode", observed=True).size().to_dict() == expected
+    shares = steps[PHASES].sum(axis=1) / steps["duration_ns"]
+    assert (shares <= 1 + 1e-9).all(), shares.max()
+    s = steps.sort_values("start_ns")
+    assert (s["start_ns"].to_numpy()[1:] >= s["end_ns"].to_numpy()[:-1]).all(), "steps overlap"
+    for mode, group in steps.groupby("mode", observed=True):
+        assert sorted(group["step"]) == list(range(len(group))), mode
+
+
+def _check_tf(run, sampled_steps=None):
+    steps = run.steps
+    # fit(numpy): 2 epochs x 10 + 2 x 2 validation; fit(dataset): 8; evaluate: 4; predict: 3
+    _check_common(steps, {"train": 28, "eval": 8, "predict": 3})
+    assert (steps["GetNext"] > 0).all(), "every step's fetch is timed"
+    train = steps[steps["mode"] == "train"]
+    sampled = train[train["Forward"] > 0]
+    windows = run.events[run.events["name"] == "stepscope.profiler_window"]
+    if sampled_steps is None:  # the default policy: one step in the middle of each epoch of 8-10 steps
+        assert list(sampled["step"]) == [4, 14, 23]
+        assert len(windows) == 3
+    else:
+        assert list(sampled["step"]) == sampled_steps
+        assert len(windows) == 1
+    assert (sampled[COMPUTE] > 0).all().all(), sampled[COMPUTE]
+    # Backward and Optimizer are real work: each at least a tenth of Forward's
+    assert (sampled[["Backward", "Optimizer"]].min(axis=1) > 0.1 * sampled["Forward"]).all()
+    assert (steps[steps["mode"] != "train"][COMPUTE] == 0).all().all()
+    return steps
+
+
+@pytest.mark.parametrize("how,jit,sampled", [("callback", "nojit", None), ("plain", "nojit", "12-13"),
+                                             ("callback", "jit", None), ("plain", "jit", None)])
+def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
+    extra = {"STEPSCOPE_STEPS": sampled} if sampled else {}
+    _run(tmp_path, "keras_fit.py", how, jit, zero_edit=how == "plain", **extra)
+    _check_tf(stepscope.load(tmp_path / "runs" / "k"), sampled and [12, 13])
+
+
+def test_tf_backend_yields_to_tensorboard_profiler(tmp_path):
+    pytest.importorskip("tensorboard")  # TF 2.21 no longer depends on it
+    logs = tmp_path / "tb"
+    r = _run(tmp_path, "keras_fit.py", "callback", "nojit", "tensorboard", str(logs), clean=False)
+    lines = [line for line in r.stderr.splitlines() if line.startswith("stepscope:")]
+    assert len(lines) == 1 and "yields" in lines[0], r.stderr[-3000:]
+    # TensorBoard's own profile is written; every step is still counted
+    assert any(f.endswith(".xplane.pb") for _, _, files in os.walk(logs) for f in files)
+    run = stepscope.load(tmp_path / "runs" / "k")
+    _check_common(run.steps, {"train": 28, "eval": 8, "predict": 3})
+
+
+def test_unknown_keras_version_is_one_line_and_same_results(tmp_path):
+    unknown = _run(tmp_path, "keras_fit.py", "callback", "nojit", "unknown", clean=False)
+    lines = [line for line in unknown.stderr.splitlines() if line.startswith("stepscope:")]
+    assert len(lines) == 1 and "Keras 9.0.0 is not supported" in lines[0]
+    assert not (tmp_path / "runs").exists()
+    profiled = _run(tmp_path, "keras_fit.py", "callback", "nojit")
+    assert unknown.stdout.split("checksum")[1] == profiled.stdout.split("checksum")[1]
+
+
+@pytest.mark.parametrize("how", ["callback", "plain"])
+def test_torch_backend_fit_and_custom_loop(tmp_path, how):
+    pytest.importorskip("torch")
+    _run(tmp_path, "keras_torch.py", how, zero_edit=how == "plain")
+    run = stepscope.load(tmp_path / "runs" / "k")
+    steps = run.steps
+    # fit: 2 epochs x 10 + 2 x 2 validation; custom loop: 12; predict: 3
+    _check_common(steps, {"train": 32, "eval": 4, "predict": 3})
+    train = steps[steps["mode"] == "train"]
+    assert (train[PHASES] > 0).all().all(), train[PHASES]
+    others = steps[steps["mode"] != "train"]
+    assert (others[["GetNext", "Forward"]] > 0).all().all()
+    assert (others[["Backward", "Optimizer"]] == 0).all().all()
+    ev = run.events
+    counts = ev[(ev["category"] == "phase") & (ev["kind"] == "span")].groupby("name", observed=True).size()
+    assert counts["Optimizer"] == 32 and counts["Backward"] == 32 and counts["Forward"] == 39

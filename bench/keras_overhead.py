@@ -1,6 +1,6 @@
 """Whole-run overhead of the Keras callback (and of the Lightning callback).
 
-    python3 bench/keras_overhead.py [--rounds 15] [--lightning]
+    python3 bench/keras_overhead.py [--rounds 15] [--lightning | --lightning-only]
 
 Same method as bench/overhead.py: configurations run in one process,
 interleaved round by round; each figure is the median over rounds of a
@@ -135,7 +135,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--lightning", action="store_true", help="also Lightning at ~1 ms steps")
+    parser.add_argument("--lightning-only", action="store_true", help="only Lightning (no TensorFlow import)")
     args = parser.parse_args()
+    if args.lightning_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            m = paired(lightning_configs(tmp), args.rounds)
+        print("| job | whole run (no profiler) | step | stepscope |\n| --- | ---: | ---: | ---: |")
+        print(f"| Lightning fit, MLP, 2 x 200 steps | {m['base_s']:.2f} s | {m['base_s'] / 400 * 1e3:.2f} ms "
+              f"| {cell(m, 'stepscope')} |")
+        return
     import keras
     import tensorflow as tf
 

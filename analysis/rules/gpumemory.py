@@ -17,10 +17,10 @@ class GPUMemoryIncrease(Rule):
     params = {
         "min_increase_percent": Param(5.0, "%", "fire when used memory grows by more than this share of the GPU's "
                                                 "total (SageMaker Debugger's GPUMemoryIncrease: 5%)..."),
-        "min_increase_ratio": Param(0.10, "ratio", "...and by more than this fraction of its starting value"),
+        "min_increase_ratio": Param(0.10, "ratio", "...and by more than this fraction of its starting value (as HostMemoryIncrease)"),
         "min_trend": Param(0.8, "ratio", "rank correlation of used memory with time, in each half of the loop: "
                                          "growth that goes on, not one jump (as for HostMemoryIncrease)"),
-        "window_share": Param(0.2, "ratio", "compare the first and last this share of the loop"),
+        "window_share": Param(0.2, "ratio", "compare the medians of the first and last this share of the loop (as HostMemoryIncrease)"),
         "warmup_steps": Param(2, "steps", "first train steps left out (the allocator reserves its pools and the "
                                           "optimizer its state in the first steps)"),
     }

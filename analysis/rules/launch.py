@@ -18,15 +18,16 @@ class KernelLaunchBound(Rule):
     summary = ("In train steps the GPU is busy for a small share of the step, running many short kernels, and "
                "its idle time is mostly short gaps in which the next kernel had not been launched yet.")
     params = {
-        "max_busy_ratio": Param(0.5, "ratio", "fire when kernel busy time / step time is below this..."),
-        "min_kernels_per_step": Param(50, "kernels", "...with at least this many kernels per step (median)..."),
+        "max_busy_ratio": Param(0.5, "ratio", "fire when kernel busy time / step time is below this (the GPU idles more than it works)..."),
+        "min_kernels_per_step": Param(50, "kernels", "...with at least this many kernels per step (median; a small model's eager step launches hundreds, a few large GEMMs are not launch bound)..."),
         "max_kernel_ms": Param(0.05, "ms", "...whose median duration is below this (a PyTorch eager op costs "
                                            "the host some 10-50 us to launch: shorter kernels cannot be fed)..."),
         "max_gap_ms": Param(0.2, "ms", "an idle gap between two kernels of a step is a launch gap when it is "
-                                       "shorter than this and the second kernel was launched after the GPU "
-                                       "went idle..."),
+                                       "shorter than this (a few launch overheads; longer gaps are host work, "
+                                       "not launching) and the second kernel was launched after the GPU went "
+                                       "idle..."),
         "min_launch_share": Param(0.5, "ratio", "...and fire when launch gaps are at least this share of the "
-                                                "step time the GPU spends idle between its kernels"),
+                                                "step time the GPU spends idle between its kernels (most of it)"),
         "warmup_steps": Param(2, "steps", "first train steps of each process left out"),
     }
 

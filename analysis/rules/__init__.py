@@ -6,8 +6,9 @@
 
 Thresholds and their defaults are in docs/rules.md (generated from the Param
 declarations of each rule). Rules that need GPU data (LowGPUUtilization,
-CPUBottleneck, IOBottleneck, BatchSize, GPUMemoryIncrease, KernelLaunchBound,
-HostSyncStall) come with the GPU integration.
+CPUBottleneck, IOBottleneck, BatchSize, GPUMemoryIncrease from NVML samples;
+KernelLaunchBound, HostSyncStall from CUPTI's activity trace) are not
+applicable to a run without it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ from typing import Dict, List, Optional
 
 from stepscope.analysis.rules.balance import LoadBalancing
 from stepscope.analysis.rules.base import Finding, Param, Rule
+from stepscope.analysis.rules.batchsize import BatchSize
+from stepscope.analysis.rules.cpu import CPUBottleneck
 from stepscope.analysis.rules.getnext import GetNextBottleneck
+from stepscope.analysis.rules.gpumemory import GPUMemoryIncrease
+from stepscope.analysis.rules.hostsync import HostSyncStall
 from stepscope.analysis.rules.init import MaxInitializationTime
+from stepscope.analysis.rules.io import IOBottleneck
+from stepscope.analysis.rules.launch import KernelLaunchBound
+from stepscope.analysis.rules.lowgpu import LowGPUUtilization
 from stepscope.analysis.rules.memory import HostMemoryIncrease
 from stepscope.analysis.rules.outlier import StepOutlier
 
 RULES: List[Rule] = [GetNextBottleneck(), StepOutlier(), HostMemoryIncrease(), MaxInitializationTime(),
-                     LoadBalancing()]
+                     LoadBalancing(), LowGPUUtilization(), CPUBottleneck(), IOBottleneck(), BatchSize(),
+                     GPUMemoryIncrease(), KernelLaunchBound(), HostSyncStall()]
 BY_NAME = {r.name: r for r in RULES}
 
 
@@ -85,9 +94,16 @@ def rules_markdown() -> str:
         for name, prm in rule.params.items():
             lines.append(f"| `{name}` | {prm.default:g} | {prm.unit} | {prm.doc} |")
         lines.append("")
-    lines += ["## Not yet available", "",
-              "`LowGPUUtilization`, `CPUBottleneck`, `IOBottleneck`, `BatchSize`, `GPUMemoryIncrease`, "
-              "`KernelLaunchBound` and `HostSyncStall` judge GPU activity against the host; they arrive with "
-              "the GPU integration (NVML metrics, CUPTI kernels). `LoadBalancing` across the GPUs of a node "
-              "likewise.", ""]
+    lines += ["## Where the defaults come from", "",
+              "Each parameter's meaning says where its default comes from: XProf's input-pipeline analysis "
+              "(GetNextBottleneck), SageMaker Debugger's rules (the same thresholds, restated in seconds, percent "
+              "and ratios instead of sample counts: LowGPUUtilization, CPUBottleneck, BatchSize, "
+              "GPUMemoryIncrease), or what the quantity means (a share of the step, launch overhead of an eager "
+              "PyTorch op).", "",
+              "The GPU-utilization rules (LowGPUUtilization, CPUBottleneck, IOBottleneck, BatchSize) cut each "
+              "node's training loop into `window_s` windows and give every window in which a GPU's mean NVML "
+              "utilization is below `gpu_threshold` one cause, in this order: CPU busy (all cores, or the training "
+              "process itself; one busy core among idle ones is not enough), waiting on I/O, room for a larger "
+              "batch, otherwise LowGPUUtilization. A rule fires for a GPU when its windows cover `min_share` of "
+              "the loop. The order uses each rule's default thresholds for the other causes.", ""]
     return "\n".join(lines)

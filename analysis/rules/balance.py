@@ -1,29 +1,67 @@
-"""LoadBalancing: in synchronous data parallelism the ranks wait for the slowest one."""
+"""LoadBalancing: in synchronous data parallelism the ranks wait for the slowest one;
+and the GPUs of one node should carry the same load."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank
+from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.gpudata import compute_kernels, node_of, train_steps, union_busy_ns
 
 
 class LoadBalancing(Rule):
     name = "LoadBalancing"
-    summary = "One rank does more work per step; the others wait for it in the gradient all-reduce."
+    summary = ("One rank does more work per step and the others wait for it in the gradient all-reduce; or the "
+               "GPUs of one node are unevenly busy (compute kernels from the trace, NCCL kernels left out, else "
+               "NVML utilization), naming the busiest and the idlest GPU.")
     params = {
         "threshold_ratio": Param(0.10, "ratio", "fire when the slow rank's extra work per step exceeds this "
                                                 "share of the median step time..."),
         "min_ms": Param(5.0, "ms", "...and this many milliseconds"),
         "warmup_steps": Param(2, "steps", "first train steps left out"),
+        "gpu_imbalance_ratio": Param(0.25, "ratio", "GPUs of a node: fire when the least busy GPU's busy share of "
+                                                    "the loop is below the busiest one's by this fraction of it "
+                                                    "(data-parallel GPUs run the same kernels: a quarter less is "
+                                                    "uneven work, not noise)..."),
+        "gpu_min_gap_percent": Param(10.0, "%", "...and by at least this many percentage points (two nearly idle "
+                                                "GPUs are not unbalanced)"),
     }
 
     def not_applicable(self, run):
         train = run.steps[run.steps["mode"] == "train"]
-        if train["rank"].dropna().nunique() < 2:
-            return "fewer than two ranks with train steps"
+        if train.empty:
+            return "no train steps"
+        if train["rank"].dropna().nunique() < 2 and not _multi_gpu(run):
+            return "fewer than two ranks with train steps and no node with two GPUs measured"
         return None
 
     def evaluate(self, run, p):
+        return self._ranks(run, p) + self._gpus(run, p)
+
+    def _gpus(self, run, p):
+        out = []
+        for node, source, loads, owners in _gpu_loads(run, p["warmup_steps"]):
+            busy, idle = max(loads, key=loads.get), min(loads, key=loads.get)
+            gap = loads[busy] - loads[idle]
+            if loads[busy] <= 0 or gap / loads[busy] < p["gpu_imbalance_ratio"] or gap < p["gpu_min_gap_percent"]:
+                continue
+            rank = owners.get(busy)
+            what = "compute kernels (NCCL left out)" if source == "kernels" else "NVML utilization"
+            out.append(Finding(
+                rule=self.name, rank=rank, severity="warning",
+                message=(f"GPUs of {node} are unevenly loaded: {busy} is busy {loads[busy]:.0f}% of the training "
+                         f"loop and {idle} only {loads[idle]:.0f}% ({what}); the others wait for {busy} or sit idle"),
+                recommendation=("Give every GPU the same work: one process per GPU with DistributedDataParallel "
+                                "(torchrun --nproc_per_node), evenly sized shards and batches, model-parallel "
+                                "stages balanced by compute rather than by layer count, metrics and logging not "
+                                "kept on one GPU; check CUDA_VISIBLE_DEVICES if a GPU is not used at all."),
+                evidence={"node": node, "source": source, "busiest_gpu": busy, "idlest_gpu": idle,
+                          "busy_percent": {g: round(v, 1) for g, v in loads.items()},
+                          "imbalance_ratio": round(gap / loads[busy], 3),
+                          "ranks": {g: r for g, r in owners.items() if r is not None}}))
+        return out
+
+    def _ranks(self, run, p):
         # Fast ranks wait for the slow one inside Backward (DDP's all-reduce runs in
         # backward hooks), so a rank's own work per step is its step time outside
         # Backward: the rank with the most is the one the others wait for.
@@ -52,3 +90,48 @@ class LoadBalancing(Rule):
                             "device or host, data loading on a busy node)."),
             evidence={"slow_rank": slow, "extra_ms_per_step": round(extra / 1e6, 3), "step_ms_median": round(step_ms, 3),
                       "work_outside_backward_ms": {str(r): round(v[0] / 1e6, 3) for r, v in sorted(per_rank.items())}})]
+
+
+def _multi_gpu(run) -> bool:
+    k = run.kernels
+    if len(k) and (k.groupby("process")["device"].nunique().max() > 1 or k["process"].nunique() > 1):
+        return True
+    util = run.system[run.system["metric"] == "gpu_util"]
+    return bool(len(util)) and util.groupby("node")["device"].nunique().max() > 1
+
+
+def _gpu_loads(run, warmup_steps):
+    """Per node with two or more GPUs measured: (node, source, {gpu: busy %}, {gpu: rank}).
+    Compute kernels (union of their intervals over the node's loop) where traced, as they
+    tell real work from waiting in NCCL; NVML utilization means otherwise."""
+    steps = train_steps(run, warmup_steps)
+    if steps.empty:
+        return []
+    nodes = node_of(run)
+    steps = steps.assign(node=steps["process"].map(nodes))
+    k = run.kernels
+    if len(k):
+        k = k[compute_kernels(k)]
+        k = k.assign(node=k["process"].map(nodes))
+    util = run.system[run.system["metric"] == "gpu_util"]
+    out = []
+    for node, s in steps.groupby("node", sort=True):
+        t0, t1 = int(s["start_ns"].min()), int(s["end_ns"].max())
+        ranks = dict(zip(s["process"], s["rank"]))
+        kn = k[(k["node"] == node) & (k["end_ns"] > t0) & (k["start_ns"] < t1)] if len(k) else k
+        if len(kn) and len(kn.groupby(["process", "device"])) > 1:
+            label = kn["process"].astype(str) + ":" + kn["device"].astype(str)
+            names = {f"{p}:{d}": (f"GPU {d} of {rank_label(ranks.get(p), p)}" if kn["process"].nunique() > 1
+                                  else f"gpu{d}") for p, d in zip(kn["process"], kn["device"])}
+            busy = union_busy_ns(label.to_numpy(), kn["start_ns"].clip(t0, t1).to_numpy(),
+                                 kn["end_ns"].clip(t0, t1).to_numpy())
+            loads = {names[g]: 100 * float(v) / (t1 - t0) for g, v in busy.items()}
+            owners = {names[g]: clean_rank(ranks.get(g.rsplit(":", 1)[0])) for g in busy.index}
+            out.append((node, "kernels", loads, owners))
+            continue
+        un = util[(util["node"] == node) & (util["timestamp_ns"] >= t0) & (util["timestamp_ns"] <= t1)]
+        if un["device"].nunique() > 1:
+            loads = {str(g): float(v) for g, v in un.groupby("device")["value"].mean().items()}
+            only = clean_rank(s["rank"].iloc[0]) if s["process"].nunique() == 1 else None
+            out.append((node, "nvml", loads, {g: only for g in loads} if only is not None else {}))
+    return out

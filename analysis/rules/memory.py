@@ -18,6 +18,13 @@ def _rank_correlation(values: np.ndarray) -> float:
     return float(np.corrcoef(ranks, np.arange(len(values)))[0, 1])
 
 
+def growth_of(values: np.ndarray, window_share: float):
+    """(first, last, trend) of a series in time order: medians of its first and last
+    window_share, and its rank correlation with time."""
+    k = max(2, int(len(values) * window_share))
+    return float(np.median(values[:k])), float(np.median(values[-k:])), _rank_correlation(values)
+
+
 class HostMemoryIncrease(Rule):
     name = "HostMemoryIncrease"
     summary = "Host RSS of a rank (with its DataLoader workers) rises steadily during training."
@@ -46,10 +53,8 @@ class HostMemoryIncrease(Rule):
             if len(r) < 8:
                 continue
             r = r.sort_values("timestamp_ns")
-            k = max(2, int(len(r) * p["window_share"]))
-            first, last = float(r["value"].iloc[:k].median()), float(r["value"].iloc[-k:].median())
+            first, last, trend = growth_of(r["value"].to_numpy(dtype=float), p["window_share"])
             growth = last - first
-            trend = _rank_correlation(r["value"].to_numpy())
             if growth < p["min_increase_mb"] * MB or growth < p["min_increase_ratio"] * first or trend < p["min_trend"]:
                 continue
             minutes = (t1 - t0) / 60e9

@@ -1,0 +1,61 @@
+"""What the GPU rules share: why a run has no GPU data, the train steps they judge,
+and busy time as the union of kernel intervals."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+
+def no_gpu_reason(run, need: str) -> Optional[str]:
+    """None when the run has the GPU data ``need`` names, else why not.
+
+    need: "metrics" (NVML samples in the system table) or "trace" (CUPTI kernels).
+    """
+    has = (run.system["metric"] == "gpu_util").any() if need == "metrics" else not run.kernels.empty
+    if has:
+        return None
+    if any(" GPU: no NVIDIA driver here" in n or n.startswith("GPU: no NVIDIA driver") for n in run.notes):
+        return "no GPU (no NVIDIA driver on the host)"
+    if need == "metrics":
+        return "no GPU utilization samples (NVML; needs --gpu metrics or trace on a GPU host)"
+    return "no GPU kernels (CUPTI activity tracing; needs --gpu trace on a GPU host)"
+
+
+def train_steps(run, warmup_steps: float) -> pd.DataFrame:
+    """Train steps of every process, each process's first warmup_steps left out."""
+    train = run.steps[run.steps["mode"] == "train"]
+    if train.empty:
+        return train
+    train = train.sort_values(["process", "start_ns"], kind="stable")
+    order = train.groupby("process", sort=False).cumcount()
+    return train[order.to_numpy() >= int(warmup_steps)]
+
+
+def node_of(run) -> dict:
+    """process folder -> host."""
+    p = run.processes
+    return dict(zip(p["process"], p["host"].astype(str))) if len(p) else {}
+
+
+def union_busy_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> pd.Series:
+    """Per group, the time covered by at least one of its [start, end) intervals
+    (kernels of several streams overlap; each instant counts once)."""
+    if not len(start):
+        return pd.Series(dtype=np.int64)
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order].astype(np.int64), end[order].astype(np.int64)
+    frame = pd.DataFrame({"g": g, "s": s, "e": e})
+    # the furthest end among earlier intervals of the same group
+    reach = frame.groupby("g", sort=False)["e"].cummax().groupby(frame["g"], sort=False).shift(1)
+    reach = reach.fillna(np.iinfo(np.int64).min).astype(np.int64).to_numpy()
+    covered = np.clip(e - np.maximum(s, reach), 0, None)
+    return pd.Series(covered, index=g).groupby(level=0, sort=False).sum()
+
+
+def compute_kernels(kernels: pd.DataFrame) -> pd.Series:
+    """Kernels that compute, not NCCL communication: a GPU waiting for its peers in an
+    all-reduce runs a NCCL kernel the whole time, which is not work."""
+    return ~kernels["name"].astype(str).str.contains("nccl", case=False, regex=False)

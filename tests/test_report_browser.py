@@ -14,6 +14,8 @@ import io
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -210,46 +212,51 @@ def test_large_run_opens_and_zooms_quickly(browser, tmp_path):
     assert p.errors == [] and p.dialogs == []
 
 
-def _with_gpu_tables(run):
-    """GPU tables in the layout of the GPU integration's (docs/format.md), laid over the
-    run's own Forward phases: this machine has no GPU. Each Forward launches one kernel."""
-    import numpy as np
-    import pandas as pd
+def _gpu_run(tmp_path):
+    """A run with GPU activity written through the native GPU record path (what CUPTI's
+    decoder writes; this machine has no GPU): host steps and phases, and each Forward
+    launches one kernel and one host-to-device copy; three steps also memset and sync."""
+    import threading
 
-    fwd = run.phases[run.phases["name"] == "Forward"].reset_index(drop=True)
-    n = len(fwd)
-    proc = fwd["process"].astype(str).to_numpy()
-    corr = np.arange(1, n + 1)
-    launch = fwd["start_ns"].to_numpy() + 10_000
-    start = launch + 30_000
-    names = np.where(corr % 3 == 0, "ampere_bf16_gemm", XSS + "kernel")
-    run._tables["kernels"] = pd.DataFrame({
-        "process": proc, "rank": 0, "device": 0, "stream": 7, "name": names, "start_ns": start,
-        "end_ns": start + 200_000, "duration_ns": 200_000, "correlation": corr, "step": fwd["step"].to_numpy(),
-        "precision": np.where(corr % 3 == 0, "BF16", "FP32")})
-    run._tables["memcpy"] = pd.DataFrame({"process": proc, "device": 0, "stream": 7, "kind": "HtoD", "bytes": 4096,
-                               "start_ns": start - 20_000, "end_ns": start - 5_000, "correlation": corr + 10_000})
-    run._tables["memset"] = pd.DataFrame({"process": proc[:3], "device": 0, "stream": 7, "start_ns": start[:3] + 250_000,
-                               "end_ns": start[:3] + 260_000, "correlation": 0})
-    run._tables["sync"] = pd.DataFrame({"process": proc[:3], "device": 0, "stream": -1, "kind": "stream_synchronize",
-                             "start_ns": start[:3] + 200_000, "end_ns": start[:3] + 300_000, "correlation": 0})
-    run._tables["cuda_api"] = pd.DataFrame({"process": np.concatenate([proc, proc]), "thread": 0,
-                                 "name": ["cudaLaunchKernel"] * n + ["cudaMemcpyAsync"] * n,
-                                 "start_ns": np.concatenate([launch, launch - 40_000]),
-                                 "end_ns": np.concatenate([launch + 5_000, launch - 35_000]),
-                                 "correlation": np.concatenate([corr, corr + 10_000])})
-    return run
+    from stepscope.core import gpu_records as rec
+
+    session = stepscope.start(dir=str(tmp_path / "gpuruns"), name="gpu", gpu="off")
+    thread = threading.get_native_id()
+    for step in range(8):
+        stepscope.step()
+        with stepscope.phase("GetNext"):
+            time.sleep(0.001)
+        with stepscope.phase("Forward"):
+            corr = step + 1
+            t = time.monotonic_ns()
+            rec.api("cudaMemcpyAsync", t, t + 5_000, corr + 10_000, thread=thread)
+            rec.api("cudaLaunchKernel", t + 40_000, t + 45_000, corr, thread=thread)
+            time.sleep(0.002)
+        start = t + 70_000
+        rec.memcpy("HtoD", 4096, start - 20_000, start - 5_000, corr + 10_000, stream=7)
+        rec.kernel("ampere_bf16_gemm" if corr % 3 == 0 else XSS + "kernel", start, start + 200_000, corr,
+                   stream=7, grid=(80, 1, 1), block=(128, 1, 1))
+        if step < 3:
+            rec.memset(1024, start + 250_000, start + 260_000, 0, stream=7)
+            rec.sync("stream_synchronize", start + 200_000, start + 300_000, 0)
+        with stepscope.phase("Backward"):
+            time.sleep(0.002)
+        with stepscope.phase("Optimizer"):
+            time.sleep(0.001)
+    stepscope.end_step()
+    session.stop()
+    return stepscope.load(session.path, quiet=True)
 
 
-def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, small_report, tmp_path):
+def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, tmp_path):
     import json
 
     from stepscope.analysis.export import export
     from stepscope.analysis.report import write_report
 
-    path, _ = small_report
-    run = _with_gpu_tables(stepscope.load(os.path.dirname(path) + "/runs/small", quiet=True))
+    run = _gpu_run(tmp_path)
     n = len(run.kernels)
+    assert n == 8 and run.kernels["phase"].eq("Forward").all()
     out = write_report(run, str(tmp_path / "gpu.html"))
     p = Page(browser, out)
     page = p.page
@@ -262,7 +269,7 @@ def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, small_report, 
     assert _ink(gpu.screenshot()) > 0.02
     meta = p.js("JSON.parse(document.getElementById('tl-data').textContent).meta")
     labels = [n["label"] for n in meta["nodes"]]
-    assert {"GPU 0", "stream 7", "context (all streams)", "CUDA API, thread 0"} <= set(labels)
+    assert {"GPU 0", "stream 7", "context (all streams)", f"CUDA API, thread {threading.get_native_id()}"} <= set(labels)
     assert len(meta["flows"]) == 2 * n  # launch -> kernel and copy call -> memcpy
     assert p.js("window.stepscopeTimeline.zoomToStep(4)")
     i = p.js(f"window.stepscopeTimeline.findItem({XSS + 'kernel'!r})")

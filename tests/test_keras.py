@@ -2,6 +2,7 @@
 (jit_compile off and on) and torch backend."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -67,7 +68,15 @@ def _check_tf(run, sampled_steps=None):
 def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
     extra = {"STEPSCOPE_STEPS": sampled} if sampled else {}
     _run(tmp_path, "keras_fit.py", how, jit, zero_edit=how == "plain", **extra)
-    _check_tf(stepscope.load(tmp_path / "runs" / "k"), sampled and [12, 13])
+    run = stepscope.load(tmp_path / "runs" / "k")
+    steps = _check_tf(run, sampled and [12, 13])
+    if how == "callback" and jit == "nojit":  # the report of a Keras run: every section, its steps
+        from stepscope.analysis.report import write_report
+
+        html = open(write_report(run, str(tmp_path / "k.html"))).read()
+        ids = re.findall(r'<section id="(\w+)"', html)
+        assert ids == ["verdict", "summary", "steps", "system", "timeline", "metadata"], ids
+        assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
 
 
 def test_tf_backend_yields_to_tensorboard_profiler(tmp_path):

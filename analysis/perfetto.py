@@ -7,9 +7,10 @@ encoded column-wise with numpy (varints of whole arrays written at computed offs
 Layout: one packet sequence per track (a thread, a process's steps, a thread's CUDA calls,
 a GPU stream), so each sequence carries its own interned names, its track as the
 ``track_event_defaults`` and an incremental clock (id 64) whose timestamps are deltas from
-the previous packet: a packet is ~11 bytes for a begin and ~8 for an end. Track
-descriptors go first, on sequence 1. Times are the run's wall clock (epoch ns), given to
-Perfetto as BOOTTIME, the default trace clock.
+the previous packet. Its slice packets (~19 bytes a begin, ~14 an end) go in
+zlib-compressed chunks (``compressed_packets``, which trace_processor inflates), ~6 bytes
+an event in all. Track descriptors go first, on sequence 1. Times are the run's wall clock
+(epoch ns), given to Perfetto as BOOTTIME, the default trace clock.
 
 Field numbers below are from Perfetto's .proto files (protos/perfetto/trace/...).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Callable, Optional
 
 import numpy as np
@@ -28,6 +30,8 @@ TRACE_PACKET = 1
 # trace_packet.proto: TracePacket
 PKT_TIMESTAMP, PKT_CLOCK_SNAPSHOT, PKT_SEQ_ID, PKT_TRACK_EVENT, PKT_INTERNED = 8, 6, 10, 11, 12
 PKT_SEQ_FLAGS, PKT_CLOCK_ID, PKT_DEFAULTS, PKT_TRACK_DESCRIPTOR = 13, 58, 59, 60
+PKT_COMPRESSED = 50  # deflate (zlib) of serialized packets, each as a Trace.packet field
+CHUNK_BYTES = 1 << 20
 SEQ_INCREMENTAL_STATE_CLEARED, SEQ_NEEDS_INCREMENTAL_STATE = 1, 2  # TracePacket.SequenceFlags
 # trace_packet_defaults.proto: TracePacketDefaults.timestamp_clock_id = 58, .track_event_defaults = 11;
 # TrackEventDefaults.track_uuid = 11
@@ -86,12 +90,13 @@ def _varint_len(v: np.ndarray) -> np.ndarray:
 
 
 def _pack(n: int, segments) -> tuple:
-    """Rows of bytes, each the concatenation of `segments`: (bytes, mask) constants or
-    (uint64 array, lengths, mask) varints; a mask (bool array or None) says which rows have it.
+    """Rows of bytes, each the concatenation of `segments`: (bytes, mask) constants,
+    (uint64 array, lengths, mask) varints or ((flat uint8 buffer, starts, lengths), None)
+    strings; a mask (bool array or None) says which rows have it.
     Returns (buffer, row offsets with the end appended)."""
     lengths = np.zeros(n, dtype=np.int64)
     for seg in segments:
-        size = len(seg[0]) if isinstance(seg[0], bytes) else seg[1]
+        size = len(seg[0]) if isinstance(seg[0], bytes) else seg[0][2] if isinstance(seg[0], tuple) else seg[1]
         lengths += size if seg[-1] is None else np.where(seg[-1], size, 0)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -104,6 +109,11 @@ def _pack(n: int, segments) -> tuple:
             for k, b in enumerate(seg[0]):
                 buf[at + k] = b
             size = len(seg[0])
+        elif isinstance(seg[0], tuple):  # variable-length rows copied from a flat buffer (no mask)
+            flat, start, size = seg[0]
+            total = int(size.sum())
+            within = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
+            buf[np.repeat(at, size) + within] = flat[np.repeat(start, size) + within]
         else:
             values, size = seg[0], seg[1]
             if mask is not None:
@@ -139,10 +149,12 @@ class _Tracks:
             return len(self.slice_tracks) - 1
         return uuid
 
-    def codes(self, table: dict, values) -> np.ndarray:
+    def codes(self, table: dict, values, rename=None) -> np.ndarray:
         """Codes of `values` (pandas categorical or strings) in one table of strings."""
-        cat = pd.Categorical(values)
-        mapping = np.array([table.setdefault(str(c), len(table)) for c in cat.categories], dtype=np.int64)
+        cat = values.array if isinstance(values, pd.Series) and values.dtype == "category" else pd.Categorical(values)
+        rename = rename or {}
+        mapping = np.array([table.setdefault(rename.get(str(c), str(c)), len(table)) for c in cat.categories],
+                           dtype=np.int64)
         return mapping[cat.codes] if len(mapping) else np.zeros(len(cat), dtype=np.int64)
 
 
@@ -172,8 +184,11 @@ def _collect(run) -> _Tracks:
         puuid[p.process] = tracks.add(_msg(TD_PROCESS, _int(PD_PID, pid), _msg(PD_NAME, label)), slices=False)
     # threads: spans and instants of the events table, in its order (start, parents first)
     if len(ev):
-        key = pd.MultiIndex.from_arrays([ev["process"].astype(str), ev["tid"]])
-        thread_codes, threads = pd.factorize(key)
+        proc_cat = pd.Categorical(ev["process"])
+        tids = ev["tid"].to_numpy(np.int64)
+        thread_codes, keys = pd.factorize(proc_cat.codes.astype(np.int64) << 32 | (tids & 0xFFFFFFFF))
+        first = np.unique(thread_codes, return_index=True)[1]
+        threads = [(str(proc_cat[i]), int(tids[i])) for i in first]
         index = np.empty(len(threads), dtype=np.int64)
         for k, (process, tid) in enumerate(threads):
             name = _thread_names(run, process).get(int(tid))
@@ -181,9 +196,9 @@ def _collect(run) -> _Tracks:
             if name:
                 body.append(_msg(THD_NAME, name))
             index[k] = tracks.add(_msg(TD_THREAD, *body), slices=True)
-        cats = ev["category"].astype(str).map(lambda c: CPU_CATS.get(c, c))
         tracks.columns.append((index[thread_codes], ev["start_ns"].to_numpy(np.int64), ev["end_ns"].to_numpy(np.int64),
-                               tracks.codes(tracks.names, ev["name"]), tracks.codes(tracks.categories, cats),
+                               tracks.codes(tracks.names, ev["name"]),
+                               tracks.codes(tracks.categories, ev["category"], CPU_CATS),
                                (ev["kind"] == "instant").to_numpy()))
     # steps, one track per process
     steps = run.steps
@@ -270,6 +285,32 @@ def _ordered(track, start, end, instant):
     return order[src[rows]], kind[rows], time[rows], rtrack[rows]
 
 
+def _interned_names(names: list, track: np.ndarray, code: np.ndarray):
+    """InternedData.event_names entries (EventName{iid, name}) for each track's names, built
+    column-wise (a run can have a million step names); returns the bytes, grouped by track,
+    and per track index the bounds of its entries."""
+    count = int(track.max()) + 1 if len(track) else 0
+    pairs = np.unique(track.astype(np.int64) * max(len(names), 1) + code)
+    ptrack, pcode = pairs // max(len(names), 1), pairs % max(len(names), 1)
+    encoded = [s.encode("utf-8") for s in names]
+    slen = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    flat = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    soff = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(slen, out=soff[1:])
+    iid = (pcode + 1).astype(np.uint64)
+    ilen, strlen = _varint_len(iid), slen[pcode]
+    lenlen = _varint_len(strlen.astype(np.uint64))
+    entry = (1 + ilen + 1 + lenlen + strlen).astype(np.uint64)
+    buf, offsets = _pack(len(pairs), [
+        (bytes([INT_NAMES << 3 | LEN]), None), (entry, _varint_len(entry), None),
+        (bytes([IID << 3]), None), (iid, ilen, None),
+        (bytes([IID_NAME << 3 | LEN]), None), (strlen.astype(np.uint64), lenlen, None),
+        ((flat, soff[pcode], strlen), None),
+    ])
+    bounds = offsets[np.searchsorted(ptrack, np.arange(count + 1))]
+    return buf, bounds
+
+
 def write_perfetto(run, path: str, progress: Optional[Callable[[int, int], None]] = None) -> str:
     tracks = _collect(run)
     if progress:
@@ -308,7 +349,7 @@ def write_perfetto(run, path: str, progress: Optional[Callable[[int, int], None]
     ])
     if progress:
         progress(8, 10)
-    names = list(tracks.names)
+    interned, bounds = _interned_names(list(tracks.names), rtrack[named], name[src[named]])
     categories = b"".join(_msg(INT_CATEGORIES, _int(IID, i + 1), _msg(IID_NAME, c))
                           for i, c in enumerate(tracks.categories))
     starts = np.flatnonzero(first)
@@ -319,20 +360,22 @@ def write_perfetto(run, path: str, progress: Optional[Callable[[int, int], None]
         for a, b in zip(starts, ends):
             t = int(rtrack[a])
             s = t + 2
-            used = np.unique(name[src[a:b]][named[a:b]])
-            interned = categories + b"".join(_msg(INT_NAMES, _int(IID, int(i) + 1), _msg(IID_NAME, names[i]))
-                                             for i in used)
+            names = interned[bounds[t]:bounds[t + 1]].tobytes()
             f.write(_packet(_int(PKT_SEQ_ID, s), _int(PKT_SEQ_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED),
                             _msg(PKT_DEFAULTS, _int(DEF_CLOCK_ID, SEQUENCE_CLOCK),
                                  _msg(DEF_TRACK_EVENT, _int(TED_TRACK_UUID, tracks.slice_tracks[t]))),
-                            _msg(PKT_INTERNED, interned)))
+                            _msg(PKT_INTERNED, categories, names)))
             t0 = int(time[a])
             f.write(_packet(_int(PKT_TIMESTAMP, t0), _int(PKT_CLOCK_ID, BOOTTIME), _int(PKT_SEQ_ID, s),
                             _msg(PKT_CLOCK_SNAPSHOT,
                                  _msg(CS_CLOCKS, _int(CLK_ID, BOOTTIME), _int(CLK_TIMESTAMP, t0)),
                                  _msg(CS_CLOCKS, _int(CLK_ID, SEQUENCE_CLOCK), _int(CLK_TIMESTAMP, t0),
                                       _int(CLK_INCREMENTAL, 1)))))
-            f.write(buf[offsets[a]:offsets[b]].tobytes())
+            # the packets in zlib-compressed chunks (TracePacket.compressed_packets = 50), ~1 MiB each
+            cuts = np.searchsorted(offsets[a:b + 1], np.arange(offsets[a], offsets[b], CHUNK_BYTES))
+            for lo, hi in zip(a + cuts, np.r_[a + cuts[1:], b]):
+                raw = buf[offsets[lo]:offsets[hi]]
+                f.write(_packet(_msg(PKT_COMPRESSED, zlib.compress(raw, 1))))
     os.replace(tmp, path)
     if progress:
         progress(10, 10)

@@ -5,6 +5,7 @@ import collections
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 
@@ -24,7 +25,15 @@ def _slices(path):
     descriptors, seqs = {}, {}
     slices = collections.defaultdict(list)
     stacks = collections.defaultdict(list)
-    for p in trace.packet:
+    packets = []
+    for p in trace.packet:  # compressed_packets (zlib) hold more packets, in their place
+        if p.HasField("compressed_packets"):
+            inner = pb.Trace()
+            inner.ParseFromString(zlib.decompress(p.compressed_packets))
+            packets.extend(inner.packet)
+        else:
+            packets.append(p)
+    for p in packets:
         seq = p.trusted_packet_sequence_id
         if p.HasField("track_descriptor"):
             descriptors[p.track_descriptor.uuid] = p.track_descriptor

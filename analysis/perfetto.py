@@ -361,21 +361,21 @@ def write_perfetto(run, path: str, progress: Optional[Callable[[int, int], None]
             t = int(rtrack[a])
             s = t + 2
             names = interned[bounds[t]:bounds[t + 1]].tobytes()
-            f.write(_packet(_int(PKT_SEQ_ID, s), _int(PKT_SEQ_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED),
-                            _msg(PKT_DEFAULTS, _int(DEF_CLOCK_ID, SEQUENCE_CLOCK),
-                                 _msg(DEF_TRACK_EVENT, _int(TED_TRACK_UUID, tracks.slice_tracks[t]))),
-                            _msg(PKT_INTERNED, categories, names)))
             t0 = int(time[a])
-            f.write(_packet(_int(PKT_TIMESTAMP, t0), _int(PKT_CLOCK_ID, BOOTTIME), _int(PKT_SEQ_ID, s),
+            head = _packet(_int(PKT_SEQ_ID, s), _int(PKT_SEQ_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED),
+                           _msg(PKT_DEFAULTS, _int(DEF_CLOCK_ID, SEQUENCE_CLOCK),
+                                _msg(DEF_TRACK_EVENT, _int(TED_TRACK_UUID, tracks.slice_tracks[t]))),
+                           _msg(PKT_INTERNED, categories, names))
+            head += _packet(_int(PKT_TIMESTAMP, t0), _int(PKT_CLOCK_ID, BOOTTIME), _int(PKT_SEQ_ID, s),
                             _msg(PKT_CLOCK_SNAPSHOT,
                                  _msg(CS_CLOCKS, _int(CLK_ID, BOOTTIME), _int(CLK_TIMESTAMP, t0)),
                                  _msg(CS_CLOCKS, _int(CLK_ID, SEQUENCE_CLOCK), _int(CLK_TIMESTAMP, t0),
-                                      _int(CLK_INCREMENTAL, 1)))))
-            # the packets in zlib-compressed chunks (TracePacket.compressed_packets = 50), ~1 MiB each
+                                      _int(CLK_INCREMENTAL, 1))))
+            # the sequence in zlib-compressed chunks (TracePacket.compressed_packets = 50), ~1 MiB each
             cuts = np.searchsorted(offsets[a:b + 1], np.arange(offsets[a], offsets[b], CHUNK_BYTES))
             for lo, hi in zip(a + cuts, np.r_[a + cuts[1:], b]):
-                raw = buf[offsets[lo]:offsets[hi]]
-                f.write(_packet(_msg(PKT_COMPRESSED, zlib.compress(raw, 1))))
+                raw = buf[offsets[lo]:offsets[hi]].tobytes()
+                f.write(_packet(_msg(PKT_COMPRESSED, zlib.compress(head + raw if lo == a else raw, 1))))
     os.replace(tmp, path)
     if progress:
         progress(10, 10)

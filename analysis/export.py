@@ -49,7 +49,8 @@ def step_name(mode: str, step: int) -> str:
 
 
 def _default_path(run: Run, fmt: str) -> str:
-    return os.path.join(run.path, {"chrome": "chrome", "perfetto": f"{run.name}.perfetto-trace", "parquet": "parquet"}[fmt])
+    names = {"chrome": "chrome", "perfetto": f"{run.name}.perfetto-trace", "parquet": "parquet"}
+    return os.path.join(run.path, names[fmt])
 
 
 def _rank_of(procs: pd.DataFrame, ev: pd.DataFrame) -> dict:

@@ -267,8 +267,8 @@ def _ordered(track, start, end, instant):
     second = np.zeros(len(inline), dtype=bool)
     second[1:] = inline[1:] == inline[:-1]
     src = np.concatenate([ends, inline])
-    kind = np.concatenate([np.full(len(ends), SLICE_END, np.uint8),
-                           np.where(second, SLICE_END, np.where(instant[inline], INSTANT, SLICE_BEGIN)).astype(np.uint8)])
+    inline_kind = np.where(second, SLICE_END, np.where(instant[inline], INSTANT, SLICE_BEGIN)).astype(np.uint8)
+    kind = np.concatenate([np.full(len(ends), SLICE_END, np.uint8), inline_kind])
     time = np.concatenate([end[ends], start[inline]])
     rtrack = track[src]
     # one stable sort on time made increasing across tracks (each track shifted past the last)

@@ -14,9 +14,11 @@
   from each launch to its kernel. Times are microseconds after
   ``baseTimeNanoseconds`` (the run's first event, epoch ns), the same in
   every rank's file.
-* ``perfetto``: every rank in one gzip-compressed file of the same events
-  (ui.perfetto.dev opens ``.json.gz`` directly). Perfetto's own protobuf
-  format is not written yet.
+* ``perfetto``: every rank in one file in Perfetto's own protobuf format
+  (``<run>/<run name>.perfetto-trace``, written by ``analysis/perfetto.py``),
+  several times smaller than gzip JSON. An output path ending in
+  ``.json.gz`` gets the Chrome JSON of every rank in one gzip file instead
+  (ui.perfetto.dev opens both).
 * ``parquet``: every table (events, steps, phases, system, kernels) as a
   Parquet file, for DuckDB, pandas, Spark and Trino.
 """
@@ -41,8 +43,14 @@ CPU_CATS = {"phase": "user_annotation", "annotation": "user_annotation", "op": "
 GPU_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync"}
 
 
+def step_name(mode: str, step: int) -> str:
+    """PyTorch's profiler names train steps ``ProfilerStep#N``; other modes follow suit."""
+    return f"ProfilerStep#{step}" if mode == "train" else f"{mode}Step#{step}"
+
+
 def _default_path(run: Run, fmt: str) -> str:
-    return os.path.join(run.path, {"chrome": "chrome", "perfetto": "trace.json.gz", "parquet": "parquet"}[fmt])
+    names = {"chrome": "chrome", "perfetto": f"{run.name}.perfetto-trace", "parquet": "parquet"}
+    return os.path.join(run.path, names[fmt])
 
 
 def _rank_of(procs: pd.DataFrame, ev: pd.DataFrame) -> dict:
@@ -80,7 +88,7 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
         yield dumps({"ph": "M", "name": "process_name", "pid": int(p["pid"]), "args": {"name": label}})
     steps = run.steps
     for s in steps[steps["process"].isin(processes)].itertuples():
-        name = f"ProfilerStep#{s.step}" if s.mode == "train" else f"{s.mode}Step#{s.step}"
+        name = step_name(s.mode, s.step)
         yield dumps({"ph": "X", "cat": "user_annotation", "name": name, "pid": int(s.pid),
                      "tid": step_tid.get(s.process, int(s.pid)), "ts": (s.start_ns - base) / 1e3,
                      "dur": s.duration_ns / 1e3, "args": {"step": int(s.step), "mode": str(s.mode), **_phases_ms(s)}})
@@ -141,10 +149,9 @@ def _gpu_events(run: Run, processes, base: int) -> Iterator[str]:
                          "name": "ac2g", "bp": "e"})
 
 
-def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool) -> None:
-    opener = gzip.open if compress else open
+def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool = False) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with opener(tmp, "wt", encoding="utf-8") as f:
+    with (gzip.open if compress else open)(tmp, "wt", encoding="utf-8") as f:
         f.write("{\n")
         for key, value in header.items():  # one key a line: HTA reads the rank line by line
             f.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
@@ -167,6 +174,10 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
     out = out or _default_path(run, fmt)
     if fmt == "parquet":
         return export_parquet(run, out)
+    if fmt == "perfetto" and not out.endswith(".json.gz"):
+        from stepscope.analysis.perfetto import write_perfetto
+
+        return write_perfetto(run, out, progress)
     ev = run.events
     starts = [int(ev["start_ns"].min())] if len(ev) else []
     ops = device_operations(run)
@@ -185,6 +196,5 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
     for rank in sorted(set(ranks.values())):
         mine = [p for p, r in ranks.items() if r == rank]
         header = {"distributedInfo": {"rank": rank, "world_size": world}, **common, "otherData": other}
-        _write_trace(os.path.join(out, f"rank{rank}.pt.trace.json"), header, _events(run, mine, base, progress),
-                     compress=False)
+        _write_trace(os.path.join(out, f"rank{rank}.pt.trace.json"), header, _events(run, mine, base, progress))
     return out

@@ -144,7 +144,11 @@ def test_export_chrome_perfetto_parquet(tmp_path):
     steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
     assert len(steps) == 30 and all(e["dur"] >= 3000 for e in steps)  # >= 3 ms each, in microseconds
     assert any(e["ph"] == "C" for e in events)
-    assert json.load(gzip.open(outs["perfetto"], "rt"))["traceEvents"] == events
+    assert outs["perfetto"].endswith("exp.perfetto-trace")  # protobuf, checked in test_perfetto.py
+    gz = subprocess.run([sys.executable, "-m", "stepscope", "export", str(path), "--format", "perfetto", "-o",
+                         "all.json.gz"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert gz.returncode == 0, gz.stderr
+    assert json.load(gzip.open(tmp_path / "all.json.gz", "rt"))["traceEvents"] == events  # gzip JSON on request
     import duckdb
 
     run = stepscope.load(path, quiet=True)

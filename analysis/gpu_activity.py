@@ -67,12 +67,6 @@ def host_launches(run) -> pd.DataFrame:
 
 def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of intervals."""
-    if not len(start):
-        return 0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], np.maximum.accumulate(end[order])
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > e[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], len(s)) - 1
-    return int((e[last] - s[first]).sum())
+    from stepscope.analysis.rules.gpudata import union_busy_ns
+
+    return int(union_busy_ns(np.zeros(len(start), dtype=np.int64), start, end).sum())

@@ -43,11 +43,20 @@ def summarize(run, params=None) -> dict:
     train = steps[steps["mode"] == "train"] if len(steps) else steps
     base = train if len(train) else steps
     total = float(base["duration_ns"].sum()) if len(base) else 0.0
+    # Keras measures the compute phases in sampled steps only (a profiler window per
+    # epoch): their shares are then taken over those steps, which stand for the rest.
+    compute = ["Forward", "Loss", "Backward", "Optimizer"]
+    sampled = (base[compute] > 0).any(axis=1) if len(base) else base.index
+    is_sampled = len(base) and 0 < int(sampled.sum()) < len(base) / 2
     for phase in PHASES:
         if len(base) and base[phase].sum() > 0:
+            over = base[sampled] if is_sampled and phase in compute else base
+            within = float(over["duration_ns"].sum())
             out["phases"][phase] = {"count": int((base[phase] > 0).sum()),
                                     "total_ms": _ms(base[phase].sum()),
-                                    "share": round(float(base[phase].sum()) / total, 4) if total else 0.0}
+                                    "share": round(float(over[phase].sum()) / within, 4) if within else 0.0}
+            if over is not base:
+                out["phases"][phase]["sampled_steps"] = int(len(over))
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
     out["rules_not_applicable"] = rules["not_applicable"]
@@ -60,7 +69,8 @@ def format_text(s: dict) -> str:
         lines.append(f"  {mode:<8} {st['count']:>6} steps  mean {st['mean_ms']:.2f} ms  "
                      f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")
     for phase, p in s["phases"].items():
-        lines.append(f"  {phase:<10} {100 * p['share']:5.1f}% of train step time ({p['total_ms']:.1f} ms)")
+        where = f"of the {p['sampled_steps']} sampled steps' time" if "sampled_steps" in p else "of train step time"
+        lines.append(f"  {phase:<10} {100 * p['share']:5.1f}% {where} ({p['total_ms']:.1f} ms)")
     sysb = s["system"]
     if sysb.get("cpu_util"):
         c = sysb["cpu_util"]

@@ -77,6 +77,17 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
         ids = re.findall(r'<section id="(\w+)"', html)
         assert ids == ["verdict", "summary", "steps", "system", "timeline", "metadata"], ids
         assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
+        # compute phases are sampled: their shares stand for the sampled steps, GetNext's for all
+        from stepscope.cli.summary import summarize
+
+        phases = summarize(run)["phases"]
+        sampled = int((steps[(steps["mode"] == "train")][COMPUTE] > 0).any(axis=1).sum())
+        assert all(phases[p]["sampled_steps"] == sampled for p in COMPUTE)
+        assert "sampled_steps" not in phases["GetNext"]
+        train = steps[steps["mode"] == "train"]
+        for p in COMPUTE:  # over the sampled steps, not diluted by the others
+            assert phases[p]["share"] > 2 * train[p].sum() / train["duration_ns"].sum()
+        assert sum(p["share"] for p in phases.values()) <= 1.0
 
 
 def test_tf_backend_yields_to_tensorboard_profiler(tmp_path):

@@ -5,9 +5,14 @@ import os
 import sys
 
 try:
-    import stepscope.core.autostart  # noqa: F401 - starts profiling under STEPSCOPE=1
-except Exception:  # noqa: BLE001 - never stop the interpreter from starting
-    pass
+    import _stepscope_autostart  # installed beside stepscope; acts once even if the .pth ran
+except ImportError:  # stepscope reached through PYTHONPATH, not installed
+    try:
+        import stepscope.core.autostart  # noqa: F401
+    except Exception:  # noqa: BLE001 - never stop the interpreter from starting
+        pass
+else:
+    _stepscope_autostart.main()
 
 
 def _chain() -> None:

@@ -35,6 +35,7 @@ import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.run import Run, export_parquet
+from stepscope.core.vocabulary import OTHER, PHASES, TRAIN
 
 FORMATS = ("chrome", "perfetto", "parquet")
 # stepscope categories as PyTorch's profiler names them
@@ -45,7 +46,7 @@ GPU_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", 
 
 def step_name(mode: str, step: int) -> str:
     """PyTorch's profiler names train steps ``ProfilerStep#N``; other modes follow suit."""
-    return f"ProfilerStep#{step}" if mode == "train" else f"{mode}Step#{step}"
+    return f"ProfilerStep#{step}" if mode == TRAIN else f"{mode}Step#{step}"
 
 
 def _default_path(run: Run, fmt: str) -> str:
@@ -68,7 +69,7 @@ def _rank_of(procs: pd.DataFrame, ev: pd.DataFrame) -> dict:
 
 
 def _phases_ms(s) -> dict:
-    return {f"{k}_ms": getattr(s, k) / 1e6 for k in ("GetNext", "Forward", "Loss", "Backward", "Optimizer", "Other")}
+    return {f"{k}_ms": getattr(s, k) / 1e6 for k in (*PHASES, OTHER)}
 
 
 def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:

@@ -24,15 +24,14 @@ import numpy as np
 import pandas as pd
 
 from stepscope.core import _native
+from stepscope.core import vocabulary as _v
+from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 
-TYPES = tuple(_native.GPU_TYPES)  # kernel, memcpy, memset, sync, runtime, driver
-COPY_KINDS = {0: "unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-              8: "DtoD", 9: "HtoH", 10: "PtoP"}
-MEMORY_KINDS = {0: "unknown", 1: "pageable", 2: "pinned", 3: "device", 4: "array", 5: "managed",
-                6: "device_static", 7: "managed_static"}
-SYNC_TYPES = {0: "unknown", 1: "event_synchronize", 2: "stream_wait_event", 3: "stream_synchronize",
-              4: "context_synchronize"}
-CONTEXT_STREAM = 0xFFFFFFFF
+TYPES = _v.GPU_TYPES  # kernel, memcpy, memset, sync, runtime, driver
+# CUPTI number -> name
+COPY_KINDS = dict(enumerate(_v.COPY_KINDS))
+MEMORY_KINDS = dict(enumerate(_v.MEMORY_KINDS))
+SYNC_TYPES = dict(enumerate(_v.SYNC_TYPES))
 
 RAW_COLUMNS = ["process", "pid", "rank", "host", "type", "sub", "sub2", "device", "stream", "name", "correlation",
                "thread", "start_ns", "end_ns", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",

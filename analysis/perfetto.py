@@ -25,6 +25,8 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.core.vocabulary import PROCESS_JSON
+
 # trace.proto: Trace.packet = 1
 TRACE_PACKET = 1
 # trace_packet.proto: TracePacket
@@ -160,7 +162,7 @@ class _Tracks:
 
 def _thread_names(run, process: str) -> dict:
     try:
-        with open(os.path.join(run.path, process, "process.json")) as f:
+        with open(os.path.join(run.path, process, PROCESS_JSON)) as f:
             return {int(t): str(n) for t, n in (json.load(f).get("threads") or {}).items()}
     except (OSError, ValueError, AttributeError):
         return {}

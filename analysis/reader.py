@@ -17,12 +17,13 @@ import numpy as np
 import pandas as pd
 
 from stepscope.core import _native
-from stepscope.core.config import DEFAULT_DIR
+from stepscope.core.vocabulary import (CATEGORIES, DEFAULT_DIR, EVENT_KINDS, MAX_CATEGORIES, PROCESS_JSON,
+                                       TRACE_FILE)
 
-KINDS = ("span", "instant", "counter")
+KINDS = EVENT_KINDS
 
 # Categories 0-15 exist on disk; names beyond the known ones keep their number.
-_CATEGORY_NAMES = list(_native.CATEGORIES) + [f"cat{i}" for i in range(len(_native.CATEGORIES), 16)]
+_CATEGORY_NAMES = list(CATEGORIES) + [f"cat{i}" for i in range(len(CATEGORIES), MAX_CATEGORIES)]
 
 EVENT_COLUMNS = ["process", "pid", "host", "rank", "tid", "kind", "category", "name",
                  "start_ns", "end_ns", "duration_ns", "step", "arg", "value"]
@@ -76,11 +77,11 @@ def _read_process(folder: str) -> ProcessTrace:
     meta = {}
     notes = []
     try:
-        with open(os.path.join(folder, "process.json")) as f:
+        with open(os.path.join(folder, PROCESS_JSON)) as f:
             meta = json.load(f)
     except (OSError, ValueError) as exc:
-        notes.append(f"{os.path.join(folder, 'process.json')}: unreadable ({exc}); using the trace header")
-    trace = os.path.join(folder, meta.get("trace", "trace.ssc"))
+        notes.append(f"{os.path.join(folder, PROCESS_JSON)}: unreadable ({exc}); using the trace header")
+    trace = os.path.join(folder, meta.get("trace", TRACE_FILE))
     try:
         cols = _native.read_trace(trace)
     except (ValueError, OSError) as exc:
@@ -106,9 +107,9 @@ def read_processes(run_path: str) -> List[ProcessTrace]:
     folders = sorted(
         os.path.join(run_path, d) for d in os.listdir(run_path)
         if os.path.isdir(os.path.join(run_path, d))
-        and (os.path.exists(os.path.join(run_path, d, "trace.ssc"))
-             or os.path.exists(os.path.join(run_path, d, "process.json"))))
-    sizes = [os.path.getsize(os.path.join(f, "trace.ssc")) if os.path.exists(os.path.join(f, "trace.ssc")) else 0
+        and (os.path.exists(os.path.join(run_path, d, TRACE_FILE))
+             or os.path.exists(os.path.join(run_path, d, PROCESS_JSON))))
+    sizes = [os.path.getsize(os.path.join(f, TRACE_FILE)) if os.path.exists(os.path.join(f, TRACE_FILE)) else 0
              for f in folders]
     if sum(sizes) < PROGRESS_BYTES or not sys.stderr.isatty():
         return [_read_process(f) for f in folders]

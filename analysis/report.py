@@ -19,11 +19,10 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.run import Run
-from stepscope.analysis.tables import PHASES
+from stepscope.core.vocabulary import OTHER, PHASES, REPORT_FILE
 from stepscope.analysis.timeline import DETAIL_CAP
 
-COLORS = {"GetNext": "#e45756", "Forward": "#4c78a8", "Loss": "#f58518", "Backward": "#54a24b",
-          "Optimizer": "#b279a2", "Other": "#bab0ac"}
+COLORS = dict(zip((*PHASES, OTHER), ("#e45756", "#4c78a8", "#f58518", "#54a24b", "#b279a2", "#bab0ac")))
 
 
 def _esc(value) -> str:
@@ -355,7 +354,7 @@ def _plotly_js() -> str:
 
 def write_report(run: Run, out: Optional[str] = None, params: Optional[dict] = None,
                  timeline_cap: int = DETAIL_CAP) -> str:
-    out = out or os.path.join(run.path, "report.html")
+    out = out or os.path.join(run.path, REPORT_FILE)
     text = render(run, params, timeline_cap)
     tmp = f"{out}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:

@@ -21,8 +21,8 @@ from stepscope.analysis import gpu, tables
 from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
                                        resolve_run_path)
 from stepscope.core import runinfo
+from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
-CACHE_DIR = ".stepscope-cache"
 CACHE_VERSION = 3  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit
 GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
@@ -31,7 +31,7 @@ TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
 def _trace_files(path: str) -> dict:
     out = {}
     for d in sorted(os.listdir(path)):
-        trace = os.path.join(path, d, "trace.ssc")
+        trace = os.path.join(path, d, TRACE_FILE)
         if os.path.isfile(trace):
             st = os.stat(trace)
             out[d] = [st.st_size, st.st_mtime_ns]
@@ -47,7 +47,7 @@ class Run:
     def __init__(self, path, quiet: bool = False, cache: bool = True):
         self.path = resolve_run_path(path)
         self.name = os.path.basename(os.path.normpath(self.path))
-        self.info = runinfo.read_json(os.path.join(self.path, "run.json"))
+        self.info = runinfo.read_json(os.path.join(self.path, RUN_JSON))
         self._cache_ok = cache
         self._manifest = {"version": CACHE_VERSION, "traces": _trace_files(self.path)}
         self._procs = self._cached_processes() or read_processes(self.path)

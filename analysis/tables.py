@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-PHASES = ("GetNext", "Forward", "Loss", "Backward", "Optimizer")
-STEP_COLUMNS = ["process", "pid", "rank", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, "Other"]
+from stepscope.core.vocabulary import END_MARK, OTHER, PHASES
+
+STEP_COLUMNS = ["process", "pid", "rank", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
 PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
                  "exclusive_ns"]
 from stepscope.analysis.gpu import KERNEL_COLUMNS  # noqa: F401,E402 - the kernels table's columns
@@ -49,7 +50,7 @@ def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
     for i in last:
         end[i] = all_ends[all_codes == proc[i]].max()
     names = events["name"].iloc[rows].cat.remove_unused_categories()
-    keep = (names != "end").to_numpy()
+    keep = (names != END_MARK).to_numpy()
     steps = pd.DataFrame({
         "process": pd.Categorical.from_codes(proc[keep], events["process"].cat.categories),
         "pid": events["pid"].to_numpy()[rows[keep]],

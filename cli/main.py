@@ -13,6 +13,7 @@ from typing import List, Optional
 
 from stepscope.core import config as _config
 from stepscope.core import runinfo
+from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES, RUN_JSON
 
 
 class UsageError(Exception):
@@ -141,15 +142,15 @@ def _export_command(args) -> int:
 
 
 def _ls_command(args) -> int:
-    root = args.dir or os.environ.get("STEPSCOPE_DIR") or _config.DEFAULT_DIR
+    root = args.dir or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR
     if not os.path.isdir(root):
         raise UsageError(f"no folder {root!r}")
     rows = []
     for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
-        if not os.path.isfile(os.path.join(path, "run.json")):
+        if not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
-        info = runinfo.read_json(os.path.join(path, "run.json"))
+        info = runinfo.read_json(os.path.join(path, RUN_JSON))
         procs = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
         dur = info.get("duration_s")
         rows.append((name, f"{dur:.1f}s" if isinstance(dur, (int, float)) else "running?", len(procs),
@@ -172,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dir")
     r.add_argument("--name")
     r.add_argument("--interval-ms", dest="interval_ms")
-    r.add_argument("--gpu", choices=_config.GPU_MODES)
+    r.add_argument("--gpu", choices=GPU_MODES)
     r.add_argument("cmd", nargs=argparse.REMAINDER)
     r.set_defaults(func=_run_command)
 

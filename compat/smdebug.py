@@ -25,10 +25,11 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import load
+from stepscope.core.vocabulary import MODES
 
 SYSTEM_COLUMNS = ["timestamp", "timestamp_us", "value", "system_metric", "dimension", "nodeID", "type"]
 FRAMEWORK_COLUMNS = ["start_time_us", "end_time_us", "framework_metric", "step", "pid", "tid", "process", "nodeID"]
-MODE_KEYS = {"train": "Step:ModeKeys.TRAIN", "eval": "Step:ModeKeys.EVAL", "predict": "Step:ModeKeys.PREDICT"}
+MODE_KEYS = {mode: f"Step:ModeKeys.{mode.upper()}" for mode in MODES}  # train -> Step:ModeKeys.TRAIN
 
 
 def _debugger_time(ns: np.ndarray) -> np.ndarray:

@@ -10,11 +10,10 @@ import functools
 import inspect
 
 from stepscope.core import _native
+from stepscope.core.vocabulary import CATEGORIES, MODES, PHASE_NAMES
 
-CATEGORIES = _native.CATEGORIES
 CATEGORY = {name: i for i, name in enumerate(CATEGORIES)}
-MODES = ("train", "eval", "predict")
-PHASES = _native.PHASES  # GetNext, Forward, Loss, Backward, Optimizer, Recompute
+PHASES = PHASE_NAMES  # GetNext, Forward, Loss, Backward, Optimizer, Recompute (as _native.PHASES)
 
 annotate = _native.annotate
 annotation_begin = _native.annotation_begin

@@ -11,9 +11,9 @@ import os
 import re
 from typing import Mapping, Optional, Tuple
 
-GPU_MODES = ("auto", "off", "metrics", "trace")
+from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES
+
 INTERVAL_MIN_MS, INTERVAL_MAX_MS = 10, 60000
-DEFAULT_DIR = "stepscope-runs"
 
 
 class ConfigError(ValueError):

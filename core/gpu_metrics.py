@@ -22,8 +22,9 @@ import time
 from typing import List
 
 from stepscope.core import _native
+from stepscope.core.vocabulary import CATEGORIES
 
-SYSTEM = _native.CATEGORIES.index("system")
+SYSTEM = CATEGORIES.index("system")
 
 
 def _load_nvml():

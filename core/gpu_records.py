@@ -10,15 +10,15 @@ Numbering follows CUPTI: copy kinds (``COPY_KINDS``), memory kinds
 from __future__ import annotations
 
 from stepscope.core import _native
+from stepscope.core import vocabulary as _v
+from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 
-KERNEL, MEMCPY, MEMSET, SYNC, RUNTIME, DRIVER = range(6)
-COPY_KINDS = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8,
-              "HtoH": 9, "PtoP": 10}
-MEMORY_KINDS = {"unknown": 0, "pageable": 1, "pinned": 2, "device": 3, "array": 4, "managed": 5,
-                "device_static": 6, "managed_static": 7}
-SYNC_TYPES = {"unknown": 0, "event_synchronize": 1, "stream_wait_event": 2, "stream_synchronize": 3,
-              "context_synchronize": 4}
-CONTEXT_STREAM = 0xFFFFFFFF  # a sync record that is not about one stream
+KERNEL, MEMCPY, MEMSET, SYNC, RUNTIME, DRIVER = (_v.GPU_TYPES.index(t) for t in
+                                                 ("kernel", "memcpy", "memset", "sync", "runtime", "driver"))
+# name -> CUPTI number
+COPY_KINDS = {name: i for i, name in enumerate(_v.COPY_KINDS) if name != "unknown"}
+MEMORY_KINDS = {name: i for i, name in enumerate(_v.MEMORY_KINDS)}
+SYNC_TYPES = {name: i for i, name in enumerate(_v.SYNC_TYPES)}
 
 
 def kernel(name: str, start_ns: int, end_ns: int, correlation: int, *, device: int = 0, stream: int = 7,

@@ -18,9 +18,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import stepscope  # noqa: E402
+from stepscope.core.vocabulary import PHASES  # noqa: E402
 from stepscope.integrations.keras import StepscopeCallback  # noqa: E402
-
-PHASES = ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]
 
 
 def main():
@@ -52,7 +51,7 @@ def main():
         print(f"{mode:8s} {len(group):4d} steps, median {group['duration_ns'].median() / 1e6:.2f} ms")
     train = steps[steps["mode"] == "train"]
     sampled = train[train["Forward"] > 0]
-    shares = sampled[PHASES].sum() / sampled["duration_ns"].sum()
+    shares = sampled[list(PHASES)].sum() / sampled["duration_ns"].sum()
     print(f"phase shares over the {len(sampled)} sampled train steps:")
     print("  " + "  ".join(f"{p} {shares[p]:.2%}" for p in PHASES))
     print(f"run folder: {session.path}  (stepscope report {session.path})")

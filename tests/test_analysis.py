@@ -11,6 +11,7 @@ import pytest
 
 import stepscope
 from stepscope.analysis.rules import rules_markdown
+from stepscope.core.vocabulary import CACHE_DIR, TRACE_FILE
 
 from conftest import REPO, run_python
 
@@ -49,7 +50,7 @@ def test_sql_agrees_with_the_dataframes(tmp_path):
 def test_parquet_cache_is_used_and_invalidated(tmp_path):
     path = _small_run(tmp_path, "cache")
     first = stepscope.load(path).events
-    cache = path / ".stepscope-cache" / "events.parquet"
+    cache = path / CACHE_DIR / "events.parquet"
     for t in threading.enumerate():  # the cache is written in the background
         if t.name == "stepscope-parquet-cache":
             t.join()
@@ -59,8 +60,8 @@ def test_parquet_cache_is_used_and_invalidated(tmp_path):
     assert cache.stat().st_mtime_ns == mtime  # read, not rewritten
     assert again.equals(first) or (again.astype(str).equals(first.astype(str)))
     # a changed trace invalidates the cache
-    proc = next(p for p in os.listdir(path) if (path / p / "trace.ssc").exists())
-    with open(path / proc / "trace.ssc", "ab") as f:
+    proc = next(p for p in os.listdir(path) if (path / p / TRACE_FILE).exists())
+    with open(path / proc / TRACE_FILE, "ab") as f:
         f.write(b"\0" * 3)  # a torn tail, as from a crash: still loads, with a warning
     with pytest.warns(UserWarning, match="truncated"):
         reloaded = stepscope.load(path).events
@@ -68,8 +69,8 @@ def test_parquet_cache_is_used_and_invalidated(tmp_path):
     for t in threading.enumerate():
         if t.name == "stepscope-parquet-cache":
             t.join()
-    manifest = json.loads((path / ".stepscope-cache" / "manifest.json").read_text())
-    assert manifest["traces"][proc][0] == (path / proc / "trace.ssc").stat().st_size
+    manifest = json.loads((path / CACHE_DIR / "manifest.json").read_text())
+    assert manifest["traces"][proc][0] == (path / proc / TRACE_FILE).stat().st_size
 
 
 def test_a_run_loads_while_it_is_being_written(tmp_path):

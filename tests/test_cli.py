@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+from stepscope.core.vocabulary import REPORT_FILE
 
 TRAIN = """
 import time, stepscope
@@ -32,7 +33,7 @@ def test_run_then_summary_then_ls(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "trained" in r.stdout
     assert "run written to" in r.stderr
-    assert (tmp_path / "runs" / "cli" / "report.html").exists() and "report at" in r.stderr
+    assert (tmp_path / "runs" / "cli" / REPORT_FILE).exists() and "report at" in r.stderr
     s = _cli("summary", "runs/cli", "--json", cwd=tmp_path)
     assert s.returncode == 0, s.stderr
     summary = json.loads(s.stdout)

@@ -5,6 +5,7 @@ import threading
 from conftest import run_python
 
 import stepscope
+from stepscope.core.vocabulary import TRACE_FILE
 
 
 def test_eight_threads_every_event_present_nesting_per_thread(run_dir):
@@ -62,7 +63,7 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
         print("RESULT", before, peak_during, stats["written"], stats["dropped"])
         loaded = stepscope.load(run.path, quiet=True)
         (folder,) = loaded.processes["process"]
-        cols = _native.read_trace(f"{run.path}/{folder}/trace.ssc")
+        cols = _native.read_trace(f"{run.path}/{folder}/{TRACE_FILE}")
         flood = int((cols["name"] == list(cols["names"]).index("flood")).sum())
         print("LOADED", loaded.dropped_events, flood)
     """, cwd=tmp_path, timeout=300)

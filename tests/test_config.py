@@ -3,11 +3,12 @@
 import pytest
 
 from stepscope.core.config import ConfigError, resolve
+from stepscope.core.vocabulary import DEFAULT_DIR
 
 
 def test_defaults():
     c = resolve(env={})
-    assert (c.dir, c.name, c.interval_ms, c.gpu, c.steps) == ("stepscope-runs", None, 100, "auto", None)
+    assert (c.dir, c.name, c.interval_ms, c.gpu, c.steps) == (DEFAULT_DIR, None, 100, "auto", None)
 
 
 def test_environment_and_keyword_precedence():

@@ -12,6 +12,7 @@ import pytest
 
 import stepscope
 from stepscope.analysis import RunFormatError
+from stepscope.core.vocabulary import TRACE_FILE
 
 
 def test_sigkill_keeps_everything_up_to_one_flush(tmp_path):
@@ -52,7 +53,7 @@ def _write_run(tmp_path, name, n=20_000):
             time.sleep(0.03)  # several flushes: several chunks
     run.stop()
     (proc,) = [d for d in os.listdir(run.path) if os.path.isdir(os.path.join(run.path, d))]
-    return run.path, os.path.join(run.path, proc, "trace.ssc")
+    return run.path, os.path.join(run.path, proc, TRACE_FILE)
 
 
 def test_truncated_file_loads_the_prefix_with_a_warning(tmp_path):
@@ -84,7 +85,7 @@ def test_garbage_trace_is_a_clear_error_and_other_processes_still_load(tmp_path)
     path, trace = _write_run(tmp_path, "garbage")
     bad = os.path.join(path, "otherhost-pid1")
     os.mkdir(bad)
-    with open(os.path.join(bad, "trace.ssc"), "wb") as f:
+    with open(os.path.join(bad, TRACE_FILE), "wb") as f:
         f.write(b"this is not a trace")
     with pytest.warns(UserWarning, match=r"otherhost-pid1/trace\.ssc is not a stepscope trace"):
         r = stepscope.load(path)

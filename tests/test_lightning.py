@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("lightning")
 
 import stepscope  # noqa: E402
+from stepscope.core.vocabulary import PHASES  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lightning_fit.py")
 
@@ -32,7 +33,7 @@ def _check(run):
     assert steps.groupby("mode", observed=True).size().to_dict() == {"eval": 20, "train": 40}
     train = steps[steps["mode"] == "train"]
     assert (train[["GetNext", "Forward", "Backward", "Optimizer"]] > 0).all().all()
-    shares = steps[["GetNext", "Forward", "Loss", "Backward", "Optimizer"]].sum(axis=1) / steps["duration_ns"]
+    shares = steps[list(PHASES)].sum(axis=1) / steps["duration_ns"]
     assert (shares <= 1 + 1e-9).all()
     names = set(run.events[run.events["category"] == "framework"]["name"].astype(str))
     assert "run_training_batch" in names and any(n.startswith("[Strategy]") for n in names)

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from conftest import run_python
+from stepscope.core.vocabulary import PROCESS_JSON
 
 
 def _procs(run_path):
@@ -13,7 +14,7 @@ def _procs(run_path):
     for d in sorted(os.listdir(run_path)):
         p = os.path.join(run_path, d)
         if os.path.isdir(p):
-            with open(os.path.join(p, "process.json")) as f:
+            with open(os.path.join(p, PROCESS_JSON)) as f:
                 out[d] = json.load(f)
     return out
 

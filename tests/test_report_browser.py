@@ -180,8 +180,9 @@ def _large_run(path, spans):
         from stepscope.core import _native
         run = stepscope.start(dir={str(path)!r}, name="big", buffer_mb=256, interval_ms=100)
         tpn = _native.clock_info()["ticks_per_ns"]
-        phase = stepscope.CATEGORIES.index("phase")
-        ids = [_native.intern(p) for p in ("GetNext", "Forward", "Loss", "Backward", "Optimizer")]
+        from stepscope.core.vocabulary import CATEGORIES, PHASES
+        phase = CATEGORIES.index("phase")
+        ids = [_native.intern(p) for p in PHASES]
         durs = (np.random.default_rng(0).integers(20_000, 200_000, size=({spans} // 5, 5)) * tpn).astype(np.int64).tolist()
         t = _native.now()
         for d5 in durs:

@@ -8,13 +8,13 @@ import numpy as np
 
 import stepscope
 from stepscope.core import _native
+from stepscope.core.vocabulary import CATEGORIES, PHASES, TRACE_FILE
 
-PHASES = ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]
 
 
 def _trace_file(run):
     (proc,) = [d for d in os.listdir(run.path) if os.path.isdir(os.path.join(run.path, d))]
-    return os.path.join(run.path, proc, "trace.ssc")
+    return os.path.join(run.path, proc, TRACE_FILE)
 
 
 def test_phase_run_is_compact_and_exact(run_dir):
@@ -22,7 +22,7 @@ def test_phase_run_is_compact_and_exact(run_dir):
     run = stepscope.start(name="phases")
     tpn = _native.clock_info()["ticks_per_ns"]
     ids = [_native.intern(p) for p in PHASES]
-    phase_cat = stepscope.CATEGORIES.index("phase")
+    phase_cat = CATEGORIES.index("phase")
     rng = np.random.default_rng(0)
     steps = 4000
     t = _native.now()

@@ -10,6 +10,7 @@ import pytest
 
 import stepscope
 from stepscope.compat.smdebug import PandasFrame
+from stepscope.core.vocabulary import PROCESS_JSON
 
 from conftest import run_python
 
@@ -220,5 +221,5 @@ def test_two_ranks_on_one_host_share_one_node_sampler(tmp_path):
         assert t.min() <= s["start_ns"].min() and s["end_ns"].max() <= t.max() + 50_000_000
         inside = ((t >= s["start_ns"].min()) & (t <= s["end_ns"].max())).sum()
         assert inside >= 1
-    metas = [json.load(open(os.path.join(run.path, p, "process.json"))) for p in ranks["process"]]
+    metas = [json.load(open(os.path.join(run.path, p, PROCESS_JSON))) for p in ranks["process"]]
     assert len({m["node_sampler"] for m in metas}) == 1

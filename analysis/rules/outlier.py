@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.tables import PHASES
+from stepscope.core.vocabulary import OTHER, PHASES
 
-PARTS = (*PHASES, "Other")
+PARTS = (*PHASES, OTHER)
 
 
 class StepOutlier(Rule):

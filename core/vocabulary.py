@@ -1,0 +1,81 @@
+"""stepscope's vocabulary: the names every part of the project agrees on.
+
+Phase names, step modes, event categories, GPU record enums, the files of a
+run folder and the default run directory are written here once; the native
+core (``csrc/``), the recording side (``core/``, ``integrations/``), the
+readers (``analysis/``, ``compat/``) and the command line use these. Pure
+Python: this module imports nothing (no stepscope module, no framework), so
+anything may import it.
+
+The native module declares the same phase and category names in C++
+(``csrc/module.cc``; ``_native.PHASES``, ``_native.CATEGORIES``,
+``_native.GPU_TYPES``); ``tests/test_vocabulary.py`` checks they are equal.
+"""
+
+# --- phases and steps (SPEC §3) -------------------------------------------------------
+GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER = "GetNext", "Forward", "Loss", "Backward", "Optimizer"
+#: The canonical phases, in order: the per-step columns of the steps table and the
+#: phases of ``stepscope summary``.
+PHASES = (GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER)
+#: The compute phases (what a Keras profiler window samples; everything but GetNext).
+COMPUTE_PHASES = (FORWARD, LOSS, BACKWARD, OPTIMIZER)
+#: Activation-checkpointing recomputation: recorded as a phase nested in Backward, whose
+#: exclusive time stays Backward's in the steps table.
+RECOMPUTE = "Recompute"
+#: Every phase name the core records (``stepscope.phase(name)`` accepts exactly these;
+#: ``_native.PHASES``, interned first as ids 0..5).
+PHASE_NAMES = (*PHASES, RECOMPUTE)
+#: A step's time outside every phase (the steps table's last time column).
+OTHER = "Other"
+
+TRAIN, EVAL, PREDICT = "train", "eval", "predict"
+#: Step modes (``stepscope.step(mode)``).
+MODES = (TRAIN, EVAL, PREDICT)
+#: The name of a step mark that ends the current step without starting another
+#: (``stepscope.end_step()``, a loader running out, the session's stop).
+END_MARK = "end"
+
+# --- events (docs/format.md) ------------------------------------------------------------
+#: Event categories by number (the category byte of a record; numbers 10-15 are free).
+CATEGORIES = ("annotation", "phase", "step", "op", "module", "system", "gpu", "counter", "internal",
+              "framework")
+MAX_CATEGORIES = 16
+#: Event kinds by number.
+EVENT_KINDS = ("span", "instant", "counter")
+#: The framework span the Keras integration records for each sampled profiler window.
+KERAS_PROFILER_WINDOW = "stepscope.profiler_window"
+
+# --- GPU activity records (CUPTI's numbering) ------------------------------------------
+#: GPU record types by number.
+GPU_TYPES = ("kernel", "memcpy", "memset", "sync", "runtime", "driver")
+#: Copy kinds by CUPTI number (CUpti_ActivityMemcpyKind).
+COPY_KINDS = ("unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP")
+#: Memory kinds by CUPTI number (CUpti_ActivityMemoryKind).
+MEMORY_KINDS = ("unknown", "pageable", "pinned", "device", "array", "managed", "device_static",
+                "managed_static")
+#: Synchronization types by CUPTI number (CUpti_ActivitySynchronizationType).
+SYNC_TYPES = ("unknown", "event_synchronize", "stream_wait_event", "stream_synchronize",
+              "context_synchronize")
+#: The stream of a synchronization record that is not about one stream.
+CONTEXT_STREAM = 0xFFFFFFFF
+#: ``STEPSCOPE_GPU`` values.
+GPU_MODES = ("auto", "off", "metrics", "trace")
+
+# --- a run on disk (SPEC §4) ----------------------------------------------------------------
+#: ``STEPSCOPE_DIR``'s default: the root folder of runs.
+DEFAULT_DIR = "stepscope-runs"
+#: Run metadata, in the run folder.
+RUN_JSON = "run.json"
+#: Process metadata, in each process folder.
+PROCESS_JSON = "process.json"
+#: The native core's events, in each process folder.
+TRACE_FILE = "trace.ssc"
+#: Written by ``stepscope report`` into the run folder.
+REPORT_FILE = "report.html"
+#: The readers' Parquet cache of a finished run, in the run folder.
+CACHE_DIR = ".stepscope-cache"
+
+
+def node_lock_file(host: str) -> str:
+    """The lock file, in the run folder, that elects one host-metrics sampler per host."""
+    return f".node-{host}.lock"

@@ -326,7 +326,7 @@ nav a{margin-right:1em}
 
 
 def render(run: Run, params: Optional[dict] = None, timeline_cap: int = DETAIL_CAP) -> str:
-    from stepscope.cli.summary import summarize
+    from stepscope.analysis.summary import summarize
 
     summary = summarize(run, params)
     sections = [("verdict", "Verdict", _verdict(summary)), ("summary", "Job summary", _job_summary(run, summary))]

@@ -59,7 +59,7 @@ def _run_command(args) -> int:
         try:
             from stepscope.analysis import load
             from stepscope.analysis.report import write_report
-            from stepscope.cli.summary import format_text, summarize
+            from stepscope.analysis.summary import format_text, summarize
 
             run = load(run_dir, quiet=True)
             print(format_text(summarize(run)), file=sys.stderr)
@@ -92,7 +92,7 @@ def _run_errors():
 
 
 def _summary_command(args) -> int:
-    from stepscope.cli.summary import format_text, summarize
+    from stepscope.analysis.summary import format_text, summarize
 
     params = _rule_params(args)
     with _run_errors():
@@ -102,7 +102,7 @@ def _summary_command(args) -> int:
 
 
 def _diff_command(args) -> int:
-    from stepscope.cli.diff import diff, format_diff
+    from stepscope.analysis.diff import diff, format_diff
 
     params = _rule_params(args)
     with _run_errors():

@@ -15,7 +15,7 @@ import numpy as np
 
 import stepscope
 from stepscope.analysis.report import write_report
-from stepscope.cli.summary import format_text, summarize
+from stepscope.analysis.summary import format_text, summarize
 
 
 def batches(n, batch_size=256, features=64, seed=0):

@@ -12,10 +12,11 @@ pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 
 import stepscope  # noqa: E402
+from stepscope.core.vocabulary import COMPUTE_PHASES, KERAS_PROFILER_WINDOW, PHASES  # noqa: E402
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
-PHASES = ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]
-COMPUTE = ["Forward", "Loss", "Backward", "Optimizer"]
+PHASES = list(PHASES)
+COMPUTE = list(COMPUTE_PHASES)
 
 
 def _run(tmp_path, script, *args, zero_edit=False, clean=True, **env_extra):
@@ -49,7 +50,7 @@ def _check_tf(run, sampled_steps=None):
     assert (steps["GetNext"] > 0).all(), "every step's fetch is timed"
     train = steps[steps["mode"] == "train"]
     sampled = train[train["Forward"] > 0]
-    windows = run.events[run.events["name"] == "stepscope.profiler_window"]
+    windows = run.events[run.events["name"] == KERAS_PROFILER_WINDOW]
     if sampled_steps is None:  # the default policy: one step in the middle of each epoch of 8-10 steps
         assert list(sampled["step"]) == [4, 14, 23]
         assert len(windows) == 3
@@ -78,7 +79,7 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
         assert ids == ["verdict", "summary", "steps", "system", "timeline", "metadata"], ids
         assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
         # compute phases are sampled: their shares stand for the sampled steps, GetNext's for all
-        from stepscope.cli.summary import summarize
+        from stepscope.analysis.summary import summarize
 
         phases = summarize(run)["phases"]
         sampled = int((steps[(steps["mode"] == "train")][COMPUTE] > 0).any(axis=1).sum())

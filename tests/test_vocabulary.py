@@ -53,3 +53,18 @@ def test_vocabulary_is_pure_python_and_imports_nothing():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("run.json []")
 
+
+def test_names_are_written_out_only_in_the_vocabulary():
+    """The readers, the command line and the compat layer spell no phase list, categories list,
+    run-layout file name or default run folder of their own."""
+    spelled = ['"trace.ssc"', '"run.json"', '"process.json"', '"stepscope-runs"', '".stepscope-cache"',
+               '"report.html"', '("GetNext", "Forward"', '["GetNext", "Forward"', '("annotation", "phase"',
+               '"Step:ModeKeys.TRAIN", "eval"']
+    offenders = []
+    for folder in ("analysis", "cli", "compat"):
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    text = open(os.path.join(root, name)).read()
+                    offenders += [f"{folder}/{name}: {s}" for s in spelled if s in text]
+    assert not offenders, offenders

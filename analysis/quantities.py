@@ -1,0 +1,137 @@
+"""Figures of the steps table, each computed in exactly one place.
+
+``stepscope summary``, the report and the rules quote the same quantity with
+the same number because they all call these functions (SPEC §7: "a finding's
+figures equal the summary's figures for the same quantity"). A rule that
+judges one rank calls them on that rank's steps; on a run with one training
+process that is the summary's number, to the digit.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import pandas as pd
+
+from stepscope.core.vocabulary import COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TRAIN
+
+SHARE_DIGITS = 4  # shares are ratios rounded to 4 digits: 0.7421 prints as 74.2%
+
+
+def ms(ns) -> float:
+    """Nanoseconds as milliseconds, rounded to the microsecond (the summary's unit)."""
+    return round(float(ns) / 1e6, 3)
+
+
+def percent(share: float) -> str:
+    """A share as the summary prints it: 0.7421 -> '74.2%'."""
+    return f"{100 * share:.1f}%"
+
+
+def summary_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps phase shares are taken over: the train steps, or every step of a run without any."""
+    if not len(steps):
+        return steps
+    train = steps[steps["mode"] == TRAIN]
+    return train if len(train) else steps
+
+
+def step_stats(steps: pd.DataFrame) -> dict:
+    """Count and mean, median, p95, max step time (ms) of the given steps (SPEC §6 ``steps``)."""
+    d = steps["duration_ns"].to_numpy()
+    if not len(d):
+        return {"count": 0, "mean_ms": 0.0, "median_ms": 0.0, "p95_ms": 0.0, "max_ms": 0.0}
+    return {"count": int(len(d)), "mean_ms": ms(d.mean()), "median_ms": ms(np.median(d)),
+            "p95_ms": ms(np.percentile(d, 95)), "max_ms": ms(d.max())}
+
+
+def sampled_mask(steps: pd.DataFrame) -> Optional[pd.Series]:
+    """Keras measures the compute phases in sampled steps only (a profiler window per
+    epoch). When fewer than half of the steps carry compute phases, those steps (True
+    here) stand for the rest: compute shares are taken over them. None otherwise."""
+    if not len(steps):
+        return None
+    sampled = (steps[list(COMPUTE_PHASES)] > 0).any(axis=1)
+    n = int(sampled.sum())
+    return sampled if 0 < n < len(steps) / 2 else None
+
+
+def phase_shares(steps: pd.DataFrame) -> Dict[str, dict]:
+    """SPEC §6 ``phases`` over the given steps (one mode: ``summary_steps``, or one rank's
+    train steps): per phase with any time, its count of steps, total_ms and share (its
+    time over the steps' summed duration; compute phases of a sampled Keras run over the
+    sampled steps, with ``sampled_steps``)."""
+    out: Dict[str, dict] = {}
+    if not len(steps):
+        return out
+    sampled = sampled_mask(steps)
+    for phase in PHASES:
+        total = steps[phase].sum()
+        if total <= 0:
+            continue
+        over = steps[sampled] if sampled is not None and phase in COMPUTE_PHASES else steps
+        within = float(over["duration_ns"].sum())
+        out[phase] = {"count": int((steps[phase] > 0).sum()), "total_ms": ms(total),
+                      "share": round(float(over[phase].sum()) / within, SHARE_DIGITS) if within else 0.0}
+        if over is not steps:
+            out[phase]["sampled_steps"] = int(len(over))
+    return out
+
+
+def phase_share(steps: pd.DataFrame, phase: str) -> float:
+    """One phase's share of the given steps, exactly as ``phase_shares`` gives it (0.0 if none)."""
+    return phase_shares(steps).get(phase, {}).get("share", 0.0)
+
+
+# --- epochs -------------------------------------------------------------------------------
+def loop_starts(events: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
+    """True for the steps that begin a loop over a data set (an epoch): the first step of
+    each process, and every step whose process ended its previous step with an end mark
+    (a loader that ran out, ``stepscope.end_step()``, Keras's epoch end)."""
+    out = pd.Series(False, index=steps.index)
+    if not len(steps):
+        return out
+    ev = events
+    marks = ev[(ev["category"] == "step") & (ev["kind"] == "instant") & (ev["name"] == END_MARK)]
+    ends = {str(p): np.sort(g["start_ns"].to_numpy()) for p, g in marks.groupby("process", observed=True)}
+    for process, s in steps.groupby("process", observed=True, sort=False):
+        s = s.sort_values("start_ns", kind="stable")
+        e = ends.get(str(process), np.empty(0, dtype=np.int64))
+        # number of end marks at or before each step's start: a new loop where it grows
+        seen = np.searchsorted(e, s["start_ns"].to_numpy(), side="right")
+        first = np.ones(len(s), dtype=bool)
+        first[1:] = seen[1:] > seen[:-1]
+        out.loc[s.index] = first
+    return out
+
+
+def epoch_start_wait(steps: pd.DataFrame, starts: pd.Series, min_s: float) -> Optional[dict]:
+    """How much longer the first train step of each epoch waits for its batch (GetNext)
+    than the other train steps of one process, or None where that is not measurable.
+
+    ``excess_ms`` = median GetNext of the epochs' first steps minus median GetNext of the
+    other steps. Measurable: at least two epochs after the first, two other steps, and
+    the first steps' median above the other steps' 90th percentile by at least ``min_s``
+    seconds. That margin keeps a loader that already keeps its workers
+    (``persistent_workers=True``), whose first batch of an epoch waits about as long as
+    the slowest batches of a steady epoch, from being told to keep them."""
+    s = steps[steps["mode"] == TRAIN]
+    if not len(s):
+        return None
+    first = starts.reindex(s.index, fill_value=False).to_numpy(dtype=bool)
+    order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
+    getnext = s[GETNEXT].to_numpy(dtype=float)[order]
+    first = first[order]
+    first[0] = True  # the process's first train step starts its first epoch
+    later = np.flatnonzero(first)[1:]  # epochs after the first: what persistent workers would save
+    other = getnext[~first]
+    if len(later) < 2 or len(other) < 2:
+        return None
+    start_med = float(np.median(getnext[later]))
+    other_med, other_p90 = float(np.median(other)), float(np.percentile(other, 90))
+    if start_med - other_p90 < min_s * 1e9:
+        return None
+    return {"epochs": int(len(later) + 1), "first_step_getnext_ms": ms(start_med),
+            "other_getnext_ms": ms(other_med), "other_getnext_p90_ms": ms(other_p90),
+            "excess_ms": ms(start_med - other_med)}

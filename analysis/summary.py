@@ -1,0 +1,69 @@
+"""The run's numbers and the rules' findings (SPEC §6): what ``stepscope summary`` prints.
+
+Every figure comes from ``analysis/quantities.py``, which the rules use too.
+"""
+
+from __future__ import annotations
+
+from stepscope.analysis.quantities import percent, phase_shares, step_stats, summary_steps
+from stepscope.analysis.run import Run, load
+from stepscope.analysis.system import summarize_system
+
+
+def summarize(run, params=None) -> dict:
+    """SPEC §6; params: {rule: {param: value}} overrides for the rules."""
+    from stepscope.analysis.rules import evaluate
+
+    r = run if isinstance(run, Run) else load(run, quiet=True)
+    events, steps = r.events, r.steps
+    if len(events):
+        duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
+    else:
+        duration_s = float(r.info.get("duration_s") or 0.0)
+    out = {
+        "run": r.name,
+        "ranks": int(max(1, events["rank"].nunique())) if len(events) else 1,
+        "duration_s": round(duration_s, 3),
+        "steps": {},
+        "phases": {},
+        "system": summarize_system(r.system),
+        "findings": [],
+        "dropped_events": int(r.dropped_events),
+        "warnings": r.warnings,
+        "notes": r.notes,
+    }
+    for mode, s in steps.groupby("mode", sort=False, observed=True):
+        out["steps"][mode] = step_stats(s)
+    out["phases"] = phase_shares(summary_steps(steps))
+    rules = evaluate(r, params)
+    out["findings"] = rules["findings"]
+    out["rules_not_applicable"] = rules["not_applicable"]
+    return out
+
+
+def format_text(s: dict) -> str:
+    lines = [f"run {s['run']}: {s['duration_s']:.2f} s, {s['ranks']} rank(s)"]
+    for mode, st in s["steps"].items():
+        lines.append(f"  {mode:<8} {st['count']:>6} steps  mean {st['mean_ms']:.2f} ms  "
+                     f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")
+    for phase, p in s["phases"].items():
+        where = f"of the {p['sampled_steps']} sampled steps' time" if "sampled_steps" in p else "of train step time"
+        lines.append(f"  {phase:<10} {percent(p['share']):>6} {where} ({p['total_ms']:.1f} ms)")
+    sysb = s["system"]
+    if sysb.get("cpu_util"):
+        c = sysb["cpu_util"]
+        lines.append(f"  CPU        mean {c['mean']:.0f}%  p95 {c['p95']:.0f}%  max {c['max']:.0f}% (all cores)")
+    if sysb.get("memory_used_max_bytes"):
+        lines.append(f"  memory     max {sysb['memory_used_max_bytes'] / 2**30:.2f} GiB used")
+    if s["dropped_events"]:
+        lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
+    for w in s.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    if s.get("findings"):
+        lines.append("findings:")
+        for f in s["findings"]:
+            lines.append(f"  [{f['rule']}] {f['message']}")
+            lines.append(f"      -> {f['recommendation']}")
+    else:
+        lines.append("findings: no problems found")
+    return "\n".join(lines)

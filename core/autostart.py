@@ -4,7 +4,8 @@ Imported at interpreter start by the ``stepscope.pth`` file that the wheel
 installs (and by the ``sitecustomize`` that ``stepscope run`` puts on
 PYTHONPATH), only when ``STEPSCOPE`` is set. Runs once per process however
 often it is imported. Frameworks are instrumented right after the script
-imports them, never imported here. Bad settings or any failure print one
+imports them (the ``stepscope_instrumentor`` entry points), never imported
+here. Bad settings or any failure print one
 warning; the program always runs.
 """
 
@@ -18,18 +19,31 @@ def _enabled(value: str) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _instrument_frameworks_when_imported() -> None:
-    from stepscope.integrations import _importhook
-    from stepscope.integrations import keras as keras_integration
-    from stepscope.integrations import lightning as lightning_integration
-    from stepscope.integrations import tfdata as tfdata_integration
-    from stepscope.integrations import torch as torch_integration
+INSTRUMENTORS = "stepscope_instrumentor"  # entry-point group: module name -> instrumentor object
+STARTUP = "stepscope_startup"  # entry-point group: callables run once at zero-edit start
 
-    _importhook.when_imported("torch", torch_integration._on_import)
-    _importhook.when_imported("lightning", lightning_integration._on_import)
-    _importhook.when_imported("pytorch_lightning", lightning_integration._on_import)
-    _importhook.when_imported("tensorflow", tfdata_integration._on_import)
-    _importhook.when_imported("keras", keras_integration._on_import)
+
+def _entry_points(group: str):
+    from importlib.metadata import entry_points
+
+    try:
+        return list(entry_points(group=group))
+    except TypeError:  # Python 3.9: entry_points() is a dict of groups
+        return list(entry_points().get(group, ()))
+
+
+def _instrument_frameworks_when_imported() -> None:
+    """Each registered instrumentor is loaded and turned on right after the
+    module it names is imported (never before: `import stepscope` stays light)."""
+    from stepscope.core import importhook, safety
+
+    for ep in _entry_points(STARTUP):
+        try:
+            ep.load()()
+        except Exception as exc:  # noqa: BLE001
+            safety.warn_once(f"startup:{ep.name}", f"stepscope: {ep.name} was not set up ({exc})")
+    for ep in _entry_points(INSTRUMENTORS):
+        importhook.when_imported(ep.name, lambda module, ep=ep: ep.load().on_import(module))
 
 
 def main() -> None:
@@ -47,9 +61,6 @@ def main() -> None:
                 return
             if session.start() is None:
                 return
-        from stepscope.compat import smppy
-
-        smppy.install_import_alias()
         _instrument_frameworks_when_imported()
     except Exception as exc:  # noqa: BLE001
         try:

@@ -91,7 +91,6 @@ def start(config, node: bool, main: bool, run_dir: str) -> List[str]:
         else:
             if config.steps is not None:  # STEPSCOPE_STEPS bounds the tracing cost
                 _native.cupti_set_steps(*config.steps)
-            _pause_for_torch_profiler()
     return ["GPU: " + "; ".join(problems)] if problems else []
 
 
@@ -119,48 +118,22 @@ def stop() -> None:
 
 
 # --- one owner of CUPTI's activity buffers per process ------------------------------
-def _pause_for_torch_profiler() -> None:
-    """torch.profiler (Kineto) registers its own CUPTI buffer callbacks: stepscope
-    flushes and stands aside from its _prepare_trace to its __exit__, and says so in
-    run.json."""
-    from stepscope.integrations import _importhook
-
-    _importhook.when_imported("torch.autograd.profiler", _wrap_profiler)
-
-
-def _wrap_profiler(module) -> None:
-    profile = getattr(module, "profile", None)
-    if profile is None or getattr(profile, "_stepscope_wrapped", False):
-        return
-    prepare, exit_ = profile._prepare_trace, profile.__exit__
-
-    def _prepare_trace(self, *args, **kwargs):
-        _pause()
-        return prepare(self, *args, **kwargs)
-
-    def __exit__(self, *exc):
-        try:
-            return exit_(self, *exc)
-        finally:
-            _resume()
-
-    profile._prepare_trace, profile.__exit__ = _prepare_trace, __exit__
-    profile._stepscope_wrapped = True
-
-
-def _pause() -> None:
+def pause_activity_tracing() -> None:
+    """Flushes and stands aside while another profiler (torch.profiler) owns CUPTI;
+    the framework integration that sees that profiler start calls it."""
     global _paused_at
     if _tracing and _paused_at is None and _native.cupti_pause():
         _paused_at = time.time()
 
 
-def _resume() -> None:
+def resume_activity_tracing(owner: str = "another profiler") -> None:
+    """Takes CUPTI back and notes the gap in run.json."""
     global _paused_at, _tracing
     if _paused_at is None:
         return
     began, _paused_at = _paused_at, None
     err = _native.cupti_resume()
-    note = (f"GPU: activity tracing paused from {began:.3f} to {time.time():.3f} (epoch s) while torch.profiler "
+    note = (f"GPU: activity tracing paused from {began:.3f} to {time.time():.3f} (epoch s) while {owner} "
             f"owned CUPTI" + (f"; not resumed: {err}" if err else ""))
     if err:
         _tracing = False

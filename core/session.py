@@ -42,6 +42,18 @@ def on_stop(callback) -> None:
         _stop_callbacks.append(callback)
 
 
+def add_note(text: str) -> None:
+    """Adds one line to run.json's notes (what was not measured, and why); once per text."""
+    s = _session
+    if s is None or not s.active:
+        return
+    try:
+        runinfo.update_json_locked(os.path.join(s.run_dir, "run.json"), lambda info: (
+            None if text in info.get("notes", []) else info.setdefault("notes", []).append(text)))
+    except Exception:  # noqa: BLE001 - a note is never worth breaking the job
+        pass
+
+
 class Session:
     """A running (or finished) profile of this process. ``stop()`` ends it."""
 
@@ -118,9 +130,9 @@ class Session:
 
     def load(self):
         """The recorded run as tables (see stepscope.load)."""
-        from stepscope.analysis import load
+        import stepscope  # the package's facade: core itself knows no analysis
 
-        return load(self.run_dir)
+        return stepscope.load(self.run_dir)
 
     # --- metadata -----------------------------------------------------------------
     def _process_json(self) -> dict:

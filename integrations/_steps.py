@@ -6,10 +6,12 @@ an optimizer step -- and this tracker decides where steps begin and end:
 * A step begins at the start of its iteration: the fetch of its batch when a
   data loader drives the loop, otherwise its first forward/backward/optimizer
   phase. It ends where the next one begins, or where the loader runs out.
-* A train step is complete after an optimizer step (several per iteration for
-  GANs: with a loader, only the next fetch starts a new step; without one,
-  the step ends when an optimizer steps a second time), or, with no optimizer
-  in the process, after a backward. An eval step is complete after a forward.
+* A train step is complete after an optimizer step, or, with no optimizer in
+  the process, after a backward. An eval step is complete after a forward.
+  Work after a complete train step begins a new step when the next fetch comes,
+  or when an optimizer that already stepped in this step steps again (several
+  optimizers per iteration in GANs; one fetch, then many optimizer steps in
+  full-batch training): the new step then began where that work began.
 * A fetch's mode is only known once the work on its batch shows, so a fetch
   after a complete step is held back and recorded, with the step mark at its
   start, when the next phase begins.
@@ -29,9 +31,12 @@ GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER, RECOMPUTE = (_native.intern(p) for 
 
 
 class StepTracker:
-    def __init__(self, on_new_step=None):
+    def __init__(self, on_new_step=None, may_begin=None):
         # on_new_step(previous_had_forward): lets an integration adapt its hooks
         self.on_new_step = on_new_step
+        # may_begin(): False where this process runs no training loop of its own
+        # (a DataLoader worker running transforms): nothing there is a step
+        self.may_begin = may_begin
         self.reset()
 
     def reset(self) -> None:
@@ -58,6 +63,8 @@ class StepTracker:
             self.reset()
 
     def _begin(self, mode: str, at: int) -> None:
+        if self.may_begin is not None and not self.may_begin():
+            self.suspended = True
         if self.mode is not None and self.on_new_step is not None:
             self.on_new_step(self.forwards_in_step > 0)
         if not self.suspended:
@@ -88,11 +95,13 @@ class StepTracker:
         elif self.done:
             if mode != self.mode:
                 self._begin(mode, now)
-            elif self.fed:
-                return  # a loader drives this loop: the next fetch starts the next step
-            elif len(self.optimizers_known) > 1 and mode == "train":
+            elif mode == "train" and (self.fed or len(self.optimizers_known) > 1):
+                # The next fetch starts the next step, unless an optimizer of this
+                # step steps again first: then a new iteration began here.
                 if self.candidate is None:
                     self.candidate = (now, mode)
+            elif self.fed:
+                return  # a loader drives this loop: the next fetch starts the next step
             else:
                 self._begin(mode, now)
 
@@ -135,8 +144,10 @@ class StepTracker:
         self.forward_end = None
         self.last_end = t1
 
-    def backward_started(self, now: int) -> None:
-        self.phase_start("train", now)
+    def backward_started(self, now: int, begins_step: bool = True) -> None:
+        """begins_step=False: a backward inside an optimizer step (an LBFGS closure)."""
+        if begins_step:
+            self.phase_start("train", now)
         if self.forward_end is not None and now > self.forward_end:
             # No loss module or function was seen: the loss is what ran between.
             _native.span(PHASE, LOSS, self.forward_end, now)
@@ -159,7 +170,9 @@ class StepTracker:
         if self.candidate is not None:
             at, mode = self.candidate
             if key in self.optimizers_in_step:
+                fed = self.fed
                 self._begin(mode, at)  # this optimizer steps again: a new iteration began there
+                self.fed = fed  # still the same loader's loop
             else:
                 self.candidate = None  # another optimizer of the same iteration
         else:

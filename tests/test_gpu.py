@@ -514,11 +514,11 @@ def test_torch_profiler_still_works_with_the_hand_over_wrapper(run_dir):
     import torch
     import torch.autograd.profiler as autograd_profiler
 
-    from stepscope.core import gpu
+    from stepscope.integrations import torch as st_torch
 
-    gpu._wrap_profiler(autograd_profiler)
-    gpu._wrap_profiler(autograd_profiler)  # idempotent
-    assert autograd_profiler.profile._stepscope_wrapped
+    st_torch.instrumentor.ensure()
+    st_torch.instrumentor.ensure()  # idempotent
+    assert autograd_profiler.profile.__exit__.__wrapped__ is not None
     s = stepscope.start(name="prof-cpu", gpu="off")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         torch.randn(64, 64) @ torch.randn(64, 64)

@@ -294,44 +294,38 @@ def _has_strategy() -> bool:
 
 
 # --- torch backend --------------------------------------------------------------------
-def _torch_instrumentation():
+def _torch_tracker():
     from stepscope.integrations import torch as st_torch
 
-    st_torch.instrument()
-    return st_torch._active
+    return st_torch.step_tracker()
 
 
 def _torch_mode_begins(mode: str) -> None:
-    inst = _torch_instrumentation()
-    if inst is not None:
-        inst.tracker.close()
-        inst.forced_modes.append(mode)
+    from stepscope.integrations import torch as st_torch
+
+    cm = st_torch.forced_mode(mode)
+    cm.__enter__()
+    _forced.append(cm)
 
 
 def _torch_mode_ends() -> None:
-    inst = _torch_instrumentation()
-    if inst is not None:
-        inst.tracker.close()
-        if inst.forced_modes:
-            inst.forced_modes.pop()
+    if _forced:
+        _forced.pop().__exit__(None, None, None)
+
+
+_forced: list = []  # the open forced_mode contexts of nested fit/evaluate/predict
 
 
 def _hidden_from_torch(original):
     """Keras's symbolic passes (building a model on KerasTensors, on a first
     batch before a loop's callbacks run) call the torch modules too: they are
-    no steps and no phases. They run as if nested in a forward (``depth``),
-    which the PyTorch hooks ignore."""
+    no steps and no phases (the torch integration's ``hidden()``)."""
+    from stepscope.integrations import torch as st_torch
 
     @functools.wraps(original)
     def symbolic(*args, **kwargs):
-        inst = _torch_instrumentation()
-        if inst is not None:
-            inst.depth += 1
-        try:
+        with st_torch.hidden():
             return original(*args, **kwargs)
-        finally:
-            if inst is not None:
-                inst.depth -= 1
 
     symbolic.__stepscope_original__ = original
     return symbolic
@@ -342,12 +336,13 @@ def _symbolic_calls_hidden_from_torch(original):
     ``nn.Module.__call__`` too; only outermost calls are checked."""
     from keras.src.backend.common.keras_tensor import any_symbolic_tensors
 
+    from stepscope.integrations import torch as st_torch
+
     hidden = _hidden_from_torch(original)
 
     @functools.wraps(original)
     def __call__(layer, *args, **kwargs):
-        inst = _torch_instrumentation()
-        if inst is None or inst.depth or not any_symbolic_tensors(args, kwargs):
+        if st_torch.is_hidden() or not any_symbolic_tensors(args, kwargs):
             return original(layer, *args, **kwargs)
         return hidden(layer, *args, **kwargs)
 
@@ -361,22 +356,22 @@ def _wrap_optimizer_apply(original):
 
     @functools.wraps(original)
     def apply(optimizer, *args, **kwargs):
-        inst = _torch_instrumentation() if depth[0] == 0 else None
+        tracker = _torch_tracker() if depth[0] == 0 else None
         t0 = _native.now()
         depth[0] += 1
         try:
-            if inst is not None:
-                inst.tracker.optimizer_started(id(optimizer), t0)
+            if tracker is not None:
+                tracker.optimizer_started(id(optimizer), t0)
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("the Keras optimizer hook failed", exc)
-            inst = None
+            tracker = None
         try:
             return original(optimizer, *args, **kwargs)
         finally:
             depth[0] -= 1
-            if inst is not None:
+            if tracker is not None:
                 try:
-                    inst.tracker.optimizer_ended(id(optimizer), t0, _native.now())
+                    tracker.optimizer_ended(id(optimizer), t0, _native.now())
                 except Exception as exc:  # noqa: BLE001
                     safety.report_failure("the Keras optimizer hook failed", exc)
 
@@ -455,7 +450,7 @@ def _hook_backend() -> bool:
         if backend == "tensorflow":
             from stepscope.integrations import tfdata
 
-            tfdata.instrument()
+            tfdata.instrumentor.ensure()
             from keras.src.backend.tensorflow import tensorboard
 
             _patch(tensorboard, "start_trace", _yield_to_user_profiler)
@@ -522,7 +517,13 @@ def is_instrumented() -> bool:
     return _state["instrumented"]
 
 
-def _on_import(keras_module) -> None:
-    """Zero-edit mode: right after `import keras` (see core.autostart)."""
-    if "keras" in sys.modules:
-        instrument()
+class _KerasEntry:
+    """The entry point zero-edit start loads (``stepscope_instrumentor``)."""
+
+    @staticmethod
+    def on_import(keras_module) -> None:
+        if "keras" in sys.modules:
+            instrument()
+
+
+instrumentor = _KerasEntry()

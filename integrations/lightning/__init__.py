@@ -21,13 +21,13 @@ import sys
 from typing import Optional
 
 from stepscope.core import _native, safety
+from stepscope.integrations._base import Instrumentor, version_supported
 
-__all__ = ["StepscopeCallback", "instrument", "uninstrument"]
+__all__ = ["StepscopeCallback", "instrument", "uninstrument", "is_instrumented", "instrumentor"]
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
 _NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 _classes: dict = {}
-_patched: list = []
 
 
 def _namespace(preferred: Optional[str] = None):
@@ -46,8 +46,7 @@ def _namespace(preferred: Optional[str] = None):
 def _tracker():
     from stepscope.integrations import torch as st_torch
 
-    st_torch.instrument()
-    return st_torch._active.tracker if st_torch._active is not None else None
+    return st_torch.step_tracker()
 
 
 def _forwarding_profiler_class(pl):
@@ -158,14 +157,48 @@ def _has_ours(trainer) -> bool:
                for cb in getattr(trainer, "callbacks", []))
 
 
-def instrument(namespace: Optional[str] = None) -> None:
-    """Adds the callback to every Trainer created from now on (zero-edit mode). Idempotent."""
-    pl = _namespace(namespace)
-    trainer_cls = pl.Trainer
-    if getattr(trainer_cls.__init__, "__stepscope_original__", None) is not None:
-        return
-    original = trainer_cls.__init__
+class LightningInstrumentor(Instrumentor):
+    """Zero-edit mode: every Trainer created gets the callback (unless it has one)."""
 
+    name = "lightning"
+    distribution = ""  # two distributions (lightning, pytorch_lightning); 2.x checked below
+    supported = ""
+
+    def _instrument(self, namespace: Optional[str] = None) -> None:
+        for pl in _loaded_namespaces(namespace):
+            version = str(getattr(pl, "__version__", "0"))
+            if not version_supported(version, ">=2.0"):
+                safety.warn_once(f"unsupported:{pl.__name__}", f"stepscope: {pl.__name__} {version} is outside "
+                                 "the versions this integration knows (>=2.0); it is not instrumented")
+                continue
+            self.patch(pl.Trainer, "__init__", lambda original, pl=pl: _adding_callback(original, pl))
+
+    def on_import(self, module) -> None:
+        # `import lightning` imports lightning.pytorch lazily: patch what is importable now.
+        name = "lightning.pytorch" if module.__name__ == "lightning" else module.__name__
+        if self._on:  # the other namespace came later: patch it too
+            self._patch_namespace(name)
+        else:
+            self.ensure(namespace=name)
+
+    def _patch_namespace(self, name: str) -> None:
+        try:
+            pl = _namespace(name)
+        except ImportError:
+            return
+        if getattr(pl.Trainer.__init__, "__stepscope_lightning__", False):
+            return
+        self.patch(pl.Trainer, "__init__", lambda original: _adding_callback(original, pl))
+
+
+def _loaded_namespaces(namespace: Optional[str]):
+    if namespace:
+        return [_namespace(namespace)]
+    loaded = [sys.modules[n] for n in _NAMESPACES if n in sys.modules]
+    return loaded or [_namespace()]
+
+
+def _adding_callback(original, pl):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         try:
@@ -174,21 +207,21 @@ def instrument(namespace: Optional[str] = None) -> None:
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("adding the Lightning callback failed", exc)
 
-    import functools
+    __init__.__stepscope_lightning__ = True
+    return __init__
 
-    functools.update_wrapper(__init__, original)
-    __init__.__stepscope_original__ = original
-    trainer_cls.__init__ = __init__
-    _patched.append((trainer_cls, original))
+
+instrumentor = LightningInstrumentor()
+
+
+def instrument(namespace: Optional[str] = None) -> bool:
+    """Adds the callback to every Trainer created from now on (zero-edit mode)."""
+    return instrumentor.instrument(namespace=namespace, stacklevel=3)
 
 
 def uninstrument() -> None:
-    while _patched:
-        cls, original = _patched.pop()
-        cls.__init__ = original
+    instrumentor.uninstrument()
 
 
-def _on_import(module) -> None:
-    """Zero-edit mode: right after `import lightning` / `import pytorch_lightning`."""
-    name = "lightning.pytorch" if module.__name__ == "lightning" else module.__name__
-    instrument(name)
+def is_instrumented() -> bool:
+    return instrumentor.is_instrumented()

@@ -1,0 +1,38 @@
+"""One owner of CUPTI per process: stepscope stands aside for torch.profiler.
+
+torch.profiler (Kineto) registers its own CUPTI buffer callbacks. From its
+``_prepare_trace`` to its ``__exit__`` stepscope flushes and pauses its GPU
+activity tracing (``core.gpu``), then resumes it and notes the gap in run.json.
+"""
+
+from __future__ import annotations
+
+from stepscope.core import gpu
+
+
+def install(inst) -> None:
+    """Patches torch.autograd.profiler.profile through the instrumentor's registry."""
+    from torch.autograd import profiler
+
+    profile = getattr(profiler, "profile", None)
+    if profile is None or not hasattr(profile, "_prepare_trace"):
+        return
+
+    def wrap_prepare(original):
+        def _prepare_trace(self, *args, **kwargs):
+            gpu.pause_activity_tracing()
+            return original(self, *args, **kwargs)
+
+        return _prepare_trace
+
+    def wrap_exit(original):
+        def __exit__(self, *exc):
+            try:
+                return original(self, *exc)
+            finally:
+                gpu.resume_activity_tracing("torch.profiler")
+
+        return __exit__
+
+    inst.patch(profile, "_prepare_trace", wrap_prepare)
+    inst.patch(profile, "__exit__", wrap_exit)

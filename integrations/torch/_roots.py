@@ -1,0 +1,185 @@
+"""Forward and Loss: timing the outermost modules without touching what users keep.
+
+A root module (the model, a loss module) is timed through its per-instance
+``_compiled_call_impl`` slot, the seam ``nn.Module.__call__`` consults before
+anything else (``Module.compile()`` uses it). Unlike forward hooks it is
+invisible to what users do with models: ``nn.Module.__getstate__`` drops it, so
+``pickle``, ``copy.deepcopy`` and ``torch.save`` never carry it; TorchScript
+and ``jit.trace`` do not read it; and the module keeps torch's no-hook fast
+path, so a root costs one Python call per forward.
+
+Roots are found by a pair of global forward hooks during the first steps
+(removed after ``DISCOVERY_STEPS`` steps without a new root; back for a few
+steps when a loop may begin with a new model: an optimizer is created, a
+DataLoader pass starts, a framework loop starts, or a step shows no forward). Global hooks make ``torch.compile`` warn and guard on them,
+so the first ``torch.compile`` call ends discovery for good: compiled modules
+are adopted as roots when compiled, and compiled code is timed from outside.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from stepscope.core import _native
+from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE
+
+DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
+
+
+class Roots:
+    """The root modules of one process, and the discovery hooks that find them."""
+
+    def __init__(self, inst, torch, fixed: bool):
+        self.inst = inst
+        self.torch = torch
+        self.fixed = fixed  # instrument(model=...): no discovery
+        self.timed = weakref.WeakKeyDictionary()  # module -> (our call, the slot's value before us)
+        self.model_refs = []  # weak references to the non-loss roots, for the fetch's mode guess
+        self.discovery = None
+        self.quiet_steps = 0
+        self.compiled = False  # torch.compile was called: discovery is over for good
+        self.pending_root = None  # (module) whose first call is timed by the discovery post-hook
+        from torch.nn.modules.loss import _Loss
+
+        self.loss_type = _Loss
+        skipped = []  # cannot carry Python timing, or compiler output
+        for path in ("torch.fx.GraphModule", "torch.jit.ScriptModule"):
+            module_name, _, cls = path.rpartition(".")
+            try:
+                skipped.append(getattr(__import__(module_name, fromlist=[cls]), cls))
+            except Exception:  # noqa: BLE001
+                pass
+        self.skipped_types = tuple(skipped)
+
+    # --- adopting a root ------------------------------------------------------------
+    def adopt(self, module) -> None:
+        if module in self.timed or isinstance(module, self.skipped_types):
+            return
+        before = module.__dict__.get("_compiled_call_impl")
+        module.__dict__["_compiled_call_impl"] = self._timed_call(module, before)
+        self.timed[module] = (module.__dict__["_compiled_call_impl"], before)
+        if not isinstance(module, self.loss_type):
+            self.model_refs.append(weakref.ref(module))
+
+    def rewrap(self, module) -> None:
+        """Module.compile() replaced the slot: time the compiled call instead."""
+        entry = self.timed.pop(module, None)
+        if entry is not None and module.__dict__.get("_compiled_call_impl") is not entry[0]:
+            compiled = module.__dict__.get("_compiled_call_impl")
+            module.__dict__["_compiled_call_impl"] = self._timed_call(module, compiled)
+            self.timed[module] = (module.__dict__["_compiled_call_impl"], compiled)
+        elif entry is not None:
+            self.timed[module] = entry
+        else:
+            self.adopt(module)
+
+    def _timed_call(self, module, inner):
+        inst = self.inst
+        ref = weakref.ref(module)  # no cycle: the module's memory is freed when the user drops it
+        call_impl = self.torch.nn.Module._call_impl
+        is_compiling = inst.is_compiling
+
+        def timed_call(*args, **kwargs):
+            m = ref()
+            if inner is not None:
+                call, lead = inner, ()
+            else:
+                call, lead = call_impl, (m,)
+            if is_compiling() or inst.depth:
+                return call(*lead, *args, **kwargs)
+            inst.root_pre(m)
+            try:
+                return call(*lead, *args, **kwargs)
+            finally:
+                inst.root_post()
+
+        return timed_call
+
+    def release(self) -> None:
+        """Puts every root's slot back as it was (uninstrument)."""
+        self.stop_discovery()
+        for module, (ours, before) in list(self.timed.items()):
+            if module.__dict__.get("_compiled_call_impl") is ours:
+                if before is None:
+                    module.__dict__.pop("_compiled_call_impl", None)
+                else:
+                    module.__dict__["_compiled_call_impl"] = before
+        self.timed = weakref.WeakKeyDictionary()
+
+    @property
+    def models(self):
+        return [m for m in (ref() for ref in self.model_refs) if m is not None]
+
+    # --- discovery ----------------------------------------------------------------------
+    def start_discovery(self) -> None:
+        if self.discovery is None and not self.fixed and not self.compiled:
+            from torch.nn.modules import module as module_mod
+
+            self.discovery = (module_mod.register_module_forward_pre_hook(self.discover_pre),
+                              module_mod.register_module_forward_hook(self.discover_post, always_call=True))
+            self.quiet_steps = 0
+
+    def stop_discovery(self) -> None:
+        if self.discovery is not None:
+            for handle in self.discovery:
+                handle.remove()
+            self.discovery = None
+
+    def look_again(self) -> None:
+        """A loop may begin with a model not seen yet (a new optimizer, a new
+        pass over a DataLoader, a framework loop): discover for a few steps."""
+        if self.discovery is None:
+            self.start_discovery()
+        else:
+            self.quiet_steps = 0
+
+    def compile_called(self) -> None:
+        """torch.compile in use: no more global hooks (they warn and add guards)."""
+        self.compiled = True
+        self.stop_discovery()
+
+    def step_completed(self, had_forward: bool) -> None:
+        if not had_forward:
+            if self.compiled and self.discovery is None and not self.fixed:
+                return
+            self.start_discovery()
+        elif self.discovery is not None:
+            self.quiet_steps += 1
+            if self.quiet_steps >= DISCOVERY_STEPS:
+                self.stop_discovery()
+
+    def discover_pre(self, module, args):
+        inst = self.inst
+        if inst.is_compiling() or inst.depth or self.pending_root is not None:
+            return None
+        try:
+            if module in self.timed or isinstance(module, self.skipped_types):
+                return None
+            self.adopt(module)
+            inst.root_pre(module)  # this call started before the module was a root
+            self.pending_root = module
+            self.quiet_steps = 0
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return None
+
+    def discover_post(self, module, args, output):
+        if module is self.pending_root:
+            self.pending_root = None
+            try:
+                self.inst.root_post()
+            except Exception as exc:  # noqa: BLE001
+                self.inst.fail(exc)
+        return None
+
+
+def phase_of(inst, module):
+    """(mode, phase) of a root forward starting now."""
+    if inst.in_backward:
+        return "train", RECOMPUTE
+    if isinstance(module, inst.roots.loss_type):
+        return "train", LOSS
+    return inst.mode_of(module), FORWARD
+
+
+__all__ = ["Roots", "phase_of", "DISCOVERY_STEPS", "_native"]

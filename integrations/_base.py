@@ -24,6 +24,7 @@ stepscope.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -97,7 +98,8 @@ class Instrumentor:
     """Base class of every integration (see the module docstring)."""
 
     name = ""              # short name, used in messages ("torch")
-    distribution = ""      # the distribution whose version is checked ("torch")
+    module = ""            # the framework's module: its __version__ is checked when imported
+    distribution = ""      # else this distribution's version ("torch")
     supported = ""         # PEP 440 specifier of the versions it knows (">=2.1")
 
     def __init__(self):
@@ -117,12 +119,11 @@ class Instrumentor:
         """instrument() without the warning: for integrations that build on another."""
         if self._on:
             return True
-        installed = distribution_version(self.distribution) if self.distribution else None
+        installed = self.installed_version()
         if not version_supported(installed, self.supported):
             safety.warn_once(f"unsupported:{self.name}",
-                             f"stepscope: {self.name} {installed} is outside the versions this integration "
-                             f"knows ({self.supported}); it is not instrumented, the program runs unprofiled "
-                             f"for {self.name}")
+                             f"stepscope: {self.name} {installed} is not supported (this integration knows "
+                             f"{self.supported}); {self.name} is not profiled, the program continues unaffected")
             return False
         try:
             self._instrument(**kwargs)
@@ -132,6 +133,13 @@ class Instrumentor:
             return False
         self._on = True
         return True
+
+    def installed_version(self) -> Optional[str]:
+        loaded = sys.modules.get(self.module) if self.module else None
+        version = getattr(loaded, "__version__", None)
+        if isinstance(version, str):
+            return version
+        return distribution_version(self.distribution) if self.distribution else None
 
     def uninstrument(self) -> None:
         """Undoes everything instrument() did; does nothing when it is off."""

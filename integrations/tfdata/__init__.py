@@ -36,6 +36,7 @@ MODE = "train"
 
 class TfDataInstrumentor(Instrumentor):
     name = "tf.data"
+    module = "tensorflow"
     distribution = "tensorflow"
     supported = ">=2.12"
 

@@ -37,6 +37,7 @@ def _no_steps_in_loader_workers(torch):
 
 class TorchInstrumentor(Instrumentor):
     name = "torch"
+    module = "torch"
     distribution = "torch"
     supported = ">=2.1"
 

@@ -1,0 +1,197 @@
+"""The Keras callback: steps from the batch hooks, GetNext and sampled phases."""
+
+from __future__ import annotations
+
+import sys
+
+from stepscope.core import _native, safety
+from stepscope.integrations.keras._instrumentors import backend_hooks
+from stepscope.integrations.keras._tf_backend import _fetching_in_python, _has_strategy
+from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends
+
+MODES = {"train": "train", "test": "eval", "predict": "predict"}
+_class = None
+
+
+def _backend(keras) -> str:
+    return keras.backend.backend()
+
+
+def _build_class(keras):
+    class StepscopeCallback(keras.callbacks.Callback):
+        """Steps, GetNext and sampled phases of ``fit``/``evaluate``/``predict``.
+
+        Keywords are those of ``stepscope.start``; a session is started if none
+        runs (it records until ``stepscope.stop()`` or the end of the process).
+        """
+
+        async_safe = True  # no batch-end hooks: Keras may keep its async dispatch
+
+        def __init__(self, **start_kwargs):
+            super().__init__()
+            self._start_kwargs = start_kwargs
+            self._loops: list = []  # (mode, restore) of the loops in progress, innermost last
+            self._open = False  # a step of ours is open
+            self._step_begin = 0
+            self._work_end = 0  # tick: end of the open step's compiled call, when known
+            self._sampler = None
+            self._off = False
+            try:
+                backend_hooks.ensure()  # before fit: its first batch may run before on_train_begin
+            except Exception as exc:  # noqa: BLE001
+                safety.report_failure("the Keras integration failed", exc)
+
+        # --- loops ---------------------------------------------------------------
+        def _begin(self, kind: str) -> None:
+            if self._off:
+                return
+            import stepscope
+
+            if not backend_hooks.ensure():  # a Keras version it does not know: off, one line
+                self._off = True
+                return
+            if stepscope.current() is None:
+                stepscope.start(**self._start_kwargs)
+            mode = MODES[kind]
+            self._close_window()
+            self._end_step()
+            restore = None
+            backend = _backend(keras)
+            if backend == "tensorflow":
+                restore = self._begin_tf(kind)
+            elif backend == "torch":
+                _tfdata_loop(True)  # a tf.data dataset fed to a torch-backend fit: no steps of its own
+                _torch_mode_begins(mode)
+            self._loops.append((kind, restore))
+
+        def _begin_tf(self, kind: str):
+            from stepscope.integrations import tfdata
+
+            tfdata.keras_loop_begins()
+            model = self.model
+            restore = None
+            attr = {"train": "train_function", "test": "test_function"}.get(kind)
+            function = getattr(model, attr, None) if attr else None
+            if (function is not None and getattr(model, "steps_per_execution", 1) == 1
+                    and not _has_strategy() and not hasattr(function, "__stepscope_original__")):
+                setattr(model, attr, _fetching_in_python(function, self))
+                restore = (attr, function)
+            if kind == "train" and not getattr(model, "run_eagerly", False):
+                from stepscope.core import session
+                from stepscope.integrations.keras import _window
+
+                current = session.current()
+                self._sampler = _window.Sampler(model, current.config.steps if current else None)
+            return restore
+
+        def _end(self, kind: str) -> None:
+            if self._off or not self._loops:
+                return
+            _, restore = self._loops.pop()
+            if kind == "train":
+                self._close_window()
+                self._sampler = None
+            self._end_step()
+            backend = _backend(keras)
+            if backend == "tensorflow":
+                from stepscope.integrations import tfdata
+
+                if restore is not None:
+                    attr, function = restore
+                    if getattr(getattr(self.model, attr, None), "__stepscope_original__", None) is function:
+                        setattr(self.model, attr, function)
+                tfdata.keras_loop_ends()
+            elif backend == "torch":
+                _torch_mode_ends()
+                _tfdata_loop(False)
+
+        def _end_step(self) -> int:
+            """Ends the open step where its work ended; returns that tick."""
+            end = _native.now()
+            if self._open:
+                if self._step_begin < self._work_end < end:
+                    end = self._work_end
+                _native.end_step(end)
+                self._open = False
+            return end
+
+        def _close_window(self) -> None:
+            """The window's last step ends before the profiler is read: that cost
+            lies between steps, as the `stepscope.profiler_window` annotation."""
+            if self._sampler is not None and self._sampler.window is not None:
+                self._sampler.close(self._end_step())
+
+        def _step(self, kind: str, batch: int) -> None:
+            if self._off or not self._loops or _backend(keras) == "torch":
+                return  # on torch the PyTorch step tracker marks steps from its fetches
+            sampler = self._sampler if kind == "train" else None
+            if sampler is not None and sampler.window_ends_before(batch):
+                self._close_window()
+            t = _native.now()
+            number = _native.begin_step(MODES[kind], t)
+            self._open = True
+            self._step_begin = t
+            if sampler is not None:
+                sampler.after_step(number, batch, (self.params or {}).get("steps"), t)
+
+        # --- Keras hooks (each guarded: a failure turns stepscope off, never the job)
+        @safety.guarded("the Keras callback failed")
+        def on_train_begin(self, logs=None):
+            self._begin("train")
+
+        @safety.guarded("the Keras callback failed")
+        def on_train_end(self, logs=None):
+            self._end("train")
+
+        @safety.guarded("the Keras callback failed")
+        def on_test_begin(self, logs=None):
+            self._begin("test")
+
+        @safety.guarded("the Keras callback failed")
+        def on_test_end(self, logs=None):
+            self._end("test")
+
+        @safety.guarded("the Keras callback failed")
+        def on_predict_begin(self, logs=None):
+            self._begin("predict")
+
+        @safety.guarded("the Keras callback failed")
+        def on_predict_end(self, logs=None):
+            self._end("predict")
+
+        @safety.guarded("the Keras callback failed")
+        def on_epoch_end(self, epoch, logs=None):
+            self._close_window()
+            self._end_step()
+
+        @safety.guarded("the Keras callback failed")
+        def on_train_batch_begin(self, batch, logs=None):
+            self._step("train", batch)
+
+        @safety.guarded("the Keras callback failed")
+        def on_test_batch_begin(self, batch, logs=None):
+            self._step("test", batch)
+
+        @safety.guarded("the Keras callback failed")
+        def on_predict_batch_begin(self, batch, logs=None):
+            self._step("predict", batch)
+
+    StepscopeCallback.__module__ = "stepscope.integrations.keras"
+    return StepscopeCallback
+
+
+def _tfdata_loop(begins: bool) -> None:
+    if "tensorflow" not in sys.modules:
+        return
+    from stepscope.integrations import tfdata
+
+    (tfdata.keras_loop_begins if begins else tfdata.keras_loop_ends)()
+
+
+def _callback_class():
+    global _class
+    if _class is None:
+        import keras
+
+        _class = _build_class(keras)
+    return _class

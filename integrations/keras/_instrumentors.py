@@ -1,0 +1,102 @@
+"""The Keras instrumentors (the integration contract of ``integrations._base``).
+
+* ``backend_hooks``: what the callback needs beside itself -- tf.data fetches
+  and the yield to TensorBoard's profiler on TensorFlow; the Keras optimizer
+  and symbolic passes on torch. The callback turns it on.
+* ``instrumentor``: zero-edit mode; adds the callback to every
+  ``fit``/``evaluate``/``predict`` (and turns on ``backend_hooks``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+
+from stepscope.core import safety
+from stepscope.integrations._base import Instrumentor
+
+
+class KerasBackendHooks(Instrumentor):
+    name = "Keras"
+    module = "keras"
+    distribution = "keras"
+    supported = ">=3,<4"
+
+    def _instrument(self) -> None:
+        import keras
+
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            from keras.src.backend.tensorflow import tensorboard
+
+            from stepscope.integrations import tfdata
+            from stepscope.integrations.keras._tf_backend import _yield_to_user_profiler
+
+            tfdata.instrumentor.ensure()
+            self.patch(tensorboard, "start_trace", _yield_to_user_profiler)
+        elif backend == "torch":
+            from stepscope.integrations.keras import _torch_backend as tb
+
+            self.patch(keras.optimizers.Optimizer, "apply", tb._wrap_optimizer_apply)
+            self.patch(keras.Model, "_symbolic_build", tb._hidden_from_torch)
+            self.patch(keras.Layer, "__call__", tb._symbolic_calls_hidden_from_torch)
+
+
+class KerasInstrumentor(Instrumentor):
+    name = "Keras"
+    module = "keras"
+    distribution = "keras"
+    supported = ">=3,<4"
+
+    def _instrument(self) -> None:
+        import keras
+
+        if not backend_hooks.ensure():
+            raise RuntimeError("the Keras backend hooks could not be installed")
+        for name in ("fit", "evaluate", "predict"):
+            self.patch(keras.Model, name, _with_callback)
+
+    def on_import(self, module) -> None:
+        if "keras" in sys.modules:
+            self.ensure()
+
+
+backend_hooks = KerasBackendHooks()
+instrumentor = KerasInstrumentor()
+
+
+def _callback_class():
+    from stepscope.integrations.keras._callback import _callback_class as build
+
+    return build()
+
+
+def _has_ours(callbacks) -> bool:
+    from stepscope.integrations.keras import _callback
+
+    cls = _callback._class
+    items = getattr(callbacks, "callbacks", callbacks) or []
+    return cls is not None and any(isinstance(cb, cls) for cb in items)
+
+
+def _with_callback(method):
+    """fit/evaluate/predict with our callback added to `callbacks` (keyword or positional)."""
+    index = list(inspect.signature(method).parameters).index("callbacks") - 1  # without self
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            if index < len(args):
+                callbacks = args[index]
+                if not _has_ours(callbacks) and not hasattr(callbacks, "callbacks"):
+                    args = (*args[:index], [*(callbacks or []), _callback_class()()], *args[index + 1:])
+            else:
+                callbacks = kwargs.get("callbacks")
+                if not _has_ours(callbacks) and not hasattr(callbacks, "callbacks"):
+                    kwargs["callbacks"] = [*(callbacks or []), _callback_class()()]
+        except Exception as exc:  # noqa: BLE001
+            safety.report_failure("adding the Keras callback failed", exc)
+        return method(self, *args, **kwargs)
+
+    return wrapper

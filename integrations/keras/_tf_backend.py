@@ -1,0 +1,74 @@
+"""Keras on TensorFlow: the batch fetched in Python (GetNext on every step),
+and the yield to TensorBoard's profiler."""
+
+from __future__ import annotations
+
+import functools
+
+from stepscope.core import _native, safety
+
+
+class _PythonFetch:
+    """Stands for a tf.data iterator in Keras's step function: one eager fetch
+    per step (timed by the tf.data integration), its end as TF's end-of-data."""
+
+    __slots__ = ("iterator", "out_of_range")
+
+    def __init__(self, iterator, out_of_range):
+        self.iterator = iterator
+        self.out_of_range = out_of_range
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            raise self.out_of_range(None, None, "End of sequence") from None
+
+
+def _fetching_in_python(function, callback):
+    """Keras's step function fed from Python; it also tells the callback where
+    each step's work ended (a loop's last step ends there, not after the
+    epoch's bookkeeping)."""
+    import tensorflow as tf
+    from tensorflow.python.data.ops import iterator_ops
+
+    owned = iterator_ops.OwnedIterator
+
+    @functools.wraps(function)
+    def step_function(iterator):
+        try:
+            if type(iterator) is owned:
+                return function(_PythonFetch(iterator, tf.errors.OutOfRangeError))
+            return function(iterator)
+        finally:
+            callback._work_end = _native.now()
+
+    step_function.__stepscope_original__ = function
+    return step_function
+
+
+def _has_strategy() -> bool:
+    import tensorflow as tf
+
+    return tf.distribute.has_strategy()
+
+
+def _yield_to_user_profiler(original):
+    """TensorBoard(profile_batch=...) starts TF's profiler: close our window first."""
+
+    @functools.wraps(original)
+    def start_trace(*args, **kwargs):
+        try:
+            from stepscope.integrations.keras import _window  # noqa: F811
+
+            for sampler in _window.Sampler.live():
+                sampler.abandon()
+        except Exception as exc:  # noqa: BLE001
+            safety.report_failure("yielding to TensorBoard's profiler failed", exc)
+        return original(*args, **kwargs)
+
+    start_trace.__stepscope_original__ = original
+    return start_trace

@@ -1,0 +1,95 @@
+"""Keras on torch: Keras layers are ``torch.nn.Module``s, so the PyTorch
+integration gives Forward/Backward/GetNext; this adds the Keras optimizer as
+Optimizer, each loop's mode, and hides Keras's symbolic passes (through the
+torch integration's public seams only)."""
+
+from __future__ import annotations
+
+import functools
+
+from stepscope.core import _native, safety
+
+
+def _torch_tracker():
+    from stepscope.integrations import torch as st_torch
+
+    return st_torch.step_tracker()
+
+
+def _torch_mode_begins(mode: str) -> None:
+    from stepscope.integrations import torch as st_torch
+
+    cm = st_torch.forced_mode(mode)
+    cm.__enter__()
+    _forced.append(cm)
+
+
+def _torch_mode_ends() -> None:
+    if _forced:
+        _forced.pop().__exit__(None, None, None)
+
+
+_forced: list = []  # the open forced_mode contexts of nested fit/evaluate/predict
+
+
+def _hidden_from_torch(original):
+    """Keras's symbolic passes (building a model on KerasTensors, on a first
+    batch before a loop's callbacks run) call the torch modules too: they are
+    no steps and no phases (the torch integration's ``hidden()``)."""
+    from stepscope.integrations import torch as st_torch
+
+    @functools.wraps(original)
+    def symbolic(*args, **kwargs):
+        with st_torch.hidden():
+            return original(*args, **kwargs)
+
+    symbolic.__stepscope_original__ = original
+    return symbolic
+
+
+def _symbolic_calls_hidden_from_torch(original):
+    """A Keras layer called on KerasTensors (building a model) passes through
+    ``nn.Module.__call__`` too; only outermost calls are checked."""
+    from keras.src.backend.common.keras_tensor import any_symbolic_tensors
+
+    from stepscope.integrations import torch as st_torch
+
+    hidden = _hidden_from_torch(original)
+
+    @functools.wraps(original)
+    def __call__(layer, *args, **kwargs):
+        if st_torch.is_hidden() or not any_symbolic_tensors(args, kwargs):
+            return original(layer, *args, **kwargs)
+        return hidden(layer, *args, **kwargs)
+
+    __call__.__stepscope_original__ = original
+    return __call__
+
+
+def _wrap_optimizer_apply(original):
+    """Keras's optimizer on the torch backend: Optimizer, counted once (apply_gradients calls apply)."""
+    depth = [0]
+
+    @functools.wraps(original)
+    def apply(optimizer, *args, **kwargs):
+        tracker = _torch_tracker() if depth[0] == 0 else None
+        t0 = _native.now()
+        depth[0] += 1
+        try:
+            if tracker is not None:
+                tracker.optimizer_started(id(optimizer), t0)
+        except Exception as exc:  # noqa: BLE001
+            safety.report_failure("the Keras optimizer hook failed", exc)
+            tracker = None
+        try:
+            return original(optimizer, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if tracker is not None:
+                try:
+                    tracker.optimizer_ended(id(optimizer), t0, _native.now())
+                except Exception as exc:  # noqa: BLE001
+                    safety.report_failure("the Keras optimizer hook failed", exc)
+
+    apply.__stepscope_original__ = original
+    return apply

@@ -47,6 +47,7 @@ class StepTracker:
         self.pending: Optional[Tuple[int, int, str]] = None  # (t0, t1, mode) of a held-back fetch
         self.candidate: Optional[Tuple[int, str]] = None  # possible step start, several optimizers
         self.optimizers_in_step: set = set()
+        self.optimizers_before: set = set()  # those of the previous step
         self.optimizers_known: set = set()  # ids of optimizers created or seen stepping
         self.last_end = 0  # tick: end of the last phase of the open step
         self.forward_end: Optional[int] = None  # a train forward ended and no loss was seen since
@@ -73,7 +74,7 @@ class StepTracker:
         self.done = False
         self.fed = False
         self.candidate = None
-        self.optimizers_in_step = set()
+        self.optimizers_before, self.optimizers_in_step = self.optimizers_in_step, set()
         self.forward_end = None
         self.forwards_in_step = 0
 
@@ -118,12 +119,16 @@ class StepTracker:
             self.fed = True
             self.last_end = t1
 
-    def exhausted(self, t0: int) -> None:
-        """The loader ran out: the loop is over, its last step ends here."""
+    def exhausted(self, t0: int, t1: int = 0) -> None:
+        """The loader ran out (its last fetch from t0 to t1): the loop is over.
+        That last fetch (a multi-process loader shuts its workers down in it)
+        is the last step's GetNext; the step ends with it."""
         if self.pending is not None:
             self._commit_pending()
         if self.mode is not None:
-            _native.end_step(t0)
+            if t1 > t0:
+                _native.span(PHASE, GETNEXT, t0, t1)
+            _native.end_step(max(t0, t1))
             self.mode = None
             self.done = False
 
@@ -169,7 +174,7 @@ class StepTracker:
         self.optimizers_known.add(key)
         if self.candidate is not None:
             at, mode = self.candidate
-            if key in self.optimizers_in_step:
+            if key in self.optimizers_in_step or self._another_loop(key):
                 fed = self.fed
                 self._begin(mode, at)  # this optimizer steps again: a new iteration began there
                 self.fed = fed  # still the same loader's loop
@@ -177,6 +182,13 @@ class StepTracker:
                 self.candidate = None  # another optimizer of the same iteration
         else:
             self.phase_start("train", now)
+
+    def _another_loop(self, key) -> bool:
+        """An optimizer new to a loop whose steps each stepped the same other
+        optimizers: a second model's loop has begun (a GAN's optimizers all
+        step in the previous step too)."""
+        return bool(self.optimizers_before) and key not in self.optimizers_before \
+            and self.optimizers_in_step == self.optimizers_before
 
     def optimizer_ended(self, key, t0: int, t1: int) -> None:
         _native.span(PHASE, OPTIMIZER, t0, t1)

@@ -237,7 +237,7 @@ class TorchInstrumentor(Instrumentor):
                 inst.depth -= 1
                 if not inst.depth:
                     try:
-                        inst.tracker.exhausted(t0)
+                        inst.tracker.exhausted(t0, _native.now())
                     except Exception as exc:  # noqa: BLE001
                         inst.fail(exc)
                 raise

@@ -1,0 +1,89 @@
+"""Real training patterns that were miscounted (no stepscope in here): python patterns.py KIND.
+
+Prints the truth it knows (wall time of the loop, step counts) for the test to compare."""
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+
+class Normalize(nn.Module):  # a transform that is an nn.Module, as torchvision's are
+    def forward(self, x):
+        return (x - x.mean()) / (x.std() + 1e-6)
+
+
+class Transformed(Dataset):
+    def __init__(self, n):
+        self.x, self.y, self.t = torch.randn(n, 16), torch.randn(n, 1), Normalize()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.t(self.x[i]), self.y[i]
+
+
+def model_and_opt():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def train_step(model, opt, x, y):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def main():
+    torch.manual_seed(0)
+    kind = sys.argv[1]
+    model, opt = model_and_opt()
+    data = TensorDataset(torch.randn(48, 16), torch.randn(48, 1))
+    if kind == "forkbreak":  # eval over a 2-worker loader left with break, then a fresh iterator
+        loader = DataLoader(data, batch_size=4, num_workers=2)
+        model.eval()
+        for epoch in range(2):
+            with torch.no_grad():
+                for i, (x, y) in enumerate(loader):
+                    model(x)
+                    if i == 5:
+                        break
+        print("eval steps", 12)
+    elif kind == "epochs":  # non-persistent workers: iter(loader) starts them each epoch
+        loader = DataLoader(data, batch_size=8, num_workers=2)
+        t0 = time.perf_counter_ns()
+        for epoch in range(3):
+            for x, y in loader:
+                train_step(model, opt, x, y)
+        print("loop_ns", time.perf_counter_ns() - t0)
+    elif kind == "fullbatch":  # one fetch, then many optimizer steps
+        x, y = next(iter(DataLoader(data, batch_size=48)))
+        for _ in range(30):
+            train_step(model, opt, x, y)
+    elif kind in ("transform_train", "transform_eval"):  # nn.Module transforms inside the fetch
+        loader = DataLoader(Transformed(32), batch_size=8)
+        order = ["train", "eval"] if kind == "transform_train" else ["eval", "train"]
+        for mode in order:
+            if mode == "train":
+                model.train()
+                for x, y in loader:
+                    train_step(model, opt, x, y)
+            else:
+                model.eval()
+                with torch.no_grad():
+                    for x, y in loader:
+                        model(x)
+    elif kind == "second_model":  # a second model (and optimizer) trained after the first
+        x, y = torch.randn(8, 16), torch.randn(8, 1)
+        for _ in range(6):
+            train_step(model, opt, x, y)
+        model2, opt2 = model_and_opt()
+        for _ in range(6):
+            train_step(model2, opt2, x, y)
+    print("done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Training patterns that were miscounted, each run unmodified under STEPSCOPE=1."""
+
+import os
+
+import pytest
+
+from test_torch import SCRIPTS, run_script
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+
+
+def _load(tmp_path, kind):
+    r = run_script(tmp_path, os.path.join(SCRIPTS, "patterns.py"), kind, name=kind)
+    return r, stepscope.load(str(tmp_path / "runs" / kind))
+
+
+def test_forked_workers_after_break_write_no_steps(tmp_path):
+    _, run = _load(tmp_path, "forkbreak")
+    steps = run.steps
+    main = steps[steps["process"] == steps["process"].iloc[0]]
+    assert len(steps) == len(main) == 12, steps[["process", "mode", "duration_ns"]]
+    assert set(steps["mode"]) == {"eval"}
+    assert (steps["Forward"] > 0).all()
+
+
+def test_epoch_start_of_workers_is_the_next_steps_getnext(tmp_path):
+    r, run = _load(tmp_path, "epochs")
+    loop_ns = int(r.stdout.split("loop_ns")[1].split()[0])
+    steps = run.steps.sort_values("start_ns")
+    assert len(steps) == 18 and set(steps["mode"]) == {"train"}
+    covered = steps["duration_ns"].sum()
+    # steps are contiguous through the epoch boundaries: they cover the loop's wall time
+    assert covered >= 0.97 * loop_ns, (covered, loop_ns)
+    first_of_epoch = steps.iloc[[0, 6, 12]]["GetNext"]
+    others = steps.drop(steps.index[[0, 6, 12]])["GetNext"]
+    assert first_of_epoch.min() > others.median()  # worker start is in the first fetch
+
+
+def test_full_batch_training_is_one_step_per_optimizer_step(tmp_path):
+    _, run = _load(tmp_path, "fullbatch")
+    steps = run.steps
+    assert len(steps) == 30 and set(steps["mode"]) == {"train"}
+    assert (steps["Optimizer"] > 0).all() and (steps["Forward"] > 0).all()
+
+
+@pytest.mark.parametrize("kind", ["transform_train", "transform_eval"])
+def test_module_transforms_inside_the_fetch_are_getnext(tmp_path, kind):
+    _, run = _load(tmp_path, kind)
+    steps = run.steps
+    assert steps.groupby("mode").size().to_dict() == {"train": 4, "eval": 4}
+    assert (steps["Forward"] > 0).all() and (steps["GetNext"] > 0).all()
+    assert steps["start_ns"].is_monotonic_increasing
+
+
+def test_second_model_is_timed_from_its_first_step(tmp_path):
+    _, run = _load(tmp_path, "second_model")
+    steps = run.steps
+    assert len(steps) == 12 and (steps["Forward"] > 0).all(), steps[["Forward", "Backward"]]

@@ -129,6 +129,17 @@ class Run:
         return list(self.info.get("notes", []))
 
     @property
+    def versions(self) -> dict:
+        """Versions of what the run's processes had imported (frameworks, Python): run.json's,
+        completed from every process.json (a process that started the run may not be the
+        one that trained)."""
+        out = dict(self.info.get("versions") or {})
+        for p in self._procs:
+            for name, version in (p.meta.get("versions") or {}).items():
+                out.setdefault(name, version)
+        return out
+
+    @property
     def processes(self) -> pd.DataFrame:
         rows = []
         for p in self._procs:

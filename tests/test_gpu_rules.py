@@ -24,10 +24,12 @@ import stepscope
 from stepscope.analysis.rules import evaluate
 from stepscope.core import _native
 from stepscope.core import gpu_records as rec
+from stepscope.core import runinfo
+from stepscope.core.vocabulary import CATEGORIES, PROCESS_JSON, RUN_JSON
 
 GPU_RULES = {"LowGPUUtilization", "CPUBottleneck", "IOBottleneck", "BatchSize", "GPUMemoryIncrease",
              "KernelLaunchBound", "HostSyncStall"}
-SYSTEM = _native.CATEGORIES.index("system")
+SYSTEM = CATEGORIES.index("system")
 GiB = 1 << 30
 SAMPLE_NS = 20_000_000  # 20 ms between synthetic samples
 
@@ -127,10 +129,13 @@ class Host:
             _native.counter(SYSTEM, _native.intern(f"gpu.{metric}|gpu{device}"), float(v), None, at)
 
 
-def record(tmp_path, name, steps, body, host_at, gpus, memory_at=lambda t, frac: 30 * GiB, nvml=True, trace=True):
+def record(tmp_path, name, steps, body, host_at, gpus, memory_at=lambda t, frac: 30 * GiB, nvml=True, trace=True,
+           framework="torch"):
     """Runs `steps` real steps (body(i, gpus) inside each), then writes the GPU records
     (trace), NVML samples (util from the simulation, memory from memory_at) and host
-    counters (host_at(step) -> Host.sample keywords, for the step running at each sample)."""
+    counters (host_at(step) -> Host.sample keywords, for the step running at each sample).
+    The run is a simulated `framework` job: its metadata lists that framework's version
+    only (not what this test process happens to have imported)."""
     os.environ["STEPSCOPE_DIR"] = str(tmp_path / "runs")
     empty = tmp_path / "proc"
     empty.mkdir(exist_ok=True)
@@ -158,7 +163,17 @@ def record(tmp_path, name, steps, body, host_at, gpus, memory_at=lambda t, frac:
     for g in gpus if trace else ():
         g.flush()
     session.stop()
+    as_job_of(session.path, framework)
     return stepscope.load(session.path), session.path
+
+
+def as_job_of(path, framework):
+    """Makes a run's metadata say its processes imported `framework` (None: no framework) and nothing else."""
+    versions = {"python": "3", **({framework: "1.0"} if framework else {})}
+    files = [os.path.join(path, RUN_JSON)] + [os.path.join(path, d, PROCESS_JSON) for d in os.listdir(path)
+                                               if os.path.isfile(os.path.join(path, d, PROCESS_JSON))]
+    for f in files:
+        runinfo.write_json_atomic(f, {**runinfo.read_json(f), "versions": versions})
 
 
 def judge(run, overrides=None):
@@ -256,6 +271,13 @@ def test_cpu_bottleneck_names_the_windows_and_steps(tmp_path):
     assert min(firsts) >= 19 and max(w["steps"][1] for w in ev["low_windows"]) == 47
     assert all(w["cpu_util"] >= 90 and w["gpu_util"] < 50 for w in ev["low_windows"])
     assert ev["means"]["cpu_util"] > 90 and "all CPU cores" in f["message"]
+    assert ev["framework"] == "torch" and "torchvision" in f["recommendation"]
+
+
+def rejudged(path, framework, rule, overrides=None):
+    """The same run's finding of `rule` had its processes imported `framework` instead."""
+    as_job_of(path, framework)
+    return only(judge(stepscope.load(path, cache=False), overrides), rule)
 
 
 def starved(i, gpus):
@@ -312,12 +334,21 @@ def io_bound(i, gpus):
 
 def test_io_bottleneck(tmp_path):
     io_bound.path = str(tmp_path / "state.bin")
-    run, _ = record(tmp_path, "io", 30, io_bound, lambda s: dict(cores_busy=12.0, iowait=35.0, process=15.0,
+    run, path = record(tmp_path, "io", 30, io_bound, lambda s: dict(cores_busy=12.0, iowait=35.0, process=15.0,
                                                                  disk_mb_s=180.0), [SimGPU()])
     f = only(judge(run), "IOBottleneck")
     m = f["evidence"]["means"]
     assert m["cpu_iowait"] == pytest.approx(35, abs=0.5) and m["disk_read_bytes_per_s"] > 150 * (1 << 20)
     assert "I/O wait" in f["message"]
+    # the advice speaks the run's framework
+    assert "DataLoader num_workers" in f["recommendation"] and f["evidence"]["framework"] == "torch"
+    tf = rejudged(path, "tensorflow", "IOBottleneck")
+    assert tf["evidence"]["framework"] == "tensorflow" and tf["message"] == f["message"]
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in tf["recommendation"] and "cache()" in tf["recommendation"]
+    assert "DataLoader" not in tf["recommendation"] and "num_workers" not in tf["recommendation"]
+    plain = rejudged(path, None, "IOBottleneck")
+    assert plain["evidence"]["framework"] == "generic"
+    assert not any(w in plain["recommendation"] for w in ("DataLoader", "num_workers", "tf.data"))
 
 
 def test_gpu_memory_increase(tmp_path):
@@ -382,13 +413,16 @@ def syncs_every_step(i, gpus):
 
 
 def test_host_sync_stall_names_the_phase_and_call(tmp_path):
-    run, _ = record(tmp_path, "sync", 30, syncs_every_step, lambda s: QUIET_HOST, [SimGPU()])
+    run, path = record(tmp_path, "sync", 30, syncs_every_step, lambda s: QUIET_HOST, [SimGPU()])
     f = only(judge(run), "HostSyncStall")
     ev = f["evidence"]
     assert ev["phase"] == "Loss" and ev["launch_api"] == "cudaStreamSynchronize"
     assert ev["steps_with_sync"] == ev["steps"] == 28 and ev["syncs_per_step"] == 1
     assert ev["sync_share"] > 0.2 and ev["dtoh_copies_in_phase_per_step"] == 1
     assert ".item()" in f["recommendation"] and "non_blocking" in f["recommendation"]
+    tf = rejudged(path, "tensorflow", "HostSyncStall")
+    assert ".numpy()" in tf["recommendation"] and "prefetch" in tf["recommendation"]
+    assert not any(w in tf["recommendation"] for w in (".item()", "non_blocking", "torch"))
 
 
 def test_load_balancing_names_the_busy_and_the_idle_gpu(tmp_path):

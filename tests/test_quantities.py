@@ -34,3 +34,84 @@ def test_summary_and_diff_live_in_analysis_and_keep_their_old_names():
 
     assert summarize is analysis_summary.summarize and format_text is analysis_summary.format_text
     assert diff is analysis_diff.diff and format_diff is analysis_diff.format_diff
+
+
+# --- real runs ----------------------------------------------------------------------------
+EPOCHS = os.path.join(REPO, "tests", "scripts", "epochs.py")
+
+
+def _epochs_run(tmp_path, name, *args):
+    """tests/scripts/epochs.py under STEPSCOPE=1 (an unmodified PyTorch job), loaded."""
+    import subprocess
+    import sys
+
+    import stepscope
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN=name)
+    r = subprocess.run([sys.executable, EPOCHS, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr[-3000:]
+    return stepscope.load(tmp_path / "runs" / name, quiet=True)
+
+
+def _finding(summary, rule):
+    (f,) = [f for f in summary["findings"] if f["rule"] == rule]
+    return f
+
+
+def test_getnext_finding_quotes_the_summarys_share(tmp_path):
+    """The summary once said GetNext was 74.2% of train step time and GetNextBottleneck 79%
+    (it left each rank's first step out). Both now come from quantities.phase_shares."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    from stepscope.analysis.quantities import percent
+    from stepscope.analysis.summary import format_text, summarize
+
+    run = _epochs_run(tmp_path, "share", "1", "plain", "2", "10")  # one epoch, 10 ms of host work a step
+    s = summarize(run)
+    share = s["phases"]["GetNext"]["share"]
+    f = _finding(s, "GetNextBottleneck")
+    assert f["evidence"]["getnext_share"] == share
+    assert f"{percent(share)} of train step time waits" in f["message"]
+    assert f"GetNext {percent(share)} of train step time" in " ".join(format_text(s).split())
+    assert f["evidence"]["step_ms_mean"] == s["steps"]["train"]["mean_ms"]
+    assert f["evidence"]["steps"] == s["steps"]["train"]["count"] == 10
+    # the worker start-up of the first step is what made the two numbers differ
+    train = run.steps[run.steps["mode"] == "train"].sort_values("start_ns").iloc[1:]
+    assert train["GetNext"].sum() / train["duration_ns"].sum() < share - 0.05
+
+
+def test_epoch_start_figure_for_persistent_workers(tmp_path):
+    """A DataLoader with num_workers=2 starts its workers again at every epoch: the first
+    step of each epoch waits longer, and the finding says what persistent_workers=True saves.
+    With persistent_workers=True already set, it says nothing of the kind."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from stepscope.analysis.summary import summarize
+    from stepscope.core.vocabulary import END_MARK
+
+    run = _epochs_run(tmp_path, "plain", "4", "plain", "2")
+    f = _finding(summarize(run), "GetNextBottleneck")
+    epoch = f["evidence"]["epoch_start"]
+    # the figure, measured again here from the tables: first steps are those after a loader ran out
+    ev, steps = run.events, run.steps.sort_values("start_ns")
+    ends = np.sort(ev[(ev["category"] == "step") & (ev["name"] == END_MARK)]["start_ns"].to_numpy())
+    seen = np.searchsorted(ends, steps["start_ns"].to_numpy(), side="right")
+    first = np.r_[True, seen[1:] > seen[:-1]]
+    assert first.sum() == 4 and list(steps["step"][first]) == [0, 10, 20, 30]
+    getnext = steps["GetNext"].to_numpy()
+    later, other = getnext[first][1:], getnext[~first]
+    assert epoch["epochs"] == 4
+    assert epoch["first_step_getnext_ms"] == round(np.median(later) / 1e6, 3)
+    assert epoch["other_getnext_ms"] == round(np.median(other) / 1e6, 3)
+    excess = (np.median(later) - np.median(other)) / 1e6
+    assert epoch["excess_ms"] == round(excess, 3) and excess > 10
+    assert f"persistent_workers=True would remove about {excess:.0f} ms per epoch" in f["recommendation"]
+    assert f["recommendation"].index("would remove") < f["recommendation"].index("num_workers")
+
+    kept = _epochs_run(tmp_path, "persistent", "4", "persistent", "2")
+    f = _finding(summarize(kept), "GetNextBottleneck")
+    assert "epoch_start" not in f["evidence"] and "would remove" not in f["recommendation"]

@@ -105,5 +105,36 @@ def rules_markdown() -> str:
               "utilization is below `gpu_threshold` one cause, in this order: CPU busy (all cores, or the training "
               "process itself; one busy core among idle ones is not enough), waiting on I/O, room for a larger "
               "batch, otherwise LowGPUUtilization. A rule fires for a GPU when its windows cover `min_share` of "
-              "the loop. The order uses each rule's default thresholds for the other causes.", ""]
+              "the loop. The order uses each rule's default thresholds for the other causes.", "",
+              "## One number per quantity", "",
+              "A finding quotes the summary's figure for the same quantity: both come from the functions of "
+              "`stepscope.analysis.quantities` over the steps table. GetNextBottleneck's share is the summary's "
+              "GetNext `share` computed over one rank's train steps, all of them; on a run with one training "
+              "process it is the summary's number to the digit (`evidence.getnext_share`, and the same "
+              "percentage in the message). Leaving out the first steps (`warmup_steps`) only decides whether "
+              "the rule fires: the share must exceed the threshold with and without them, so that a short run "
+              "whose workers take a while to start is not called input-bound "
+              "(`evidence.getnext_share_after_warmup`, the same function over the later steps).", "",
+              "## Advice per framework", "",
+              "Recommendations about the data pipeline (GetNextBottleneck, CPUBottleneck, IOBottleneck, "
+              "HostSyncStall) are written for the framework that fed the training loop, read from the "
+              "frameworks the run's processes had imported (`versions` in run.json and process.json; "
+              "`evidence.framework` says which was used):", "",
+              "| the run imported | advice | example |", "| --- | --- | --- |",
+              "| torch or Lightning (not TensorFlow); Keras with torch also imported and no Keras profiler "
+              "window (the torch backend) | PyTorch DataLoader | `num_workers`, `prefetch_factor`, "
+              "`persistent_workers=True`, `pin_memory=True` |",
+              "| TensorFlow (not torch); or both, with Keras profiler windows (Keras on TensorFlow) | tf.data | "
+              "`dataset.prefetch(tf.data.AUTOTUNE)`, `map(..., num_parallel_calls=tf.data.AUTOTUNE)`, "
+              "`cache()` |",
+              "| neither, or both without Keras or Lightning to tell them apart | generic | background "
+              "workers, prefetching, caching decoded data |", "",
+              "The texts live in one place, `stepscope.analysis.rules.advice.ADVICE`. For PyTorch, "
+              "GetNextBottleneck also names what `persistent_workers=True` would save when the first train "
+              "step of each epoch (the first step of a process, and each step after a loader ran out) waits "
+              "longer for its batch: X = median GetNext of the first steps of the epochs after the first "
+              "minus the median GetNext of the other train steps, stated only with at least three epochs and "
+              "when those first steps' median exceeds the other steps' 90th percentile by `epoch_start_s` "
+              "(a loader that keeps its workers waits about as long for its first batch as for its slowest "
+              "steady ones); `evidence.epoch_start` holds the figures.", ""]
     return "\n".join(lines)

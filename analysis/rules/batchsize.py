@@ -14,7 +14,7 @@ class BatchSize(LowGPUCause):
     cause = "batch"
     needs = {"cpu_util": "host CPU", "gpu_memory_used_percent": "GPU memory"}
 
-    def describe(self, where, share, m, p):
+    def describe(self, where, share, m, p, framework):
         message = (f"{where} has room for a larger batch: {m['gpu_util']:.0f}% GPU utilization, "
                    f"{m['gpu_memory_percent']:.0f}% of GPU memory used and {m['cpu_util']:.0f}% host CPU, for "
                    f"{100 * share:.0f}% of the training loop")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stepscope.analysis.rules.advice import advice
 from stepscope.analysis.rules.utilization import LowGPUCause
 from stepscope.analysis.rules.windows import COMMON, CPU_BUSY
 
@@ -15,20 +16,15 @@ class CPUBottleneck(LowGPUCause):
     cause = "cpu"
     needs = {"cpu_util": "host CPU"}
 
-    def describe(self, where, share, m, p):
+    def describe(self, where, share, m, p, framework):
         cpu_all, own = m.get("cpu_util", float("nan")), m.get("process_cpu", float("nan"))
         if own == own and own >= p["cpu_threshold"] and not cpu_all >= p["cpu_threshold"]:
             what = (f"the training process is at {own:.0f}% of a core (all cores: {cpu_all:.0f}%), so its own "
                     "Python thread is the bottleneck")
-            fix = ("Take work off the training process: move preprocessing into DataLoader workers "
-                   "(num_workers > 0), cut per-step Python (logging, metric computation on the host), and "
-                   "launch fewer, larger GPU operations (larger batch, torch.compile, CUDA graphs).")
+            fix = advice("offload", framework)
         else:
             what = f"all CPU cores are {cpu_all:.0f}% busy"
-            fix = ("The host cannot produce batches as fast as the GPU consumes them: make preprocessing cheaper "
-                   "(decode once and cache, lighter augmentation, do augmentation on the GPU, e.g. with "
-                   "torchvision.transforms.v2 on CUDA tensors or NVIDIA DALI), avoid oversubscribing cores "
-                   "(DataLoader workers x intra-op threads), or use an instance with more CPUs per GPU.")
+            fix = advice("cheaper_cpu", framework)
         message = (f"{where} is held back by the host CPU: {m['gpu_util']:.0f}% GPU utilization while {what}, "
                    f"for {100 * share:.0f}% of the training loop")
         return message, fix

@@ -2,50 +2,76 @@
 
 from __future__ import annotations
 
+from stepscope.analysis.quantities import epoch_start_wait, loop_starts, ms, percent, phase_share, step_stats
+from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.core.vocabulary import GETNEXT, TRAIN
 
 
 class GetNextBottleneck(Rule):
     name = "GetNextBottleneck"
-    summary = "Share of train step time spent waiting for the next batch."
+    summary = ("Share of train step time spent waiting for the next batch: the summary's GetNext share, per rank "
+               "(over every train step, as in the summary), when it stays above the threshold without the first "
+               "steps too (worker start-up alone is not an input-bound loop).")
     params = {
         "threshold": Param(0.20, "ratio", "fire above this share of train step time in GetNext "
                                           "(XProf: > 20% highly input-bound, 5-20% moderately)"),
-        "warmup_steps": Param(1, "steps", "first train steps of each rank left out (worker start-up)"),
+        "warmup_steps": Param(1, "steps", "the share must exceed the threshold also without each rank's first "
+                                          "train steps (worker start-up); the finding quotes the share over all "
+                                          "of them, the summary's"),
+        "epoch_start_s": Param(0.01, "s", "PyTorch: name the time persistent_workers=True would save when the "
+                                          "first step of each epoch waits at least this much longer for its batch "
+                                          "than the slowest tenth of the other steps"),
     }
 
     def not_applicable(self, run):
         steps = run.steps
-        if not (steps["mode"] == "train").any():
+        if not (steps["mode"] == TRAIN).any():
             return "no train steps"
-        if not (run.phases["name"] == "GetNext").any():
+        if not (run.phases["name"] == GETNEXT).any():
             return "no GetNext phases (the loop does not read from an instrumented data loader)"
         return None
 
     def evaluate(self, run, p):
         out = []
-        train = run.steps[run.steps["mode"] == "train"]
-        for (process, rank), s in train.groupby(["process", "rank"], dropna=False, sort=True):
-            s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
-            total = s["duration_ns"].sum()
-            if total <= 0 or not len(s):
+        steps = run.steps
+        framework = None
+        starts = None
+        train = steps[steps["mode"] == TRAIN]
+        for (process, rank), s in train.groupby(["process", "rank"], dropna=False, sort=True, observed=True):
+            if not len(s) or s["duration_ns"].sum() <= 0:
                 continue
-            share = float(s["GetNext"].sum() / total)
+            share = phase_share(s, GETNEXT)  # the summary's figure (SPEC §7)
             if share <= p["threshold"]:
                 continue
-            worst = s.nlargest(5, "GetNext")
+            steady = phase_share(s.sort_values("start_ns").iloc[int(p["warmup_steps"]):], GETNEXT)
+            if steady <= p["threshold"]:
+                continue  # start-up, not a loop that waits for its data
+            if framework is None:
+                framework = framework_of(run)
+            epoch = None
+            if framework == TORCH:
+                if starts is None:
+                    starts = loop_starts(run.events, steps)
+                mine = steps[steps["process"] == process]
+                epoch = epoch_start_wait(mine, starts, p["epoch_start_s"])
+            stats = step_stats(s)
+            getnext_ms = ms(s[GETNEXT].mean())
+            worst = s.nlargest(5, GETNEXT)
+            recommendation = advice("feed", framework)
+            if epoch is not None:
+                recommendation = advice("epoch_start", TORCH, **epoch) + recommendation
+            evidence = {"process": str(process), "getnext_share": share, "getnext_share_after_warmup": steady,
+                        "getnext_ms_mean": getnext_ms, "step_ms_mean": stats["mean_ms"], "steps": stats["count"],
+                        "framework": framework,
+                        "worst_steps": [{"step": int(r.step), "getnext_ms": ms(getattr(r, GETNEXT))}
+                                        for r in worst.itertuples()]}
+            if epoch is not None:
+                evidence["epoch_start"] = epoch
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
-                message=(f"{rank_label(rank, process)} is input-bound: {100 * share:.0f}% of train step time "
-                         f"waits for the next batch (GetNext {s['GetNext'].mean() / 1e6:.1f} ms of a "
-                         f"{s['duration_ns'].mean() / 1e6:.1f} ms step on average)"),
-                recommendation=("Feed the loop faster: raise DataLoader num_workers (and prefetch_factor), "
-                                "use persistent_workers=True and pin_memory=True, move costly decoding or "
-                                "augmentation out of __getitem__ (pre-process once, cache decoded data), or "
-                                "read from faster storage."),
-                evidence={"process": str(process), "getnext_share": round(share, 4),
-                          "getnext_ms_mean": round(s["GetNext"].mean() / 1e6, 3),
-                          "step_ms_mean": round(s["duration_ns"].mean() / 1e6, 3), "steps": int(len(s)),
-                          "worst_steps": [{"step": int(r.step), "getnext_ms": round(r.GetNext / 1e6, 3)}
-                                          for r in worst.itertuples()]}))
+                message=(f"{rank_label(rank, process)} is input-bound: {percent(share)} of train step time "
+                         f"waits for the next batch (GetNext {getnext_ms:.1f} ms of a "
+                         f"{stats['mean_ms']:.1f} ms step on average)"),
+                recommendation=recommendation, evidence=evidence))
         return out

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
+from stepscope.analysis.rules.advice import advice, framework_of, sync_culprit
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import no_gpu_reason, train_steps
-
-# What usually synchronizes in each phase (PyTorch).
-CULPRITS = {
-    "Loss": "reading the loss on the host every step (loss.item(), float(loss), print(loss), a metric on .cpu())",
-    "Forward": "host reads of GPU tensors in the model (tensor.item(), .tolist(), .cpu(), data-dependent "
-               "control flow such as `if x.sum() > 0`, torch.nonzero / boolean indexing)",
-    "Backward": "host reads of GPU tensors in backward hooks, or gradient clipping that checks for "
-                "non-finite norms on the host",
-    "Optimizer": "host reads in the optimizer step (e.g. GradScaler's inf checks read on the host, "
-                 "clip_grad_norm_ with error_if_nonfinite, learning-rate schedulers reading tensors)",
-    "GetNext": "blocking host-to-device copies of the batch (.to(device) from pageable memory)",
-}
-
 
 class HostSyncStall(Rule):
     name = "HostSyncStall"
@@ -41,6 +29,7 @@ class HostSyncStall(Rule):
         sync = run.sync
         sync = sync[sync["mode"] == "train"]
         out = []
+        framework = None
         for (process, rank), s in steps.groupby(["process", "rank"], dropna=False, sort=True):
             y = sync[(sync["process"] == process) & sync["step"].isin(set(s["step"]))]
             total = float(s["duration_ns"].sum())
@@ -59,18 +48,16 @@ class HostSyncStall(Rule):
             copies = copies[(copies["process"] == process) & (copies["mode"] == "train")
                             & copies["step"].isin(set(s["step"])) & (copies["phase"] == phase)]
             dtoh = copies[copies["kind"] == "DtoH"]
-            culprit = CULPRITS.get(phase, "host reads of GPU tensors")
+            framework = framework or framework_of(run)
+            culprit = sync_culprit(framework, phase)
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)} blocks on the GPU every step: {100 * share:.0f}% of train "
                          f"step time is spent in synchronizations ({y['step'].nunique()} of {len(s)} steps, "
                          f"{per_step.mean() / 1e6:.1f} ms per step), mostly {api} in {phase}"),
-                recommendation=(f"In {phase}, look for {culprit}. Keep values on the GPU and read them every N "
-                                "steps (accumulate the loss as a tensor, log it periodically), avoid print() of "
-                                "tensors, and copy host-to-device with pin_memory=True and "
-                                ".to(device, non_blocking=True). torch.cuda.set_sync_debug_mode(\"warn\") "
-                                "points at each synchronizing call."),
-                evidence={"process": str(process), "steps": int(len(s)), "steps_with_sync": int(y["step"].nunique()),
+                recommendation=f"In {phase}, look for {culprit}. {advice('sync', framework)}",
+                evidence={"process": str(process), "framework": framework, "steps": int(len(s)),
+                          "steps_with_sync": int(y["step"].nunique()),
                           "step_range": [int(s["step"].min()), int(s["step"].max())],
                           "sync_share": round(share, 4), "sync_ms_per_step": round(per_step.mean() / 1e6, 3),
                           "syncs_per_step": round(len(y) / len(s), 2), "phase": phase, "launch_api": api,

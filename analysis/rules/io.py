@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stepscope.analysis.rules.advice import advice
 from stepscope.analysis.rules.utilization import LowGPUCause
 from stepscope.analysis.rules.windows import COMMON, IOWAIT_RATIO, MIN_IOWAIT
 
@@ -13,7 +14,7 @@ class IOBottleneck(LowGPUCause):
     cause = "io"
     needs = {"cpu_iowait": "host CPU iowait"}
 
-    def describe(self, where, share, m, p):
+    def describe(self, where, share, m, p, framework):
         disk = m.get("disk_read_bytes_per_s")
         reads = f", disks reading {disk / (1 << 20):.0f} MB/s" if disk is not None else ""
         message = (f"{where} waits on storage: {m['gpu_util']:.0f}% GPU utilization while the CPUs spend "
@@ -21,6 +22,5 @@ class IOBottleneck(LowGPUCause):
                    f"for {100 * share:.0f}% of the training loop")
         recommendation = ("Reading the data is the bottleneck: stage the data set on local NVMe (or in memory), "
                           "read fewer larger files (sharded formats such as WebDataset, TFRecord, Parquet, "
-                          "MosaicML streaming) instead of many small ones, raise DataLoader num_workers and "
-                          "prefetch_factor so reads overlap, and cache decoded samples between epochs.")
+                          f"MosaicML streaming) instead of many small ones, {advice('overlap_reads', framework)}.")
         return message, recommendation

@@ -14,7 +14,7 @@ class LowGPUUtilization(LowGPUCause):
     params = dict(COMMON)
     cause = "idle"
 
-    def describe(self, where, share, m, p):
+    def describe(self, where, share, m, p, framework):
         message = (f"{where} is underused: {m['gpu_util']:.0f}% utilization (under {p['gpu_threshold']:g}%) through "
                    f"{100 * share:.0f}% of the training loop, with the host CPU not saturated and no I/O wait")
         recommendation = ("The GPU waits for something other than the host CPU or disk: check GetNext's share of "

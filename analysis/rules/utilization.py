@@ -7,6 +7,7 @@ from typing import ClassVar, Dict, List
 
 import numpy as np
 
+from stepscope.analysis.rules.advice import framework_of
 from stepscope.analysis.rules.base import Finding, Rule, clean_rank
 from stepscope.analysis.rules.gpudata import no_gpu_reason, node_of, train_steps
 from stepscope.analysis.rules.windows import DEFAULTS, causes, loop_windows, window_evidence
@@ -31,7 +32,8 @@ class LowGPUCause(Rule):
                 return f"no {what} samples ({metric})"
         return None
 
-    def describe(self, where: str, share: float, m: dict, p: dict):
+    def describe(self, where: str, share: float, m: dict, p: dict, framework: str):
+        """(message, recommendation); framework: advice.TORCH, TENSORFLOW or GENERIC."""
         raise NotImplementedError
 
     def evaluate(self, run, p) -> List[Finding]:
@@ -44,6 +46,7 @@ class LowGPUCause(Rule):
         steps = train_steps(run, p["warmup_steps"])
         steps = steps.assign(node=steps["process"].map(node_of(run)))
         out = []
+        framework = framework_of(run)
         for (node, gpu), g in w.groupby(["node", "gpu"], sort=True):
             measured = g[g["gpu_util"].notna()]
             mine = measured[measured["cause"] == self.cause]
@@ -59,13 +62,13 @@ class LowGPUCause(Rule):
                  if mine[col].notna().all()}
             m["gpu_util_loop"] = float(np.average(measured["gpu_util"], weights=measured["seconds"]))
             where = f"{gpu} on {node}"
-            message, recommendation = self.describe(where, share, m, p)
+            message, recommendation = self.describe(where, share, m, p, framework)
             rank = clean_rank(g["rank"].iloc[0])
             out.append(Finding(
                 rule=self.name, rank=rank, severity="warning", message=message, recommendation=recommendation,
                 evidence={"node": node, "gpu": gpu, "rank": rank, "share_of_loop": round(share, 3),
                           "loop_s": round(total, 3), "window_s": p["window_s"], "windows": int(len(mine)),
-                          "windows_judged": int(len(measured)),
+                          "windows_judged": int(len(measured)), "framework": framework,
                           "means": {k: round(v, 1) for k, v in m.items()},
                           "thresholds": {k: thresholds[k] for k in thresholds},
                           "low_windows": window_evidence(mine, steps)}))

@@ -1,0 +1,109 @@
+"""Advice names the framework the run used: PyTorch DataLoader advice for torch and Lightning,
+tf.data advice for tf.data and Keras on TensorFlow, generic advice for runs with neither."""
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import stepscope
+from stepscope.analysis.rules.advice import ADVICE, FRAMEWORKS, GENERIC, TENSORFLOW, TORCH, framework_of
+from stepscope.analysis.summary import summarize
+from stepscope.core.vocabulary import KERAS_PROFILER_WINDOW
+
+from conftest import REPO, run_python
+
+SCRIPTS = os.path.join(REPO, "tests", "scripts")
+TORCH_WORDS = ("num_workers", "DataLoader", "pin_memory", "persistent_workers")
+TF_WORDS = ("tf.data", "AUTOTUNE", "cache()")
+
+
+class _Run:
+    def __init__(self, versions, window=False):
+        self.versions = {"python": "3.11", **{m: "1" for m in versions}}
+        names = ["GetNext", KERAS_PROFILER_WINDOW] if window else ["GetNext"]
+        self.events = pd.DataFrame({"name": pd.Categorical(names)})
+
+
+@pytest.mark.parametrize("imported,window,expected", [
+    (["torch"], False, TORCH),
+    (["torch", "lightning"], False, TORCH),
+    (["pytorch_lightning", "torch"], False, TORCH),
+    (["tensorflow"], False, TENSORFLOW),                  # a tf.data loop
+    (["tensorflow", "keras"], True, TENSORFLOW),          # Keras on TensorFlow
+    (["keras", "jax", "tensorflow"], False, TENSORFLOW),  # Keras on JAX over tf.data
+    (["torch", "tensorflow", "keras"], False, TORCH),     # Keras on torch imports TensorFlow too
+    (["torch", "tensorflow", "keras"], True, TENSORFLOW),
+    (["torch", "tensorflow"], False, GENERIC),            # cannot tell which fed the loop
+    (["numpy", "pandas"], False, GENERIC),
+])
+def test_framework_from_what_the_run_imported(imported, window, expected):
+    assert framework_of(_Run(imported, window)) == expected
+
+
+def test_every_text_is_in_one_table():
+    for key, texts in ADVICE.items():
+        assert set(texts) <= set(FRAMEWORKS), key
+    for key in ("feed", "overlap_reads", "offload", "cheaper_cpu", "sync"):
+        torch, tf, generic = (ADVICE[key][f] for f in (TORCH, TENSORFLOW, GENERIC))
+        assert any(w in torch for w in ("DataLoader", "pin_memory", "torch")), key
+        assert not any(w in tf for w in TORCH_WORDS) and not any(w in generic for w in TORCH_WORDS), key
+        assert not any(w in generic for w in TF_WORDS) and "tf." in tf, key
+    feed = ADVICE["feed"][TENSORFLOW]
+    assert all(s in feed for s in ("dataset.prefetch(tf.data.AUTOTUNE)",
+                                   "map(..., num_parallel_calls=tf.data.AUTOTUNE)", "cache()"))
+
+
+def _getnext_finding(run):
+    (f,) = [f for f in summarize(run)["findings"] if f["rule"] == "GetNextBottleneck"]
+    return f
+
+
+def test_keras_fit_on_a_slow_tf_data_pipeline_gets_tf_data_advice(tmp_path):
+    pytest.importorskip("keras")
+    pytest.importorskip("tensorflow")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k != "KERAS_BACKEND"}
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k", TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "keras_slowdata.py"), "callback"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "done tensorflow" in r.stdout, r.stderr[-3000:]
+    f = _getnext_finding(stepscope.load(tmp_path / "runs" / "k", quiet=True))
+    assert f["evidence"]["framework"] == TENSORFLOW
+    rec = f["recommendation"]
+    for advice in ("dataset.prefetch(tf.data.AUTOTUNE)", "map(..., num_parallel_calls=tf.data.AUTOTUNE)",
+                   "cache()"):
+        assert advice in rec, rec
+    assert not any(w in rec for w in TORCH_WORDS), rec
+
+
+def test_torch_run_gets_dataloader_advice(tmp_path):
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="t")
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "epochs.py"), "1", "plain", "0"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    f = _getnext_finding(stepscope.load(tmp_path / "runs" / "t", quiet=True))
+    assert f["evidence"]["framework"] == TORCH
+    assert "PyTorch DataLoader" in f["recommendation"] and "num_workers" in f["recommendation"]
+    assert not any(w in f["recommendation"] for w in TF_WORDS)
+
+
+def test_run_without_a_framework_gets_generic_advice(tmp_path):
+    r = run_python(f"""
+        import time, stepscope
+        with stepscope.profile(dir={str(tmp_path / "runs")!r}, name="plain"):
+            for i in range(20):
+                stepscope.step()
+                with stepscope.phase("GetNext"):
+                    time.sleep(0.004)
+                with stepscope.phase("Forward"):
+                    time.sleep(0.001)
+        print("done")
+        """, cwd=tmp_path)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    f = _getnext_finding(stepscope.load(tmp_path / "runs" / "plain", quiet=True))
+    assert f["evidence"]["framework"] == GENERIC
+    assert not any(w in f["recommendation"] for w in TORCH_WORDS + TF_WORDS), f["recommendation"]

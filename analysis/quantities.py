@@ -107,31 +107,39 @@ def loop_starts(events: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
 
 
 def epoch_start_wait(steps: pd.DataFrame, starts: pd.Series, min_s: float) -> Optional[dict]:
-    """How much longer the first train step of each epoch waits for its batch (GetNext)
-    than the other train steps of one process, or None where that is not measurable.
+    """How much longer the train steps at an epoch boundary of one process wait for their
+    batch (GetNext) than the other train steps, or None where that is not measurable.
 
-    ``excess_ms`` = median GetNext of the epochs' first steps minus median GetNext of the
-    other steps. Measurable: at least two epochs after the first, two other steps, and
-    the first steps' median above the other steps' 90th percentile by at least ``min_s``
-    seconds. That margin keeps a loader that already keeps its workers
+    A PyTorch DataLoader without persistent workers starts its worker processes at the
+    beginning of each epoch (the first step's GetNext) and shuts them down in the fetch
+    that runs out (the epoch's last step's GetNext). ``excess_ms`` = median GetNext of the
+    first steps of the epochs after the first minus median GetNext of the other steps,
+    plus what the last steps of the epochs before the last wait beyond that median (when
+    they wait longer). Measurable: at least two epochs after the first, two other steps,
+    and the first steps' median above the other steps' 90th percentile by at least
+    ``min_s`` seconds. That margin keeps a loader that already keeps its workers
     (``persistent_workers=True``), whose first batch of an epoch waits about as long as
     the slowest batches of a steady epoch, from being told to keep them."""
     s = steps[steps["mode"] == TRAIN]
     if not len(s):
         return None
-    first = starts.reindex(s.index, fill_value=False).to_numpy(dtype=bool)
     order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
+    first = starts.reindex(s.index, fill_value=False).to_numpy(dtype=bool)[order]
     getnext = s[GETNEXT].to_numpy(dtype=float)[order]
-    first = first[order]
     first[0] = True  # the process's first train step starts its first epoch
-    later = np.flatnonzero(first)[1:]  # epochs after the first: what persistent workers would save
-    other = getnext[~first]
+    firsts = np.flatnonzero(first)
+    later = firsts[1:]  # epochs after the first: what persistent workers would save
+    ends = later - 1  # the last steps of the epochs before the last
+    other = np.ones(len(s), dtype=bool)
+    other[firsts] = other[ends] = False
+    other = getnext[other]
     if len(later) < 2 or len(other) < 2:
         return None
-    start_med = float(np.median(getnext[later]))
+    start_med, end_med = float(np.median(getnext[later])), float(np.median(getnext[ends]))
     other_med, other_p90 = float(np.median(other)), float(np.percentile(other, 90))
     if start_med - other_p90 < min_s * 1e9:
         return None
-    return {"epochs": int(len(later) + 1), "first_step_getnext_ms": ms(start_med),
-            "other_getnext_ms": ms(other_med), "other_getnext_p90_ms": ms(other_p90),
-            "excess_ms": ms(start_med - other_med)}
+    excess = start_med - other_med + max(0.0, end_med - other_med)
+    return {"epochs": int(len(firsts)), "first_step_getnext_ms": ms(start_med),
+            "last_step_getnext_ms": ms(end_med), "other_getnext_ms": ms(other_med),
+            "other_getnext_p90_ms": ms(other_p90), "excess_ms": ms(excess)}

@@ -132,9 +132,11 @@ def rules_markdown() -> str:
               "The texts live in one place, `stepscope.analysis.rules.advice.ADVICE`. For PyTorch, "
               "GetNextBottleneck also names what `persistent_workers=True` would save when the first train "
               "step of each epoch (the first step of a process, and each step after a loader ran out) waits "
-              "longer for its batch: X = median GetNext of the first steps of the epochs after the first "
-              "minus the median GetNext of the other train steps, stated only with at least three epochs and "
-              "when those first steps' median exceeds the other steps' 90th percentile by `epoch_start_s` "
-              "(a loader that keeps its workers waits about as long for its first batch as for its slowest "
-              "steady ones); `evidence.epoch_start` holds the figures.", ""]
+              "longer for its batch (the DataLoader starts its workers in it): X = median GetNext of the first "
+              "steps of the epochs after the first minus the median GetNext of the other train steps, plus "
+              "what the epochs' last steps (whose last fetch shuts the workers down) wait beyond that median. "
+              "It is stated only with at least three epochs and when those first steps' median exceeds the "
+              "other steps' 90th percentile by `epoch_start_s` (a loader that keeps its workers waits about "
+              "as long for its first batch as for its slowest steady ones); `evidence.epoch_start` holds the "
+              "figures.", ""]
     return "\n".join(lines)

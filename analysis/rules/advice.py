@@ -70,10 +70,10 @@ ADVICE = {
     },
     # GetNextBottleneck, PyTorch: the first step of every epoch waits for workers that start again.
     "epoch_start": {
-        TORCH: ("persistent_workers=True would remove about {excess_ms:.0f} ms per epoch: the first step of "
-                "each epoch waits {excess_ms:.0f} ms longer for its batch than the other steps (median "
-                "{first_step_getnext_ms:.1f} ms against {other_getnext_ms:.1f} ms over {epochs} epochs), while "
-                "the DataLoader starts its worker processes again. "),
+        TORCH: ("persistent_workers=True would remove about {excess_ms:.0f} ms per epoch: the DataLoader starts "
+                "its worker processes again at every epoch (and shuts them down at its end), so the first step "
+                "of each epoch waits {first_step_getnext_ms:.1f} ms for its batch against "
+                "{other_getnext_ms:.1f} ms for the other steps (medians over {epochs} epochs). "),
     },
     # IOBottleneck: let reads overlap, and keep what was decoded.
     "overlap_reads": {

@@ -64,8 +64,8 @@ class StepTracker:
             self.reset()
 
     def _begin(self, mode: str, at: int) -> None:
-        if self.may_begin is not None and not self.may_begin():
-            self.suspended = True
+        if self.mode is None and self.may_begin is not None and not self.may_begin():
+            self.suspended = True  # checked where a loop starts: workers run none
         if self.mode is not None and self.on_new_step is not None:
             self.on_new_step(self.forwards_in_step > 0)
         if not self.suspended:

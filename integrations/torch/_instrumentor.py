@@ -8,8 +8,9 @@
             modules, otherwise the time between Forward and Backward. (The
             functional losses are not patched: TorchScript compiles whatever
             ``F.cross_entropy`` is, so a wrapper there breaks ``jit.script``.)
-* Backward  ``torch.autograd.backward``/``grad`` and ``_engine_run_backward``;
-            nested calls count once; forwards inside it are ``Recompute``.
+* Backward  ``torch.autograd.backward``/``grad`` (``Tensor.backward`` calls the
+            former; they are the only callers of the engine); nested calls count
+            once; forwards inside it are ``Recompute``.
 * Optimizer the global optimizer step pre/post hooks; ``zero_grad`` is a
             framework annotation.
 
@@ -23,9 +24,9 @@ import sys
 
 from stepscope.core import _native, runinfo, session
 from stepscope.integrations._base import Instrumentor
-from stepscope.integrations._steps import FORWARD, LOSS, StepTracker
+from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
 from stepscope.integrations.torch import _handover
-from stepscope.integrations.torch._roots import Roots, phase_of
+from stepscope.integrations.torch._roots import Roots
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
 ZERO_GRAD = _native.intern("Optimizer.zero_grad")
@@ -76,8 +77,6 @@ class TorchInstrumentor(Instrumentor):
         self.patch(dataloader.DataLoader, "__iter__", self.wrap_iter)
         self.patch(torch.autograd, "backward", self.wrap_backward)
         self.patch(torch.autograd, "grad", self.wrap_backward)
-        if hasattr(torch.autograd, "_engine_run_backward"):
-            self.patch(torch.autograd, "_engine_run_backward", self.wrap_backward)
         self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(self.optimizer_pre))
         self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(self.optimizer_post))
         self.patch(optim_mod.Optimizer, "zero_grad", self.wrap_zero_grad)
@@ -142,7 +141,9 @@ class TorchInstrumentor(Instrumentor):
         if not self.torch.is_grad_enabled():
             return "eval"
         models = self.roots.models
-        return "train" if not models or any(self.is_training(m) for m in models) else "eval"
+        if not models or models[0].training:
+            return "train"
+        return "train" if any(self.is_training(m) for m in models) else "eval"
 
     # --- forward (called by the roots' timed calls) -------------------------------------------
     def root_pre(self, module) -> None:
@@ -150,11 +151,15 @@ class TorchInstrumentor(Instrumentor):
             self.depth += 1
             if self.depth > 1:
                 return
-            mode, phase = phase_of(self, module)
-            now = _native.now()
-            if phase == FORWARD:
+            if self.in_backward:
+                self.stack.append((_native.now(), "train", RECOMPUTE))
+            elif isinstance(module, self.roots.loss_type):
+                self.stack.append((_native.now(), "train", LOSS))
+            else:
+                mode = self.mode_of(module)
+                now = _native.now()
                 self.tracker.forward_started(mode, now)
-            self.stack.append((now, mode, phase))
+                self.stack.append((now, mode, FORWARD))
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import weakref
 
-from stepscope.core import _native
-from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE
 
 DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
 
@@ -35,6 +33,7 @@ class Roots:
         self.fixed = fixed  # instrument(model=...): no discovery
         self.timed = weakref.WeakKeyDictionary()  # module -> (our call, the slot's value before us)
         self.model_refs = []  # weak references to the non-loss roots, for the fetch's mode guess
+        self.models = []  # ...and those still alive (refreshed when one is adopted or dies)
         self.discovery = None
         self.quiet_steps = 0
         self.compiled = False  # torch.compile was called: discovery is over for good
@@ -59,7 +58,8 @@ class Roots:
         module.__dict__["_compiled_call_impl"] = self._timed_call(module, before)
         self.timed[module] = (module.__dict__["_compiled_call_impl"], before)
         if not isinstance(module, self.loss_type):
-            self.model_refs.append(weakref.ref(module))
+            self.model_refs.append(weakref.ref(module, self._refresh_models))
+            self._refresh_models()
 
     def rewrap(self, module) -> None:
         """Module.compile() replaced the slot: time the compiled call instead."""
@@ -79,17 +79,25 @@ class Roots:
         call_impl = self.torch.nn.Module._call_impl
         is_compiling = inst.is_compiling
 
+        if inner is not None:  # the module was compiled in place: time its compiled call
+            def timed_call(*args, **kwargs):
+                if inst.depth or is_compiling():
+                    return inner(*args, **kwargs)
+                inst.root_pre(ref())
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    inst.root_post()
+
+            return timed_call
+
         def timed_call(*args, **kwargs):
             m = ref()
-            if inner is not None:
-                call, lead = inner, ()
-            else:
-                call, lead = call_impl, (m,)
-            if is_compiling() or inst.depth:
-                return call(*lead, *args, **kwargs)
+            if inst.depth or is_compiling():
+                return call_impl(m, *args, **kwargs)
             inst.root_pre(m)
             try:
-                return call(*lead, *args, **kwargs)
+                return call_impl(m, *args, **kwargs)
             finally:
                 inst.root_post()
 
@@ -106,9 +114,9 @@ class Roots:
                     module.__dict__["_compiled_call_impl"] = before
         self.timed = weakref.WeakKeyDictionary()
 
-    @property
-    def models(self):
-        return [m for m in (ref() for ref in self.model_refs) if m is not None]
+    def _refresh_models(self, _dead=None) -> None:
+        self.model_refs = [ref for ref in self.model_refs if ref() is not None]
+        self.models = [weakref.proxy(m) for m in (ref() for ref in self.model_refs) if m is not None]
 
     # --- discovery ----------------------------------------------------------------------
     def start_discovery(self) -> None:
@@ -171,15 +179,3 @@ class Roots:
             except Exception as exc:  # noqa: BLE001
                 self.inst.fail(exc)
         return None
-
-
-def phase_of(inst, module):
-    """(mode, phase) of a root forward starting now."""
-    if inst.in_backward:
-        return "train", RECOMPUTE
-    if isinstance(module, inst.roots.loss_type):
-        return "train", LOSS
-    return inst.mode_of(module), FORWARD
-
-
-__all__ = ["Roots", "phase_of", "DISCOVERY_STEPS", "_native"]

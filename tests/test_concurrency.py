@@ -5,7 +5,6 @@ import threading
 from conftest import run_python
 
 import stepscope
-from stepscope.core.vocabulary import TRACE_FILE
 
 
 def test_eight_threads_every_event_present_nesting_per_thread(run_dir):
@@ -53,6 +52,7 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
                 for line in f:
                     if line.startswith(key):
                         return int(line.split()[1]) / 1024
+        from stepscope.core.vocabulary import TRACE_FILE
         run = stepscope.start(dir="runs", name="flood")
         before = status_mb("VmRSS")
         name = _native.intern("flood")

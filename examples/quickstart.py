@@ -16,6 +16,7 @@ import numpy as np
 import stepscope
 from stepscope.analysis.report import write_report
 from stepscope.analysis.summary import format_text, summarize
+from stepscope.core.vocabulary import DEFAULT_DIR
 
 
 def batches(n, batch_size=256, features=64, seed=0):
@@ -59,7 +60,7 @@ def train(steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--dir", default="stepscope-runs")
+    parser.add_argument("--dir", default=DEFAULT_DIR)
     args = parser.parse_args()
     with stepscope.profile(dir=args.dir) as run:
         loss = train(args.steps)

@@ -55,6 +55,30 @@ def test_users_own_profiler_keeps_working(tmp_path):
     _check(run)
 
 
+@pytest.mark.parametrize("profiler", ["simple", "advanced", "pytorch", "recording"])
+def test_users_profiler_sees_exactly_its_usual_calls(tmp_path, profiler):
+    """Trainer(profiler=...) of the user's own: same report, same calls, no crash."""
+    plain = subprocess.run([sys.executable, SCRIPT, "plain", profiler], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    for how in ("callback", "zero-edit"):
+        (tmp_path / how).mkdir()
+        r, run = _run(tmp_path / how, "callback" if how == "callback" else "plain", profiler,
+                      zero_edit=how == "zero-edit")
+        _check(run)
+        out, base = r.stdout + r.stderr, plain.stdout + plain.stderr
+        assert "StepscopeCallback" not in out
+        if profiler == "recording":
+            calls = [ln for ln in out.splitlines() if ln.startswith("calls")]
+            assert calls == [ln for ln in base.splitlines() if ln.startswith("calls")]
+        else:
+            report = out[out.index("Profiler Report"):]
+            plain_report = base[base.index("Profiler Report"):]
+            # same rows (their timings differ): within a fifth of the plain report's length
+            assert abs(len(report) - len(plain_report)) < 0.2 * len(plain_report), (len(report), len(plain_report))
+
+
 def test_ddp_two_processes_one_run(tmp_path):
     _, run = _run(tmp_path, "callback", "ddp")
     procs = run.processes

@@ -9,9 +9,9 @@ counted once). The callback adds what only Lightning knows:
 
 * the sanity-check validation batches are not counted as steps;
 * Lightning's own actions (``run_training_batch``, ``[Strategy]...backward``,
-  every hook) are kept as ``framework`` annotations, through a forwarding
-  profiler put in place of ``trainer.profiler`` that still drives the user's
-  own ``profiler="simple"|"advanced"|"pytorch"`` and its report;
+  every hook) are kept as ``framework`` annotations, by tapping the trainer's
+  profiler for the fit (``_ProfilerTap``); the user's own
+  ``profiler="simple"|"advanced"|"pytorch"`` sees exactly its usual calls;
 * the session is started if none runs (and stopped again at teardown).
 """
 
@@ -49,65 +49,52 @@ def _tracker():
     return st_torch.step_tracker()
 
 
-def _forwarding_profiler_class(pl):
-    base = pl.profilers.Profiler
+class _ProfilerTap:
+    """Records Lightning's actions as annotations by tapping the trainer's own
+    profiler from the trainer's creation: instance attributes shadow its
+    ``start``/``stop`` (and, for the do-nothing PassThroughProfiler,
+    ``profile``). The user's profiler stays the trainer's profiler and sees
+    exactly the calls it sees without stepscope (the actions of stepscope's
+    own callback hooks are not passed on). Nothing else of it changes: no
+    wrapper object whose inherited ``__del__`` would tear it down."""
 
-    class ForwardingProfiler(base):
-        """Records Lightning's actions as annotations and forwards them to the user's profiler."""
+    def __init__(self, profiler, passthrough: bool):
+        self.profiler = profiler
+        self.open: dict = {}
+        cls = type(profiler)
+        start, stop = cls.start, cls.stop
 
-        def __init__(self, inner):
-            super().__init__()
-            self._inner = inner
-            self._open: dict = {}
-            # Lightning wraps ~30 actions per batch (every hook of every callback) in
-            # profile(); with nothing to forward to, a C span replaces the generator-based
-            # context manager, so profiling them costs less than Lightning's default.
-            self._passthrough = isinstance(inner, pl.profilers.PassThroughProfiler)
+        def tapped_start(action_name: str) -> None:
+            self.open[action_name] = _native.now()
+            if _OURS not in action_name:
+                start(profiler, action_name)
 
-        def profile(self, action_name: str):
-            if self._passthrough:
-                return _native.annotate(action_name, FRAMEWORK)
-            return super().profile(action_name)
-
-        def start(self, action_name: str) -> None:
-            self._open[action_name] = _native.now()
-            self._inner.start(action_name)
-
-        def stop(self, action_name: str) -> None:
-            self._inner.stop(action_name)
-            t0 = self._open.pop(action_name, None)
+        def tapped_stop(action_name: str) -> None:
+            t0 = self.open.pop(action_name, None)
+            if _OURS not in action_name or t0 is None:  # (ours begun before the tap: balance it)
+                stop(profiler, action_name)
             if t0 is not None:
                 _native.span(FRAMEWORK, _native.intern(action_name), t0)
 
-        def summary(self) -> str:
-            return self._inner.summary()
+        profiler.__dict__["start"] = tapped_start
+        profiler.__dict__["stop"] = tapped_stop
+        if passthrough:
+            # ~30 actions per batch: a C span instead of the generator-based context manager
+            profiler.__dict__["profile"] = lambda action_name: _native.annotate(action_name, FRAMEWORK)
 
-        def describe(self) -> None:
-            self._inner.describe()
 
-        def setup(self, *args, **kwargs) -> None:
-            self._inner.setup(*args, **kwargs)
-
-        def teardown(self, *args, **kwargs) -> None:
-            self._inner.teardown(*args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(self.__dict__["_inner"], name)
-
-    return ForwardingProfiler
+_OURS = "StepscopeCallback"
 
 
 def _callback_class(pl):
     if pl.__name__ in _classes:
         return _classes[pl.__name__]
-    forwarding = _forwarding_profiler_class(pl)
-
     class _StepscopeCallback(pl.Callback):
         def __init__(self, **start_kwargs):
             super().__init__()
             self._start_kwargs = start_kwargs
             self._started = None
-            self._inner_profiler = None
+            self._tap = None
 
         @safety.guarded("the Lightning callback failed")
         def setup(self, trainer, pl_module, stage):
@@ -116,9 +103,11 @@ def _callback_class(pl):
             _tracker()  # instrument first: it knows the rank of an initialised process group
             if stepscope.current() is None:
                 self._started = stepscope.start(**self._start_kwargs)
-            if not isinstance(trainer.profiler, forwarding):
-                self._inner_profiler = trainer.profiler
-                trainer.profiler = forwarding(trainer.profiler)
+            self._tap_profiler(pl, trainer.profiler)  # a trainer made before the callback
+
+        def _tap_profiler(self, pl, profiler) -> None:
+            if self._tap is None and "start" not in getattr(profiler, "__dict__", {"start": 1}):
+                self._tap = _ProfilerTap(profiler, isinstance(profiler, pl.profilers.PassThroughProfiler))
 
         @safety.guarded("the Lightning callback failed")
         def on_sanity_check_start(self, trainer, pl_module):
@@ -134,9 +123,6 @@ def _callback_class(pl):
 
         @safety.guarded("the Lightning callback failed")
         def teardown(self, trainer, pl_module, stage):
-            if self._inner_profiler is not None and isinstance(trainer.profiler, forwarding):
-                trainer.profiler = self._inner_profiler
-                self._inner_profiler = None
             if self._started is not None:
                 self._started.stop()
                 self._started = None
@@ -149,20 +135,31 @@ def _callback_class(pl):
 
 def StepscopeCallback(namespace: Optional[str] = None, **start_kwargs):
     """A callback for ``Trainer(callbacks=[...])``; keywords as for ``stepscope.start``."""
-    return _callback_class(_namespace(namespace))(**start_kwargs)
+    pl = _namespace(namespace)
+    if not instrumentor.is_instrumented():
+        _tapping.ensure(namespace=pl.__name__)
+    return _callback_class(pl)(**start_kwargs)
 
 
-def _has_ours(trainer) -> bool:
-    return any(type(cb).__name__ == "StepscopeCallback" and type(cb).__module__ == __name__
-               for cb in getattr(trainer, "callbacks", []))
+def _ours(trainer):
+    for cb in getattr(trainer, "callbacks", []):
+        if type(cb).__name__ == "StepscopeCallback" and type(cb).__module__ == __name__:
+            return cb
+    return None
 
 
 class LightningInstrumentor(Instrumentor):
-    """Zero-edit mode: every Trainer created gets the callback (unless it has one)."""
+    """Wraps ``Trainer.__init__``: a trainer with our callback has its profiler
+    tapped from its first action (our own hooks never reach the user's profiler);
+    in zero-edit mode (``adds``) every trainer gets the callback."""
 
     name = "lightning"
     distribution = ""  # two distributions (lightning, pytorch_lightning); 2.x checked below
     supported = ""
+
+    def __init__(self, adds: bool):
+        super().__init__()
+        self.adds = adds
 
     def _instrument(self, namespace: Optional[str] = None) -> None:
         for pl in _loaded_namespaces(namespace):
@@ -171,7 +168,10 @@ class LightningInstrumentor(Instrumentor):
                 safety.warn_once(f"unsupported:{pl.__name__}", f"stepscope: {pl.__name__} {version} is outside "
                                  "the versions this integration knows (>=2.0); it is not instrumented")
                 continue
-            self.patch(pl.Trainer, "__init__", lambda original, pl=pl: _adding_callback(original, pl))
+            self._patch_trainer(pl)
+
+    def _patch_trainer(self, pl) -> None:
+        self.patch(pl.Trainer, "__init__", lambda original: _trainer_init(original, pl, self.adds))
 
     def on_import(self, module) -> None:
         # `import lightning` imports lightning.pytorch lazily: patch what is importable now.
@@ -186,9 +186,9 @@ class LightningInstrumentor(Instrumentor):
             pl = _namespace(name)
         except ImportError:
             return
-        if getattr(pl.Trainer.__init__, "__stepscope_lightning__", False):
+        if getattr(pl.Trainer.__init__, "__stepscope_lightning__", None) == self.adds:
             return
-        self.patch(pl.Trainer, "__init__", lambda original: _adding_callback(original, pl))
+        self._patch_trainer(pl)
 
 
 def _loaded_namespaces(namespace: Optional[str]):
@@ -198,20 +198,25 @@ def _loaded_namespaces(namespace: Optional[str]):
     return loaded or [_namespace()]
 
 
-def _adding_callback(original, pl):
+def _trainer_init(original, pl, adds: bool):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         try:
-            if not _has_ours(self):
-                self.callbacks.append(_callback_class(pl)())
+            ours = _ours(self)
+            if ours is None and adds:
+                ours = _callback_class(pl)()
+                self.callbacks.append(ours)
+            if ours is not None:
+                ours._tap_profiler(pl, self.profiler)
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("adding the Lightning callback failed", exc)
 
-    __init__.__stepscope_lightning__ = True
+    __init__.__stepscope_lightning__ = adds
     return __init__
 
 
-instrumentor = LightningInstrumentor()
+instrumentor = LightningInstrumentor(adds=True)  # zero-edit mode
+_tapping = LightningInstrumentor(adds=False)  # turned on by the first StepscopeCallback()
 
 
 def instrument(namespace: Optional[str] = None) -> bool:

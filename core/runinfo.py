@@ -149,17 +149,18 @@ def write_json_atomic(path: str, data: dict) -> None:
 
 
 def update_json_locked(path: str, update) -> None:
-    """Read-modify-write of a JSON file shared by the processes of a run."""
+    """Read-modify-write of a JSON file shared by the processes of a run. The
+    lock is a flock on the file's folder: no lock file is left in the run."""
     import fcntl
 
-    with open(path + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            data = read_json(path)
-            update(data)
-            write_json_atomic(path, data)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = read_json(path)
+        update(data)
+        write_json_atomic(path, data)
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def clock_anchor() -> dict:

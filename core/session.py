@@ -103,6 +103,10 @@ class Session:
         except Exception:  # noqa: BLE001
             pass
         if self._node_lock is not None:
+            try:  # the election file goes with the election: a finished run holds only data
+                os.unlink(self._node_lock.name)
+            except OSError:
+                pass
             self._node_lock.close()  # releases the host's sampler election
             self._node_lock = None
         for callback in list(_stop_callbacks):
@@ -381,6 +385,11 @@ def _after_fork_in_child() -> None:
     global _session
     parent = _session
     safety.reset()
+    if parent is not None and parent._node_lock is not None:
+        # The child's copy of the election file: closing it keeps the parent's
+        # flock (it goes with the last descriptor) and leaves nothing unclosed.
+        parent._node_lock.close()
+        parent._node_lock = None
     if parent is None or not parent.active:
         _session = None
         return

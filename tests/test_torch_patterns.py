@@ -58,3 +58,12 @@ def test_second_model_is_timed_from_its_first_step(tmp_path):
     _, run = _load(tmp_path, "second_model")
     steps = run.steps
     assert len(steps) == 12 and (steps["Forward"] > 0).all(), steps[["Forward", "Backward"]]
+
+
+def test_forked_workers_leave_no_unclosed_files_and_the_run_no_locks(tmp_path):
+    r = run_script(tmp_path, "-X", "dev", os.path.join(SCRIPTS, "patterns.py"), "epochs", name="dev")
+    assert "ResourceWarning" not in r.stderr, r.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "dev"
+    leftovers = [p.name for p in run_dir.rglob("*") if p.name.endswith(".lock")]
+    assert not leftovers, leftovers
+    assert len(stepscope.load(str(run_dir)).steps) == 18

@@ -46,17 +46,35 @@ def register_rank_provider(provider) -> None:
         _rank_providers.append(provider)
 
 
+_noted_rank: Optional[tuple] = None
+
+
+def note_rank(rank: int, world_size: Optional[int]) -> None:
+    """An integration saw this process join a process group as ``rank`` (it may be
+    destroyed before the process ends, when the providers no longer know it)."""
+    global _noted_rank
+    _noted_rank = (rank, world_size)
+
+
+def rank_from_providers() -> Optional[tuple]:
+    """(rank, world_size) of a process group initialised in this process, if any."""
+    for provider in _rank_providers:
+        try:
+            found = provider()
+        except Exception:  # noqa: BLE001
+            found = None
+        if found is not None:
+            return found
+    return _noted_rank
+
+
 def current_rank() -> tuple:
     """(rank, world_size): from the launcher's variables, else from a registered provider."""
     rank, world = rank_from_env(), world_size_from_env()
     if rank is None:
-        for provider in _rank_providers:
-            try:
-                found = provider()
-            except Exception:  # noqa: BLE001
-                found = None
-            if found is not None:
-                return found
+        found = rank_from_providers()
+        if found is not None:
+            return found
     return rank, world
 
 

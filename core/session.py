@@ -164,6 +164,12 @@ class Session:
         meta["end_time"] = time.time()
         if self.origin == "main" and meta.get("rank") is None:  # learnt since the start
             meta["rank"], meta["world_size"] = runinfo.current_rank()
+        elif meta.get("rank") is None:
+            # A spawned child that joined a process group itself (torch.multiprocessing.spawn
+            # with no RANK in the environment) is a rank, not a helper.
+            found = runinfo.rank_from_providers()
+            if found is not None:
+                meta["rank"], meta["world_size"] = found
         meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
                            if t.native_id is not None}
         meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "error")}

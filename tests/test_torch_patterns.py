@@ -67,3 +67,13 @@ def test_forked_workers_leave_no_unclosed_files_and_the_run_no_locks(tmp_path):
     leftovers = [p.name for p in run_dir.rglob("*") if p.name.endswith(".lock")]
     assert not leftovers, leftovers
     assert len(stepscope.load(str(run_dir)).steps) == 18
+
+
+def test_ddp_started_by_multiprocessing_spawn_has_its_ranks(tmp_path):
+    run_script(tmp_path, os.path.join(SCRIPTS, "ddp_spawn.py"), "29757", name="mpspawn")
+    run = stepscope.load(str(tmp_path / "runs" / "mpspawn"))
+    procs = run.processes
+    ranked = procs.dropna(subset=["rank"])
+    assert sorted(ranked["rank"].astype(int)) == [0, 1], procs
+    steps = run.steps
+    assert steps.dropna(subset=["rank"]).groupby("rank").size().to_dict() == {0: 6, 1: 6}

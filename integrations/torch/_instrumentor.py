@@ -86,6 +86,7 @@ class TorchInstrumentor(Instrumentor):
         if hasattr(torch, "compile"):
             self.patch(torch, "compile", self.wrap_compile)
         _handover.install(self)
+        self.patch_init_process_group(torch)
         if model is not None:
             self.roots.adopt(model)
         else:
@@ -114,6 +115,30 @@ class TorchInstrumentor(Instrumentor):
         if self._on and self.tracker is not None:
             self.tracker.reset()
             self._reset_state()
+
+    def patch_init_process_group(self, torch) -> None:
+        """Remember the rank a process joins with: torch.multiprocessing.spawn's
+        children have no RANK in their environment, and scripts destroy the
+        group before they exit."""
+        dist = getattr(torch, "distributed", None)
+        if dist is None or not dist.is_available():
+            return
+        from torch.distributed import distributed_c10d
+
+        def wrap(original):
+            def init_process_group(*args, **kwargs):
+                result = original(*args, **kwargs)
+                try:
+                    runinfo.note_rank(dist.get_rank(), dist.get_world_size())
+                except Exception:  # noqa: BLE001 - the rank is a nicety, the group is the user's
+                    pass
+                return result
+
+            return init_process_group
+
+        wrapped = self.patch(distributed_c10d, "init_process_group", wrap)
+        if wrapped is not None and getattr(dist, "init_process_group", None) is not wrapped:
+            self.replace(dist, "init_process_group", wrapped)
 
     # --- modes ----------------------------------------------------------------------------
     @staticmethod

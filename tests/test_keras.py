@@ -21,7 +21,8 @@ COMPUTE = list(COMPUTE_PHASES)
 
 def _run(tmp_path, script, *args, zero_edit=False, clean=True, **env_extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k != "KERAS_BACKEND"}
-    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k", TF_CPP_MIN_LOG_LEVEL="3", **env_extra)
+    env.update({"STEPSCOPE_DIR": str(tmp_path / "runs"), "STEPSCOPE_RUN": "k", "TF_CPP_MIN_LOG_LEVEL": "3",
+                **env_extra})
     if zero_edit:
         env["STEPSCOPE"] = "1"
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), *args], cwd=tmp_path, env=env,
@@ -128,3 +129,24 @@ def test_torch_backend_fit_and_custom_loop(tmp_path, how):
     ev = run.events
     counts = ev[(ev["category"] == "phase") & (ev["kind"] == "span")].groupby("name", observed=True).size()
     assert counts["Optimizer"] == 32 and counts["Backward"] == 32 and counts["Forward"] == 39
+
+
+def _messages(stderr):
+    """stderr lines without what differs between runs (absl's time/thread prefix, numbers, paths)."""
+    import re
+
+    out = []
+    for line in stderr.splitlines():
+        line = re.sub(r"^[IWEF]\d{4} [^\]]*\] ", "", line)
+        out.append(re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?|/tmp/\S+", "#", line))
+    return sorted(out)
+
+
+def test_profiler_windows_leave_the_jobs_stderr_as_it_was(tmp_path):
+    """The sampled tf.profiler windows print nothing (TF logs at its default level here)."""
+    plain = _run(tmp_path, "keras_fit.py", "plain", "nojit", TF_CPP_MIN_LOG_LEVEL="0")
+    profiled = _run(tmp_path, "keras_fit.py", "plain", "nojit", zero_edit=True, TF_CPP_MIN_LOG_LEVEL="0")
+    assert "Profiler session" not in profiled.stderr
+    assert _messages(profiled.stderr) == _messages(plain.stderr)
+    steps = stepscope.load(tmp_path / "runs" / "k").steps
+    assert (steps[steps["mode"] == "train"][COMPUTE] > 0).any(axis=1).sum() > 0  # windows were sampled

@@ -31,14 +31,22 @@ Either way one line on stderr, and training goes on.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import weakref
 from typing import List, Optional, Tuple
 
 from stepscope.core import _native, safety
+from stepscope.core.quiet import native_logs_dropped
 from stepscope.integrations._steps import PHASE
 from stepscope.integrations.keras import _xspace
+
+# What TensorFlow's C++ profiler logs on its own when a window opens and closes:
+# the job's stderr is the user's, so these lines are dropped (nothing else is).
+TF_PROFILER_LOGS = re.compile(
+    rb"^(?:[IWE]\d{4} [^\]]*\] .*(?:[Pp]rofiler session|expects an i value|Collecting XSpace|cuInit)"
+    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called)")
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
 WINDOW_NAME = _native.intern("stepscope.profiler_window")
@@ -65,8 +73,10 @@ class Window:
         from tensorflow.python.profiler.internal import _pywrap_profiler, _pywrap_traceme
 
         self.session = _pywrap_profiler.ProfilerSession()
-        self.session.start(self.logdir, {"host_tracer_level": 2, "python_tracer_level": 0,
-                                         "device_tracer_level": 1})
+        # No options: TF 2.21 ignores them all with a warning each ("expects an i
+        # value"); its defaults are the levels wanted (host 2, python 0, device 1).
+        with native_logs_dropped(TF_PROFILER_LOGS):
+            self.session.start(self.logdir, {})
         self.opened = _native.now()
         t_a = _native.now()
         _pywrap_traceme.TraceMe(_xspace.SYNC_NAME).Stop()
@@ -76,7 +86,8 @@ class Window:
 
     def abandon(self) -> None:
         try:
-            self.session.stop()
+            with native_logs_dropped(TF_PROFILER_LOGS):
+                self.session.stop()
         finally:
             shutil.rmtree(self.logdir, ignore_errors=True)
 
@@ -84,7 +95,8 @@ class Window:
         """Stops the session and writes the sampled steps' phases (each step ends
         where the next begins, the last at `end`)."""
         try:
-            self.session.export_to_tb()
+            with native_logs_dropped(TF_PROFILER_LOGS):
+                self.session.export_to_tb()
             data = None
             for root, _, files in os.walk(self.logdir):
                 for f in files:

@@ -24,6 +24,7 @@ import time
 from typing import List, Optional
 
 from stepscope.core import _native, gpu_metrics, runinfo
+from stepscope.core.vocabulary import RUN_JSON
 
 _metrics: Optional[gpu_metrics.NvmlSampler] = None
 _tracing = False
@@ -72,7 +73,7 @@ def start(config, node: bool, main: bool, run_dir: str) -> List[str]:
     mode = config.gpu
     if mode == "off" or not (node or main):
         return []
-    _run_json = os.path.join(run_dir, "run.json")
+    _run_json = os.path.join(run_dir, RUN_JSON)
     if mode == "auto" and not driver_present():
         return ["GPU: no NVIDIA driver here (libcuda.so.1 not found); GPU metrics and activity are not recorded"]
     problems = []

@@ -22,6 +22,7 @@ import time
 from typing import Optional
 
 from stepscope.core import _native, gpu, runinfo, safety
+from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE, node_lock_file
 from stepscope.core.config import Config, resolve
 
 __all__ = ["Session", "start", "stop", "current", "profile"]
@@ -29,7 +30,6 @@ __all__ = ["Session", "start", "stop", "current", "profile"]
 # Exported to child processes so that spawned children join the same run.
 _ACTIVE_RUN_VAR = "STEPSCOPE_ACTIVE_RUN"
 _PARENT_RANK_VAR = "STEPSCOPE_PARENT_RANK"
-TRACE_FILE = "trace.ssc"
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
@@ -48,7 +48,7 @@ def add_note(text: str) -> None:
     if s is None or not s.active:
         return
     try:
-        runinfo.update_json_locked(os.path.join(s.run_dir, "run.json"), lambda info: (
+        runinfo.update_json_locked(os.path.join(s.run_dir, RUN_JSON), lambda info: (
             None if text in info.get("notes", []) else info.setdefault("notes", []).append(text)))
     except Exception:  # noqa: BLE001 - a note is never worth breaking the job
         pass
@@ -159,7 +159,7 @@ class Session:
         }
 
     def _finish_metadata(self) -> None:
-        path = os.path.join(self.process_dir, "process.json")
+        path = os.path.join(self.process_dir, PROCESS_JSON)
         meta = runinfo.read_json(path)
         meta["end_time"] = time.time()
         if self.origin == "main" and meta.get("rank") is None:  # learnt since the start
@@ -184,7 +184,7 @@ class Session:
             info["duration_s"] = round(end_time - self._start_wall, 6)
             info.setdefault("versions", {}).update(versions)
 
-        runinfo.update_json_locked(os.path.join(self.run_dir, "run.json"), update)
+        runinfo.update_json_locked(os.path.join(self.run_dir, RUN_JSON), update)
 
     def _has_siblings(self) -> bool:
         try:
@@ -232,7 +232,7 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
     except FileExistsError:
         pass
     if created:
-        runinfo.write_json_atomic(os.path.join(run_dir, "run.json"), {
+        runinfo.write_json_atomic(os.path.join(run_dir, RUN_JSON), {
             "format": "stepscope-run",
             "version": 1,
             "name": os.path.basename(run_dir),
@@ -246,7 +246,7 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
     process_dir = _make_process_dir(run_dir, origin)
     session = Session(config, run_dir, process_dir, created, origin, parent)
     meta = session._process_json()
-    runinfo.write_json_atomic(os.path.join(process_dir, "process.json"), meta)
+    runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
     header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
                          "clock": meta["clock"]})
     err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
@@ -264,7 +264,7 @@ def _elect_node_sampler(session: Session) -> bool:
     others record which process folder holds the samples."""
     import fcntl
 
-    path = os.path.join(session.run_dir, f".node-{runinfo.hostname()}.lock")
+    path = os.path.join(session.run_dir, node_lock_file(runinfo.hostname()))
     f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -294,14 +294,14 @@ def _start_sampling(session: Session, config: Config, origin: str) -> None:
         notes += gpu.start(config, node, origin == "main", session.run_dir)
     except Exception as exc:  # noqa: BLE001
         notes.append(f"GPU: off ({type(exc).__name__}: {exc})")
-    meta_path = os.path.join(session.process_dir, "process.json")
+    meta_path = os.path.join(session.process_dir, PROCESS_JSON)
     meta = runinfo.read_json(meta_path)
     meta["node_sampler"] = session.node_sampler
     meta["notes"] = notes
     runinfo.write_json_atomic(meta_path, meta)
     if notes:
         host = runinfo.hostname()
-        runinfo.update_json_locked(os.path.join(session.run_dir, "run.json"), lambda info: info.setdefault(
+        runinfo.update_json_locked(os.path.join(session.run_dir, RUN_JSON), lambda info: info.setdefault(
             "notes", []).extend(f"{host}: {n}" for n in notes if f"{host}: {n}" not in info.get("notes", [])))
 
 

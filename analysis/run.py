@@ -56,11 +56,12 @@ class Run:
         self.warnings = [w for p in self._procs for w in p.warnings]
         self.dropped_events = sum(p.dropped for p in self._procs)
         if not quiet:
+            level = _caller_stacklevel()
             for w in self.warnings:
-                _warnings.warn(f"stepscope: {w}", stacklevel=3)
+                _warnings.warn(f"stepscope: {w}", stacklevel=level)
             if self.dropped_events:
                 _warnings.warn(f"stepscope: {self.dropped_events} events were dropped while recording "
-                               f"{self.name} (the writer could not keep up)", stacklevel=3)
+                               f"{self.name} (the writer could not keep up)", stacklevel=level)
         self._tables: dict = {}
         self._db = None
 
@@ -260,6 +261,17 @@ def _write_parquet(frame: pd.DataFrame, path: str, rows_per_group: int = 1 << 20
         for at in range(0, max(len(frame), 1), rows_per_group):
             part = pa.Table.from_pandas(frame.iloc[at:at + rows_per_group], schema=schema, preserve_index=False)
             writer.write_table(part)
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside stepscope: a warning points at the
+    user's line (stepscope.load, stepscope.analysis.load or Run alike)."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == "stepscope":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def load(run, quiet: bool = False, cache: bool = True) -> Run:

@@ -61,8 +61,9 @@ def test_truncated_file_loads_the_prefix_with_a_warning(tmp_path):
     size = os.path.getsize(trace)
     with open(trace, "r+b") as f:
         f.truncate(size * 2 // 3)
-    with pytest.warns(UserWarning, match=r"trace\.ssc: truncated chunk.*offset \d+"):
+    with pytest.warns(UserWarning, match=r"trace\.ssc: truncated chunk.*offset \d+") as caught:
         r = stepscope.load(path)
+    assert caught[0].filename == __file__  # the warning points at the caller's line
     n = len(r.events[r.events["name"] == "a"])
     assert 5_000 < n < 20_000
 

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 import stepscope  # noqa: E402
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
-PHASES = ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]
+from stepscope.core.vocabulary import PHASES as _PHASES  # noqa: E402
+PHASES = list(_PHASES)
 
 
 def _env(tmp_path, **extra):

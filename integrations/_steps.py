@@ -45,10 +45,12 @@ class StepTracker:
         self.done = False  # the open step's work is complete
         self.fed = False  # a loader fetch began the open step: only fetches start steps
         self.pending: Optional[Tuple[int, int, str]] = None  # (t0, t1, mode) of a held-back fetch
+        self.pending_more: list = []  # (t0, t1) of fetches read ahead with it, before any work
         self.candidate: Optional[Tuple[int, str]] = None  # possible step start, several optimizers
         self.optimizers_in_step: set = set()
         self.optimizers_before: set = set()  # those of the previous step
-        self.optimizers_known: set = set()  # ids of optimizers created or seen stepping
+        # ids of optimizers created or seen stepping: a fact of the process, kept across loops
+        self.optimizers_known: set = getattr(self, "optimizers_known", set())
         self.last_end = 0  # tick: end of the last phase of the open step
         self.forward_end: Optional[int] = None  # a train forward ended and no loss was seen since
         self.forwards_in_step = 0
@@ -78,18 +80,25 @@ class StepTracker:
         self.forward_end = None
         self.forwards_in_step = 0
 
-    def _commit_pending(self) -> None:
+    def _commit_pending(self, shown: Optional[str] = None) -> None:
+        """The held-back fetch begins its step; ``shown``: the mode its work shows,
+        which wins over the guess made at the fetch (a loop that calls
+        ``model.train()`` after fetching)."""
         t0, t1, mode = self.pending
+        mode = shown or mode
         self.pending = None
         self._begin(mode, t0)
         self.fed = True
         _native.span(PHASE, GETNEXT, t0, t1)
+        for t0, t1 in self.pending_more:
+            _native.span(PHASE, GETNEXT, t0, t1)
+        self.pending_more = []
         self.last_end = t1
 
     def phase_start(self, mode: str, now: int) -> None:
         """A forward, backward or optimizer step is starting: open the right step."""
         if self.pending is not None:
-            self._commit_pending()
+            self._commit_pending(mode)
             return
         if self.mode is None:
             self._begin(mode, now)
@@ -109,8 +118,14 @@ class StepTracker:
     # --- what integrations report -------------------------------------------------
     def fetched(self, t0: int, t1: int, mode: str) -> None:
         """A batch came out of the loader (GetNext from t0 to t1)."""
-        if self.pending is not None:  # the previous batch had no visible work: its own step
-            self._commit_pending()
+        if self.pending is not None:
+            if mode == "train" == self.pending[2] and self.optimizers_known:
+                # Batches read ahead before any work (the Hugging Face Trainer reads an
+                # accumulation window's batches first; a skipped batch): one train step
+                # is one optimizer step, so they all are this step's GetNext.
+                self.pending_more.append((t0, t1))
+                return
+            self._commit_pending()  # the previous batch had no visible work: its own step
             self.done = True
         if self.mode is None or self.done:
             self.pending = (t0, t1, mode)
@@ -124,6 +139,12 @@ class StepTracker:
         That last fetch (a multi-process loader shuts its workers down in it)
         is the last step's GetNext; the step ends with it."""
         if self.pending is not None:
+            if self.pending[2] == "train" and self.optimizers_known:
+                # A loader that reads ahead (Accelerate's) runs out before the work on
+                # the batches it handed out: that work is still to come in this step.
+                if t1 > t0:
+                    self.pending_more.append((t0, t1))
+                return
             self._commit_pending()
         if self.mode is not None:
             if t1 > t0:

@@ -11,6 +11,9 @@ backend); they never touch this module's private state:
 * ``step_tracker()``   the process's step tracker (``integrations._steps``)
 * ``forced_mode(m)``   a context in which every step is of mode ``m``
 * ``hidden()``         a context whose work makes no steps and no phases
+* ``timed_fetches(it)`` an iterator over ``it`` whose every ``next`` is one
+                       fetch (GetNext): for loaders that wrap a DataLoader and
+                       read ahead of the loop (Accelerate's)
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from stepscope.integrations._steps import StepTracker
 from stepscope.integrations.torch._instrumentor import TorchInstrumentor
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "step_tracker", "forced_mode",
-           "hidden"]
+           "hidden", "is_hidden", "timed_fetches"]
 
 instrumentor = TorchInstrumentor()
 
@@ -91,3 +94,25 @@ def hidden():
 def is_hidden() -> bool:
     """True inside a forward, a fetch or ``hidden()``."""
     return instrumentor.is_instrumented() and instrumentor.depth > 0
+
+
+def timed_fetches(iterator):
+    """Yields what ``iterator`` yields; each ``next`` is recorded as the loop's
+    fetch, and the DataLoader reads inside it (a read-ahead) are part of it."""
+    if not instrumentor.ensure():
+        yield from iterator
+        return
+    instrumentor.loop_starting(_native_now())
+    fetch = instrumentor.wrap_next(next)
+    while True:
+        try:
+            batch = fetch(iterator) if instrumentor.is_instrumented() else next(iterator)
+        except StopIteration:
+            return
+        yield batch
+
+
+def _native_now() -> int:
+    from stepscope.core import _native
+
+    return _native.now()

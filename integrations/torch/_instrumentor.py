@@ -246,12 +246,16 @@ class TorchInstrumentor(Instrumentor):
         def __iter__(loader):
             t0 = _native.now()
             result = original(loader)
-            if inst.iter_started is None and not inst.depth:
-                inst.iter_started = t0  # worker start belongs to the first fetch
-                inst.roots.look_again()
+            inst.loop_starting(t0)
             return result
 
         return __iter__
+
+    def loop_starting(self, t0: int) -> None:
+        """A pass over a loader begins (its worker start belongs to the first fetch)."""
+        if self.iter_started is None and not self.depth:
+            self.iter_started = t0
+            self.roots.look_again()
 
     def wrap_next(self, original):
         inst = self

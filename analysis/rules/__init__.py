@@ -106,6 +106,28 @@ def rules_markdown() -> str:
               "process itself; one busy core among idle ones is not enough), waiting on I/O, room for a larger "
               "batch, otherwise LowGPUUtilization. A rule fires for a GPU when its windows cover `min_share` of "
               "the loop. The order uses each rule's default thresholds for the other causes.", "",
+              "## Steady state (HostMemoryIncrease, GPUMemoryIncrease)", "",
+              "Memory that rises while a job warms up (caches filled, allocator pools reserved, optimizer state "
+              "created) and then stays flat is not a leak. Both memory rules judge the steady state "
+              "(`stepscope.analysis.rules.steady`), per rank for host RSS and per GPU (over the train steps of "
+              "the rank driving it) for GPU memory. The warm-up left out lasts at least `warmup_steps` train "
+              "steps; longer while the first steps take more than `settle_factor` times the median step of the "
+              "later half of the loop (the step time has not settled); and until the memory level settles: "
+              "memory is put on a scale of steps (each sample at its step and the elapsed fraction of it) and "
+              "split at the knee where two straight lines, one on each side, fit it best; when memory grew more "
+              "than `settle_ratio` times faster per step before the knee than after it, the warm-up ends there. It "
+              "never exceeds `max_warmup_share` of the steps. A finding then needs, over the rest of the loop: "
+              "growth above the rule's size thresholds (medians of the first and last `window_share`), a rank "
+              "correlation with time of at least `min_trend` over all of it and over its later half (by "
+              "steps), and growth per step in that later half of at least `min_late_ratio` of the growth per "
+              "step over all of it: growth that goes on to the end, not a warm-up that slows down to a plateau. "
+              "`evidence.steps` are the first and last step judged, `warmup_steps_left_out` and "
+              "`warmup_ends_by` (`steps`, `step time` or `memory`) say what was left out, `rate_mb_per_min` is "
+              "the later half's rate (least squares over time), and `time_to_full_s` the time until the memory "
+              "still free at the end runs out at that rate: the host's total minus used memory, divided by the "
+              "summed rate of that host's growing ranks (HostMemoryIncrease), or the GPU's total minus its used "
+              "memory (GPUMemoryIncrease). No other rule compares the start of a run with its end: the others "
+              "leave out their first `warmup_steps` and judge every later step alike.", "",
               "## One number per quantity", "",
               "A finding quotes the summary's figure for the same quantity: both come from the functions of "
               "`stepscope.analysis.quantities` over the steps table. GetNextBottleneck's share is the summary's "

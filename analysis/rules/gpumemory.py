@@ -1,28 +1,32 @@
-"""GPUMemoryIncrease: a GPU's used memory keeps growing through the training loop."""
+"""GPUMemoryIncrease: a GPU's used memory keeps growing through the training loop, after its
+warm-up (analysis/rules/steady.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule
-from stepscope.analysis.rules.gpudata import node_of, train_steps
-from stepscope.analysis.rules.memory import MB, _rank_correlation, growth_of
+from stepscope.analysis.rules.gpudata import node_of
+from stepscope.analysis.rules.memory import MB
 from stepscope.analysis.rules.windows import _rank_of_gpu
 
 
 class GPUMemoryIncrease(Rule):
     name = "GPUMemoryIncrease"
-    summary = ("A GPU's used memory (NVML) rises steadily through the training loop, not in the one-off steps "
-               "of the caching allocator warming up.")
+    summary = ("A GPU's used memory (NVML) keeps rising after the warm-up, through the later part of the training "
+               "loop (the steady state: see below), not in the one-off steps of the caching allocator warming up.")
     params = {
-        "min_increase_percent": Param(5.0, "%", "fire when used memory grows by more than this share of the GPU's "
-                                                "total (SageMaker Debugger's GPUMemoryIncrease: 5%)..."),
-        "min_increase_ratio": Param(0.10, "ratio", "...and by more than this fraction of its starting value (as HostMemoryIncrease)"),
-        "min_trend": Param(0.8, "ratio", "rank correlation of used memory with time, in each half of the loop: "
-                                         "growth that goes on, not one jump (as for HostMemoryIncrease)"),
-        "window_share": Param(0.2, "ratio", "compare the medians of the first and last this share of the loop (as HostMemoryIncrease)"),
-        "warmup_steps": Param(2, "steps", "first train steps left out (the allocator reserves its pools and the "
-                                          "optimizer its state in the first steps)"),
+        "min_increase_percent": Param(5.0, "%", "fire when used memory grows in the steady state by more than "
+                                                "this share of the GPU's total (SageMaker Debugger's "
+                                                "GPUMemoryIncrease: 5%)..."),
+        "min_increase_ratio": Param(0.10, "ratio", "...and by more than this fraction of its value when the steady "
+                                                   "state begins (as HostMemoryIncrease)"),
+        "min_trend": Param(0.8, "ratio", "rank correlation of used memory with time, over the steady state and over "
+                                         "its later half: growth that goes on, not one jump (as HostMemoryIncrease)"),
+        "window_share": Param(0.2, "ratio", "compare the medians of the first and last this share of the steady "
+                                            "state (as HostMemoryIncrease)"),
+        **steady.PARAMS,
     }
 
     def not_applicable(self, run):
@@ -33,40 +37,40 @@ class GPUMemoryIncrease(Rule):
         return None
 
     def evaluate(self, run, p):
-        steps = train_steps(run, p["warmup_steps"])
-        if steps.empty:
-            return []
+        train = run.steps[run.steps["mode"] == "train"]
         nodes = node_of(run)
-        steps = steps.assign(node=steps["process"].map(nodes))
+        train = train.assign(node=train["process"].astype(str).map(nodes))
         system = run.system
         used = system[system["metric"] == "gpu_memory_used"]
         total = system[system["metric"] == "gpu_memory_total"]
         out = []
-        for node, s in steps.groupby("node", sort=True):
-            t0, t1 = int(s["start_ns"].min()), int(s["end_ns"].max())
-            here = used[(used["node"] == node) & (used["timestamp_ns"] >= t0) & (used["timestamp_ns"] <= t1)]
+        for node, s in train.groupby("node", sort=True):
+            local = run.processes[(run.processes["host"].astype(str) == node)
+                                  & run.processes["process"].isin(set(s["process"].astype(str)))]
+            here = used[used["node"] == node]
             for gpu, g in here.groupby("device", sort=True):
-                v = g.sort_values("timestamp_ns")["value"].to_numpy(dtype=float)
-                if len(v) < 8:
+                rank = _rank_of_gpu(local, gpu)
+                g = g.sort_values("timestamp_ns")
+                judged = steady.steady_growth(_loop_of(s, local, rank), g["timestamp_ns"].to_numpy(np.int64),
+                                              g["value"].to_numpy(dtype=float), p)
+                if judged is None or not judged["growing"]:
                     continue
-                first, last, trend = growth_of(v, p["window_share"])
-                half = len(v) // 2
-                trend_halves = min(_rank_correlation(v[:half]), _rank_correlation(v[half:]))
+                first, last, growth = judged["first"], judged["last"], judged["growth"]
                 cap = total[(total["node"] == node) & (total["device"] == gpu)]["value"]
                 capacity = float(cap.max()) if len(cap) else np.nan
-                growth = last - first
-                if not (growth > p["min_increase_percent"] / 100 * capacity and growth > p["min_increase_ratio"] * first
-                        and trend >= p["min_trend"] and trend_halves >= p["min_trend"]):
+                if not (growth > p["min_increase_percent"] / 100 * capacity
+                        and growth > p["min_increase_ratio"] * first):
                     continue
-                minutes = (t1 - t0) / 60e9
-                local = run.processes[(run.processes["host"].astype(str) == node)
-                                      & run.processes["process"].isin(set(s["process"]))]
-                rank = _rank_of_gpu(local, gpu)
+                left = steady.until_full(capacity - judged["last_value"], judged["rate_per_s"])
+                runs_out = (f"; at that rate its free {(capacity - judged['last_value']) / MB:.0f} MB are used up "
+                            f"in {steady.duration_text(left)}" if left is not None else "")
+                warm = (f"after a warm-up of {judged['warmup']} steps" if judged["warmup"] else "from the first step")
                 out.append(Finding(
                     rule=self.name, rank=rank, severity="warning",
                     message=(f"{gpu} on {node}: used memory grew from {first / MB:.0f} MB to {last / MB:.0f} MB "
                              f"({100 * growth / capacity:.0f}% of its {capacity / MB:.0f} MB) during training, "
-                             f"{growth / MB / max(minutes, 1e-9):.0f} MB/min, and is still growing"),
+                             f"{warm} to the end (steps {judged['steps'][0]}-{judged['steps'][1]}), and is still "
+                             f"growing {judged['rate_per_s'] * 60 / MB:.0f} MB/min{runs_out}"),
                     recommendation=("Tensors that stay referenced across steps: accumulating the loss or outputs "
                                     "with their graph (total += loss; use loss.item() or loss.detach()), lists of "
                                     "predictions kept on the GPU (move them to the CPU), caches keyed by input "
@@ -75,7 +79,19 @@ class GPUMemoryIncrease(Rule):
                     evidence={"node": node, "gpu": gpu, "used_start_mb": round(first / MB, 1),
                               "used_end_mb": round(last / MB, 1), "growth_mb": round(growth / MB, 1),
                               "growth_percent_of_total": round(100 * growth / capacity, 2),
-                              "trend": round(trend, 3), "trend_halves": round(trend_halves, 3),
-                              "samples": int(len(v)), "window_s": round((t1 - t0) / 1e9, 3),
-                              "steps": [int(s["step"].min()), int(s["step"].max())]}))
+                              **steady.evidence_of(judged, MB),
+                              "free_mb": round((capacity - judged["last_value"]) / MB, 1),
+                              "time_to_full_s": round(left, 1) if left is not None else None}))
         return out
+
+
+def _loop_of(steps, local, rank):
+    """The train steps the GPU's memory is judged over: those of the rank driving it, else
+    of the node's process with the most train steps."""
+    if rank is not None:
+        procs = set(local.loc[local["rank"] == rank, "process"].astype(str))
+        mine = steps[steps["process"].astype(str).isin(procs)]
+        if len(mine):
+            return mine
+    counts = steps["process"].astype(str).value_counts()
+    return steps[steps["process"].astype(str) == counts.index[0]]

@@ -1,38 +1,50 @@
-"""HostMemoryIncrease: a rank's resident memory keeps growing through its training loop."""
+"""HostMemoryIncrease: a rank's resident memory keeps growing through its training loop,
+after its warm-up (analysis/rules/steady.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from collections import defaultdict
 
+import numpy as np
+
+from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.gpudata import node_of
 
 MB = 1 << 20
 
 
-def _rank_correlation(values: np.ndarray) -> float:
-    """Spearman's correlation of values with their order in time (1: always rising)."""
-    ranks = pd.Series(values).rank().to_numpy()
-    if np.all(ranks == ranks[0]):
-        return 0.0
-    return float(np.corrcoef(ranks, np.arange(len(values)))[0, 1])
+def loop_steps(steps, process):
+    """The steps a process's memory is judged over: its train steps, or all its steps
+    when it has none."""
+    s = steps[steps["process"] == process]
+    train = s[s["mode"] == "train"]
+    return train if len(train) else s
 
 
-def growth_of(values: np.ndarray, window_share: float):
-    """(first, last, trend) of a series in time order: medians of its first and last
-    window_share, and its rank correlation with time."""
-    k = max(2, int(len(values) * window_share))
-    return float(np.median(values[:k])), float(np.median(values[-k:])), _rank_correlation(values)
+def free_memory(system, node, t1) -> float:
+    """Bytes of the node's memory still free (total - used) at its last sample up to t1; NaN if unknown."""
+    mem = system[(system["node"] == node) & (system["timestamp_ns"] <= t1)
+                 & system["metric"].isin(["mem_used", "mem_total"])]
+    if mem.empty:
+        return float("nan")
+    last = mem[mem["timestamp_ns"] == mem["timestamp_ns"].max()]
+    vals = dict(zip(last["metric"], last["value"]))
+    return float(vals["mem_total"] - vals["mem_used"]) if {"mem_used", "mem_total"} <= set(vals) else float("nan")
 
 
 class HostMemoryIncrease(Rule):
     name = "HostMemoryIncrease"
-    summary = "Host RSS of a rank (with its DataLoader workers) rises steadily during training."
+    summary = ("Host RSS of a rank (with its DataLoader workers) keeps rising after the warm-up, through the later "
+               "part of training (the steady state: see below).")
     params = {
-        "min_increase_mb": Param(200, "MB", "fire when RSS grows by more than this..."),
-        "min_increase_ratio": Param(0.10, "ratio", "...and by more than this fraction of its starting value"),
-        "min_trend": Param(0.8, "ratio", "rank correlation of RSS with time: steady growth, not one spike"),
-        "window_share": Param(0.2, "ratio", "compare the first and last this share of the loop"),
+        "min_increase_mb": Param(200, "MB", "fire when RSS grows in the steady state by more than this..."),
+        "min_increase_ratio": Param(0.10, "ratio", "...and by more than this fraction of its value when the "
+                                                   "steady state begins"),
+        "min_trend": Param(0.8, "ratio", "rank correlation of RSS with time, over the steady state and over its "
+                                         "later half: steady growth that goes on, not one spike"),
+        "window_share": Param(0.2, "ratio", "compare the first and last this share of the steady state"),
+        **steady.PARAMS,
     }
 
     def not_applicable(self, run):
@@ -43,30 +55,45 @@ class HostMemoryIncrease(Rule):
         return None
 
     def evaluate(self, run, p):
-        out = []
+        found = []
         rss = run.system[run.system["metric"] == "proc_rss"]
         # a rank and its children, summed per sample
         total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
-        for (process, rank), s in run.steps.groupby(["process", "rank"], dropna=False, sort=True):
-            t0, t1 = int(s["start_ns"].min()), int(s["end_ns"].max())
-            r = total[(total["process"] == process) & (total["timestamp_ns"] >= t0) & (total["timestamp_ns"] <= t1)]
-            if len(r) < 8:
+        nodes = node_of(run)
+        for (process, rank), _ in run.steps.groupby(["process", "rank"], dropna=False, sort=True, observed=True):
+            r = total[total["process"] == process].sort_values("timestamp_ns")
+            g = steady.steady_growth(loop_steps(run.steps, process), r["timestamp_ns"].to_numpy(np.int64),
+                                     r["value"].to_numpy(dtype=float), p)
+            if g is None or not g["growing"]:
                 continue
-            r = r.sort_values("timestamp_ns")
-            first, last, trend = growth_of(r["value"].to_numpy(dtype=float), p["window_share"])
-            growth = last - first
-            if growth < p["min_increase_mb"] * MB or growth < p["min_increase_ratio"] * first or trend < p["min_trend"]:
+            if g["growth"] < p["min_increase_mb"] * MB or g["growth"] < p["min_increase_ratio"] * g["first"]:
                 continue
-            minutes = (t1 - t0) / 60e9
+            found.append((process, rank, g))
+        # the machine runs out when all of its growing ranks together have used its free memory
+        node_rate = defaultdict(float)
+        for process, _, g in found:
+            node_rate[nodes.get(str(process), "")] += g["rate_per_s"]
+        out = []
+        for process, rank, g in found:
+            node = nodes.get(str(process), "")
+            free = free_memory(run.system, node, g["t1"])
+            left = steady.until_full(free, node_rate[node])
+            others = " with the host's other growing ranks" if node_rate[node] > g["rate_per_s"] else ""
+            runs_out = (f"; at that rate{others} the host's {free / 2**30:.1f} GiB of free memory is used up in "
+                        f"{steady.duration_text(left)}" if left is not None else "")
+            warm = (f"after a warm-up of {g['warmup']} steps" if g["warmup"] else "from the first step")
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
-                message=(f"{rank_label(rank, process)}: host memory grew from {first / MB:.0f} MB to "
-                         f"{last / MB:.0f} MB during training ({growth / MB / max(minutes, 1e-9):.0f} MB/min)"),
+                message=(f"{rank_label(rank, process)}: host memory grew from {g['first'] / MB:.0f} MB to "
+                         f"{g['last'] / MB:.0f} MB during training, {warm} to the end (steps {g['steps'][0]}-"
+                         f"{g['steps'][1]}), and still grows {g['rate_per_s'] * 60 / MB:.0f} MB/min{runs_out}"),
                 recommendation=("Something keeps references across steps: a list of losses or outputs that "
                                 "still hold tensors (store loss.item() instead), caches without a bound, "
                                 "growing logs. Left alone it ends in an out-of-memory kill."),
-                evidence={"process": str(process), "rss_start_mb": round(first / MB, 1),
-                          "rss_end_mb": round(last / MB, 1), "growth_mb": round(growth / MB, 1),
-                          "trend": round(trend, 3), "samples": int(len(r)),
-                          "window_s": round((t1 - t0) / 1e9, 3)}))
+                evidence={"process": str(process), "rss_start_mb": round(g["first"] / MB, 1),
+                          "rss_end_mb": round(g["last"] / MB, 1), "growth_mb": round(g["growth"] / MB, 1),
+                          **steady.evidence_of(g, MB),
+                          "host_free_mb": round(free / MB, 1) if np.isfinite(free) else None,
+                          "host_rate_mb_per_min": round(node_rate[node] * 60 / MB, 1),
+                          "time_to_full_s": round(left, 1) if left is not None else None}))
         return out

@@ -68,9 +68,23 @@ def _thin(s: pd.DataFrame, columns) -> pd.DataFrame:
     return out
 
 
+def _loop_notes(summary: dict) -> str:
+    """What the summary says about a loop stepscope did not understand (analysis/loop.py)."""
+    out = []
+    for n in summary.get("loop_notes", []):
+        evidence = json.dumps(n["evidence"], indent=1, default=str)
+        out.append(f'<div class="finding loop-note" id="note-{_esc(n["key"])}"><h3>{_esc(n["title"])}</h3>'
+                   f'<p>{_esc(n["message"])}</p><p class="rec">{_esc(n["recommendation"])}</p>'
+                   f'<details><summary>evidence</summary><pre>{_esc(evidence)}</pre></details></div>')
+    return "\n".join(out)
+
+
 def _verdict(summary: dict) -> str:
     findings = summary["findings"]
-    if not findings:
+    notes = _loop_notes(summary)
+    if not findings and notes:
+        body = notes
+    elif not findings:
         body = '<p class="ok">No problems found.</p>'
     else:
         items = []
@@ -79,7 +93,7 @@ def _verdict(summary: dict) -> str:
             items.append(f'<div class="finding {_esc(f["severity"])}"><h3>{_esc(f["rule"])}</h3>'
                          f'<p>{_esc(f["message"])}</p><p class="rec">{_esc(f["recommendation"])}</p>'
                          f'<details><summary>evidence</summary><pre>{_esc(evidence)}</pre></details></div>')
-        body = "\n".join(items)
+        body = "\n".join(([notes] if notes else []) + items)
     skipped = summary.get("rules_not_applicable", {})
     if skipped:
         body += "<p class='muted'>Not applicable to this run: " + "; ".join(
@@ -316,7 +330,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-w
 h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse}th{text-align:left;padding:.2em 1em .2em 0;color:#555;vertical-align:top}
 td{padding:.2em 0}.finding{border-left:4px solid #e45756;padding:.2em 1em;margin:1em 0;background:#fdf3f3}
-.finding.info{border-color:#4c78a8;background:#f3f6fb}.finding h3{margin:.3em 0}.rec{color:#333;font-style:italic}
+.finding.info{border-color:#4c78a8;background:#f3f6fb}
+.finding.loop-note{border-color:#f58518;background:#fff7ec}.finding h3{margin:.3em 0}.rec{color:#333;font-style:italic}
 .ok{color:#2a7a2a;font-weight:bold}.muted{color:#777;font-size:.9em}pre{white-space:pre-wrap;font-size:.85em}
 nav a{margin-right:1em}
 #tl{margin-top:.5em}.tl-bar{margin:.3em 0}.tl-bar button,.tl-bar input{margin-right:.4em}

@@ -5,6 +5,7 @@ Every figure comes from ``analysis/quantities.py``, which the rules use too.
 
 from __future__ import annotations
 
+from stepscope.analysis.loop import run_loop_notes
 from stepscope.analysis.quantities import percent, phase_shares, step_stats, summary_steps
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.system import summarize_system
@@ -35,6 +36,7 @@ def summarize(run, params=None) -> dict:
     for mode, s in steps.groupby("mode", sort=False, observed=True):
         out["steps"][mode] = step_stats(s)
     out["phases"] = phase_shares(summary_steps(steps))
+    out["loop_notes"] = run_loop_notes(r)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
     out["rules_not_applicable"] = rules["not_applicable"]
@@ -59,6 +61,9 @@ def format_text(s: dict) -> str:
         lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
     for w in s.get("warnings", []):
         lines.append(f"  warning: {w}")
+    for note in s.get("loop_notes", []):
+        lines.append(f"note [{note['key']}]: {note['message']}")
+        lines.append(f"      -> {note['recommendation']}")
     if s.get("findings"):
         lines.append("findings:")
         for f in s["findings"]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from stepscope.analysis.loop import loop_markdown
+
 from stepscope.analysis.rules.balance import LoadBalancing
 from stepscope.analysis.rules.base import Finding, Param, Rule
 from stepscope.analysis.rules.batchsize import BatchSize
@@ -128,6 +130,7 @@ def rules_markdown() -> str:
               "summed rate of that host's growing ranks (HostMemoryIncrease), or the GPU's total minus its used "
               "memory (GPUMemoryIncrease). No other rule compares the start of a run with its end: the others "
               "leave out their first `warmup_steps` and judge every later step alike.", "",
+              *loop_markdown(),
               "## One number per quantity", "",
               "A finding quotes the summary's figure for the same quantity: both come from the functions of "
               "`stepscope.analysis.quantities` over the steps table. GetNextBottleneck's share is the summary's "

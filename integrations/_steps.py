@@ -46,6 +46,7 @@ class StepTracker:
         self.fed = False  # a loader fetch began the open step: only fetches start steps
         self.pending: Optional[Tuple[int, int, str]] = None  # (t0, t1, mode) of a held-back fetch
         self.pending_more: list = []  # (t0, t1) of fetches read ahead with it, before any work
+        self.mark: Optional[Tuple[str, int]] = None  # (mode, at): an eval step's mark, not yet written
         self.candidate: Optional[Tuple[int, str]] = None  # possible step start, several optimizers
         self.optimizers_in_step: set = set()
         self.optimizers_before: set = set()  # those of the previous step
@@ -70,8 +71,12 @@ class StepTracker:
             self.suspended = True  # checked where a loop starts: workers run none
         if self.mode is not None and self.on_new_step is not None:
             self.on_new_step(self.forwards_in_step > 0)
+        self._flush_mark()
         if not self.suspended:
-            _native.begin_step(mode, at)
+            if mode == "train":
+                _native.begin_step(mode, at)
+            else:  # written when the step's mode is settled (see phase_start)
+                self.mark = (mode, at)
         self.mode = mode
         self.done = False
         self.fed = False
@@ -79,6 +84,17 @@ class StepTracker:
         self.optimizers_before, self.optimizers_in_step = self.optimizers_in_step, set()
         self.forward_end = None
         self.forwards_in_step = 0
+
+    def _flush_mark(self) -> None:
+        if self.mark is not None:
+            mode, at = self.mark
+            self.mark = None
+            _native.begin_step(mode, at)
+
+    def _end(self, at: int) -> None:
+        """Ends the open step at ``at`` (0: now)."""
+        self._flush_mark()
+        _native.end_step(at)
 
     def _commit_pending(self, shown: Optional[str] = None) -> None:
         """The held-back fetch begins its step; ``shown``: the mode its work shows,
@@ -103,7 +119,13 @@ class StepTracker:
         if self.mode is None:
             self._begin(mode, now)
         elif self.done:
-            if mode != self.mode:
+            if mode == "train" and self.mark is not None and self.fed:
+                # Eval forwards, then train work on the same fetched batch (a teacher
+                # model in eval mode, then the student): one train step.
+                self.mark = ("train", self.mark[1])
+                self._flush_mark()
+                self.mode, self.done = "train", False
+            elif mode != self.mode:
                 self._begin(mode, now)
             elif mode == "train" and (self.fed or len(self.optimizers_known) > 1):
                 # The next fetch starts the next step, unless an optimizer of this
@@ -134,6 +156,23 @@ class StepTracker:
             self.fed = True
             self.last_end = t1
 
+    def loop_started(self) -> None:
+        """A new pass over a loader begins: a batch fetched and never worked on
+        (a loop left with `break`) was the last step's GetNext."""
+        if self.pending is None:
+            return
+        if self.mode is not None and self.done:
+            t0, t1, _ = self.pending
+            self.pending = None
+            for a, b in [(t0, t1), *self.pending_more]:
+                _native.span(PHASE, GETNEXT, a, b)
+            self.pending_more = []
+            self._end(max(t1, self.last_end))
+            self.mode = None
+            self.done = False
+        else:
+            self._commit_pending()
+
     def exhausted(self, t0: int, t1: int = 0) -> None:
         """The loader ran out (its last fetch from t0 to t1): the loop is over.
         That last fetch (a multi-process loader shuts its workers down in it)
@@ -149,7 +188,7 @@ class StepTracker:
         if self.mode is not None:
             if t1 > t0:
                 _native.span(PHASE, GETNEXT, t0, t1)
-            _native.end_step(max(t0, t1))
+            self._end(max(t0, t1))
             self.mode = None
             self.done = False
 
@@ -221,7 +260,7 @@ class StepTracker:
     def close(self) -> None:
         """End of the session: close the open step where its work ended."""
         if self.pending is not None:
-            self._commit_pending()
+            self.loop_started()  # an unused fetch ends the last step (or is one)
         if self.mode is not None and not self.suspended:
-            _native.end_step(self.last_end if self.done and self.last_end else 0)
+            self._end(self.last_end if self.done and self.last_end else 0)
         self.reset()

@@ -122,6 +122,19 @@ def _callback_class(pl):
                 tracker.resume()
 
         @safety.guarded("the Lightning callback failed")
+        def on_predict_start(self, trainer, pl_module):
+            from stepscope.integrations import torch as st_torch
+
+            self._predicting = st_torch.forced_mode("predict")  # looks like eval to the hooks
+            self._predicting.__enter__()
+
+        @safety.guarded("the Lightning callback failed")
+        def on_predict_end(self, trainer, pl_module):
+            predicting, self._predicting = getattr(self, "_predicting", None), None
+            if predicting is not None:
+                predicting.__exit__(None, None, None)
+
+        @safety.guarded("the Lightning callback failed")
         def teardown(self, trainer, pl_module, stage):
             if self._started is not None:
                 self._started.stop()

@@ -44,6 +44,7 @@ class TfDataInstrumentor(Instrumentor):
         super().__init__()
         self.tracker = StepTracker()
         self.external_loops = 0  # Keras loops in progress: they mark the steps
+        self.noted = False  # run.json says what a custom loop's profile lacks
 
     def _instrument(self) -> None:
         import tensorflow as tf
@@ -53,6 +54,7 @@ class TfDataInstrumentor(Instrumentor):
         executing_eagerly, out_of_range = context.executing_eagerly, tf.errors.OutOfRangeError
         self.tracker = StepTracker()
         self.external_loops = 0
+        self.noted = False
         inst = self
 
         def wrap(original):
@@ -90,6 +92,11 @@ class TfDataInstrumentor(Instrumentor):
             elif t1 is None:
                 self.tracker.exhausted(t0)
             else:
+                if not self.noted:
+                    self.noted = True
+                    session.add_note("tf.data: a custom loop over a dataset records its steps and GetNext; the "
+                                     "compute phases inside its tf.function step are not measured (the Keras "
+                                     "callback samples them for model.fit)")
                 self.tracker.fetched(t0, t1, MODE)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)

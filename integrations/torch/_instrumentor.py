@@ -19,6 +19,7 @@ Every hook returns at once while dynamo traces (``torch.compiler.is_compiling()`
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -49,6 +50,7 @@ class TorchInstrumentor(Instrumentor):
         self.roots = None
         self.hook_handles = []
         self.fork_hook = False
+        self.noted: set = set()  # compiled functions already noted in run.json
 
     # --- state --------------------------------------------------------------------------
     def _reset_state(self) -> None:
@@ -59,6 +61,7 @@ class TorchInstrumentor(Instrumentor):
         self.forced_modes = []  # a framework loop that knows its mode (Keras fit/evaluate/predict)
         self.optimizer_t0 = 0
         self.iter_started = None  # tick: DataLoader.__iter__ began, no fetch since
+        self.setting_mode = False  # inside Module.train(): its children's calls are its own
 
     def _instrument(self, model=None, optimizer=None) -> None:
         import torch
@@ -87,6 +90,9 @@ class TorchInstrumentor(Instrumentor):
             self.patch(torch, "compile", self.wrap_compile)
         _handover.install(self)
         self.patch_init_process_group(torch)
+        for name in ("trace", "trace_module"):  # tracing runs the model: no steps, no phases
+            self.patch(torch.jit, name, self.hiding)
+        self.patch(torch.nn.Module, "train", self.wrap_train)
         if model is not None:
             self.roots.adopt(model)
         else:
@@ -213,14 +219,26 @@ class TorchInstrumentor(Instrumentor):
             except Exception as exc:  # noqa: BLE001
                 inst.fail(exc)
             result = original(*args, **kwargs)
-            try:
-                if isinstance(result, inst.torch.nn.Module):
-                    inst.roots.adopt(result)  # the OptimizedModule, timed outside dynamo
-            except Exception as exc:  # noqa: BLE001
-                inst.fail(exc)
-            return result
+            target = args[0] if args else kwargs.get("model")
+            if target is None:  # @torch.compile(...) with options: a decorator
+                decorator = result
+                return functools.wraps(decorator)(lambda fn: inst.compiled(fn, decorator(fn)))
+            return inst.compiled(target, result)
 
         return compile
+
+    def compiled(self, target, result):
+        """What torch.compile returned: a module is a root, timed outside dynamo; a
+        compiled function that shows no phase inside is timed as a Forward."""
+        try:
+            if isinstance(result, self.torch.nn.Module):
+                self.roots.adopt(result)
+                return result
+            if callable(result) and not isinstance(target, type):
+                return _timed_compiled_function(self, result, getattr(target, "__qualname__", repr(target)))
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+        return result
 
     def wrap_module_compile(self, original):
         inst = self
@@ -251,11 +269,45 @@ class TorchInstrumentor(Instrumentor):
 
         return __iter__
 
+    def hiding(self, original):
+        inst = self
+
+        def hidden_call(*args, **kwargs):
+            inst.depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inst.depth = max(0, inst.depth - 1)
+
+        return hidden_call
+
+    def wrap_train(self, original):
+        """model.train()/eval() announce a loop, maybe of a model not seen yet (one
+        loaded from disk): discovery looks again."""
+        inst = self
+
+        def train(module, mode=True):
+            if inst.setting_mode or not inst._on:  # children of the module being set
+                return original(module, mode)
+            inst.setting_mode = True
+            try:
+                if not inst.depth and module not in inst.roots.timed:
+                    inst.roots.look_again()
+                return original(module, mode)
+            finally:
+                inst.setting_mode = False
+
+        return train
+
     def loop_starting(self, t0: int) -> None:
         """A pass over a loader begins (its worker start belongs to the first fetch)."""
         if self.iter_started is None and not self.depth:
             self.iter_started = t0
             self.roots.look_again()
+            try:
+                self.tracker.loop_started()
+            except Exception as exc:  # noqa: BLE001
+                self.fail(exc)
 
     def wrap_next(self, original):
         inst = self
@@ -362,6 +414,36 @@ class TorchInstrumentor(Instrumentor):
                 inst.roots.look_again()
 
         return __init__
+
+
+def _timed_compiled_function(inst, compiled, name: str):
+    """Forward and loss run inside a compiled function's graph, out of the hooks'
+    sight. A call in which nothing else was observed (no phase ended inside) was
+    a forward: it becomes one Forward span. One that ran a whole step with
+    graph breaks (its backward and optimizer seen eagerly) is left alone, and
+    run.json notes that its forward is not separated."""
+
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        if inst.depth or not inst._on or inst.is_compiling():
+            return compiled(*args, **kwargs)
+        tracker = inst.tracker
+        t0, seen = _native.now(), tracker.last_end
+        result = compiled(*args, **kwargs)
+        try:
+            if tracker.last_end == seen and inst._on:
+                mode = inst.guess_mode()
+                tracker.forward_started(mode, t0)
+                tracker.forward_ended(mode, t0, _native.now())
+            elif inst._on and name not in inst.noted:
+                inst.noted.add(name)
+                session.add_note(f"torch.compile: {name} runs a whole step in its graph; its Forward and Loss "
+                                 "are not separated (they show as Other)")
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return result
+
+    return call
 
 
 def distributed_rank():

@@ -53,6 +53,11 @@ _native.set_decorators(_decorate, _decorate_bare)
 phase = _native.phase
 
 
+#: True once the program marks steps itself (step()/end_step()): from then on the
+#: framework integrations record phases only, and the program's steps are the steps.
+by_hand = False
+
+
 def step(mode: str = "train") -> int:
     """Marks the start of a new step of ``mode`` (train, eval or predict).
 
@@ -60,13 +65,17 @@ def step(mode: str = "train") -> int:
     ``end_step()`` (or the end of the session). Returns the step's number,
     counted from 0 per mode.
     """
+    global by_hand
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; allowed: {', '.join(MODES)}")
+    by_hand = True
     return _native.begin_step(mode)
 
 
 def end_step() -> None:
     """Ends the current step without starting another (e.g. at the end of a loop)."""
+    global by_hand
+    by_hand = True
     _native.end_step()
 
 

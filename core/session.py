@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Optional
 
-from stepscope.core import _native, gpu, runinfo, safety
+from stepscope.core import _native, annotations, gpu, runinfo, safety
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE, node_lock_file
 from stepscope.core.config import Config, resolve
 
@@ -323,6 +323,7 @@ def start(**kwargs) -> Optional[Session]:
             name = config.name or runinfo.derive_run_name()
             run_dir = os.path.abspath(os.path.join(config.dir, name))
             _session = _open(config, run_dir, "main", None)
+            annotations.by_hand = False  # a new session: who marks steps is learnt again
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("could not start profiling", exc)
             return None

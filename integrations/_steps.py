@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from stepscope.core import _native
+from stepscope.core import annotations as user_marks
 
 PHASE = _native.CATEGORIES.index("phase")
 GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER, RECOMPUTE = (_native.intern(p) for p in _native.PHASES)
@@ -72,6 +73,8 @@ class StepTracker:
         if self.mode is not None and self.on_new_step is not None:
             self.on_new_step(self.forwards_in_step > 0)
         self._flush_mark()
+        if user_marks.by_hand:  # the program marks its own steps: phases only
+            self.suspended = True
         if not self.suspended:
             if mode == "train":
                 _native.begin_step(mode, at)

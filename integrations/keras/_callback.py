@@ -33,6 +33,7 @@ def _build_class(keras):
             self._loops: list = []  # (mode, restore) of the loops in progress, innermost last
             self._open = False  # a step of ours is open
             self._step_begin = 0
+            self._execution = None  # (mode, first batch) of the open execution of steps_per_execution steps
             self._work_end = 0  # tick: end of the open step's compiled call, when known
             self._sampler = None
             self._off = False
@@ -111,9 +112,31 @@ def _build_class(keras):
             if self._open:
                 if self._step_begin < self._work_end < end:
                     end = self._work_end
+                if self._execution is not None:  # the loop's last execution: as many steps as are left
+                    steps = (self.params or {}).get("steps")
+                    first = self._execution[1]
+                    self._fill_execution(min(self._per_execution(), steps - first) if steps else 1, end)
                 _native.end_step(end)
                 self._open = False
             return end
+
+        def _per_execution(self) -> int:
+            try:
+                return max(1, int(getattr(self.model, "steps_per_execution", 1) or 1))
+            except (TypeError, ValueError):
+                return 1
+
+        def _fill_execution(self, count: int, end: int) -> None:
+            """One callback batch ran ``count`` optimizer steps in one compiled call
+            (steps_per_execution): the steps after its first share its time equally."""
+            mode, first = self._execution
+            self._execution = None
+            window = self._sampler.window if self._sampler is not None and mode == "train" else None
+            for k in range(1, count):
+                at = self._step_begin + (end - self._step_begin) * k // count
+                _native.begin_step(mode, at)
+                if window is not None:
+                    window.step_begins.append(at)
 
         def _close_window(self) -> None:
             """The window's last step ends before the profiler is read: that cost
@@ -125,14 +148,19 @@ def _build_class(keras):
             if self._off or not self._loops or _backend(keras) == "torch":
                 return  # on torch the PyTorch step tracker marks steps from its fetches
             sampler = self._sampler if kind == "train" else None
+            t = _native.now()
+            if self._execution is not None:  # the previous callback batch ran this many steps
+                self._fill_execution(batch - self._execution[1], t)
             if sampler is not None and sampler.window_ends_before(batch):
                 self._close_window()
-            t = _native.now()
             number = _native.begin_step(MODES[kind], t)
             self._open = True
             self._step_begin = t
+            per_execution = self._per_execution()
+            if per_execution > 1:
+                self._execution = (MODES[kind], batch)
             if sampler is not None:
-                sampler.after_step(number, batch, (self.params or {}).get("steps"), t)
+                sampler.after_step(number, batch, (self.params or {}).get("steps"), t, per_execution)
 
         # --- Keras hooks (each guarded: a failure turns stepscope off, never the job)
         @safety.guarded("the Keras callback failed")

@@ -156,9 +156,11 @@ class Sampler:
         """At a train batch's begin: whether the open window's steps are all done."""
         return self.window is not None and batch > self.window_end_batch
 
-    def after_step(self, step: int, batch: int, steps_per_epoch: Optional[int], t: int) -> None:
-        """Called right after the step mark at tick t: open a window if this step is sampled."""
-        if self.window is None and self.sampled(step, batch, steps_per_epoch):
+    def after_step(self, step: int, batch: int, steps_per_epoch: Optional[int], t: int,
+                   per_execution: int = 1) -> None:
+        """Called right after the step mark at tick t: open a window if this step (or,
+        with steps_per_execution, one of the steps this callback batch runs) is sampled."""
+        if self.window is None and self.sampled(step, batch, steps_per_epoch, per_execution):
             if self.user_profiler_running():
                 safety.warn_once("tf-profiler", YIELD_MESSAGE)
                 return
@@ -176,13 +178,13 @@ class Sampler:
             return self.steps_range[1] - step + 1
         return plan(steps_per_epoch)[1]
 
-    def sampled(self, step: int, batch: int, steps_per_epoch: Optional[int]) -> bool:
+    def sampled(self, step: int, batch: int, steps_per_epoch: Optional[int], per_execution: int = 1) -> bool:
         if self.steps_range is not None:
-            return self.steps_range[0] <= step <= self.steps_range[1]
+            return self.steps_range[0] <= step + per_execution - 1 and step <= self.steps_range[1]
         first, _ = plan(steps_per_epoch)
         if steps_per_epoch:
             first = min(first, max(steps_per_epoch - 1, 0))
-        return batch == first
+        return batch <= first < batch + per_execution
 
     def close(self, end: int) -> None:
         """Reads the window; its last sampled step ended at tick `end`."""

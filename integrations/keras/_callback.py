@@ -77,6 +77,11 @@ def _build_class(keras):
                     and not _has_strategy() and not hasattr(function, "__stepscope_original__")):
                 setattr(model, attr, _fetching_in_python(function, self))
                 restore = (attr, function)
+            if kind != "train":
+                from stepscope.core import session
+
+                session.add_note("Keras evaluate/predict on TensorFlow: steps and GetNext are recorded; the "
+                                 "Forward inside their compiled step is sampled in fit only")
             if kind == "train" and not getattr(model, "run_eagerly", False):
                 from stepscope.core import session
                 from stepscope.integrations.keras import _window

@@ -5,7 +5,9 @@ torch integration's public seams only)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 
 from stepscope.core import _native, safety
 
@@ -40,11 +42,26 @@ def _hidden_from_torch(original):
 
     @functools.wraps(original)
     def symbolic(*args, **kwargs):
-        with st_torch.hidden():
+        with st_torch.hidden(), _tfdata_fetches_not_steps():
             return original(*args, **kwargs)
 
     symbolic.__stepscope_original__ = original
     return symbolic
+
+
+@contextlib.contextmanager
+def _tfdata_fetches_not_steps():
+    """A tf.data dataset fed to a torch-backend fit: the batch Keras fetches to
+    build the model (before the loop's callbacks) is no step of tf.data's."""
+    tfdata = sys.modules.get("stepscope.integrations.tfdata") if "tensorflow" in sys.modules else None
+    if tfdata is None or not tfdata.is_instrumented():
+        yield
+        return
+    tfdata.keras_loop_begins()
+    try:
+        yield
+    finally:
+        tfdata.keras_loop_ends()
 
 
 def _symbolic_calls_hidden_from_torch(original):

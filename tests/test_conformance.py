@@ -76,24 +76,15 @@ XFAIL = {
     ("keras_tf_custom_train_step", "callback"):
         "integrations/keras/_xspace.py classifies Loss only by Keras's compile_loss name scope: a loss computed "
         "with raw ops in a custom train_step is no phase",
-    ("keras_tf_evaluate_predict", "zero_edit"):
-        "integrations/keras/_callback.py _begin_tf samples profiler windows in train loops only: evaluate/predict "
-        "steps have no Forward, and run.json says nothing about it",
-    ("keras_tf_evaluate_predict", "callback"):
-        "integrations/keras/_callback.py _begin_tf samples profiler windows in train loops only: evaluate/predict "
-        "steps have no Forward, and run.json says nothing about it",
     ("keras_tf_steps_per_execution", "zero_edit"):
-        "integrations/keras/_callback.py: steps come from on_train_batch_begin, called once per execution of "
-        "steps_per_execution batches (docs/design.md 'Limits'): 4 steps for 16 optimizer steps, no note",
+        "integrations/keras: with steps_per_execution > 1 the fetch runs in-graph and no GetNext is recorded "
+        "(none from the sampled window's IteratorGetNextOp, _xspace.py), and no run.json note says so",
     ("keras_tf_steps_per_execution", "callback"):
-        "integrations/keras/_callback.py: steps come from on_train_batch_begin, called once per execution of "
-        "steps_per_execution batches (docs/design.md 'Limits'): 4 steps for 16 optimizer steps, no note",
+        "integrations/keras: with steps_per_execution > 1 the fetch runs in-graph and no GetNext is recorded "
+        "(none from the sampled window's IteratorGetNextOp, _xspace.py), and no run.json note says so",
     ("keras_tf_train_on_batch", "zero_edit"):
         "integrations/keras wraps fit/evaluate/predict (callbacks) only: train_on_batch/test_on_batch make no "
         "steps and no phases, and run.json says nothing about it",
-    ("keras_torch_tfdata", "zero_edit"):
-        "integrations/keras/_callback.py tells tf.data a Keras loop runs from on_train_begin, but Keras's torch "
-        "trainer fetches a batch for _symbolic_build before it: integrations/tfdata counts it as a train step",
     ("hf_trainer_eval_checkpoint", "callback"):
         "integrations/transformers StepscopeCallback.on_train_end stops the session it started: trainer.evaluate() "
         "after train() (which calls the same callback's on_evaluate) records nothing",

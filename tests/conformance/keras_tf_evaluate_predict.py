@@ -1,7 +1,9 @@
 """Keras 3 (TensorFlow backend): fit (1 epoch x 4 batches), evaluate (3 batches),
-predict (2 batches)."""
+predict (2 batches). The Forward of evaluate/predict steps is not measured on the
+TensorFlow backend (profiler windows sample fit only): run.json must say so."""
 # expect: {"train": 4, "eval": 3, "predict": 2, "callback": true,
-# expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"], "predict": ["GetNext", "Forward"]},
+# expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"], "eval": ["GetNext"], "predict": ["GetNext"]},
+# expect:  "note": "Keras evaluate/predict",
 # expect:  "optional": {"eval": ["Loss"]},
 # expect:  "every": {"train": ["GetNext"], "eval": ["GetNext"], "predict": ["GetNext"]}}
 import os

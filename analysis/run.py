@@ -150,6 +150,7 @@ class Run:
                 "local_rank": p.meta.get("local_rank"), "world_size": p.meta.get("world_size"),
                 "origin": p.meta.get("origin"), "parent": p.meta.get("parent"),
                 "start_time": p.meta.get("process_start_time", p.meta.get("start_time")),
+                "session_start": p.meta.get("start_time"),
                 "events": p.events, "dropped": p.dropped, "clean_close": p.clean_close,
                 "readable": p.readable,
             })

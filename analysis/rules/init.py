@@ -1,4 +1,8 @@
-"""MaxInitializationTime: time from process start to the first step."""
+"""MaxInitializationTime: time from process start to the first step.
+
+A session started from code in a process that was already running (a notebook,
+a test runner, a service) counts from its own start: what the process did
+before profiling began is not this job's initialization."""
 
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ class MaxInitializationTime(Rule):
 
     def evaluate(self, run, p):
         out = []
-        starts = dict(zip(run.processes["process"], run.processes["start_time"]))
+        procs = run.processes
+        session = procs["session_start"] if "session_start" in procs else procs["start_time"]
+        starts = {name: _latest(a, b) for name, a, b in zip(procs["process"], procs["start_time"], session)}
         for (process, rank), s in run.steps.groupby(["process", "rank"], dropna=False, sort=True):
             began = starts.get(process)
             if began is None or began != began:
@@ -38,3 +44,8 @@ class MaxInitializationTime(Rule):
                 evidence={"process": str(process), "initialization_s": round(init_s, 3),
                           "threshold_s": p["threshold_s"]}))
         return out
+
+
+def _latest(*times):
+    known = [float(t) for t in times if t is not None and t == t]
+    return max(known) if known else None

@@ -237,7 +237,11 @@ class StepTracker:
         self.optimizers_known.add(key)
         if self.candidate is not None:
             at, mode = self.candidate
-            if key in self.optimizers_in_step or self._another_loop(key):
+            # Stepping again begins a new iteration, unless a loader drives this loop and
+            # several optimizers take turns on its batch (WGAN: critic updates, then the
+            # generator's): then only the next fetch does.
+            again = key in self.optimizers_in_step and not (self.fed and len(self.optimizers_known) > 1)
+            if again or self._another_loop(key):
                 fed = self.fed
                 self._begin(mode, at)  # this optimizer steps again: a new iteration began there
                 self.fed = fed  # still the same loader's loop

@@ -63,10 +63,6 @@ TIMEOUT = 300
 # (script name, variant) -> the cause, found in stepscope (file/function). Strict:
 # a case listed here that passes fails the suite, so fixed causes leave the table.
 XFAIL = {
-    ("torch_gradient_penalty", "zero_edit"):
-        "integrations/_steps.py StepTracker.optimizer_started: in a loader-fed loop an optimizer stepping again "
-        "after the same fetch begins a new step (the full-batch rule), so n_critic=2 critic updates and the "
-        "generator update of one batch make 3 steps",
     ("torch_forward_called_directly", "zero_edit"):
         "integrations/torch/_roots.py discover_pre adopts the outermost module called through __call__: with "
         "model.forward(x) its submodules become roots, two Forward spans per step",
@@ -76,18 +72,6 @@ XFAIL = {
     ("keras_tf_custom_train_step", "callback"):
         "integrations/keras/_xspace.py classifies Loss only by Keras's compile_loss name scope: a loss computed "
         "with raw ops in a custom train_step is no phase",
-    ("keras_tf_steps_per_execution", "zero_edit"):
-        "integrations/keras: with steps_per_execution > 1 the fetch runs in-graph and no GetNext is recorded "
-        "(none from the sampled window's IteratorGetNextOp, _xspace.py), and no run.json note says so",
-    ("keras_tf_steps_per_execution", "callback"):
-        "integrations/keras: with steps_per_execution > 1 the fetch runs in-graph and no GetNext is recorded "
-        "(none from the sampled window's IteratorGetNextOp, _xspace.py), and no run.json note says so",
-    ("keras_tf_train_on_batch", "zero_edit"):
-        "integrations/keras wraps fit/evaluate/predict (callbacks) only: train_on_batch/test_on_batch make no "
-        "steps and no phases, and run.json says nothing about it",
-    ("hf_trainer_eval_checkpoint", "callback"):
-        "integrations/transformers StepscopeCallback.on_train_end stops the session it started: trainer.evaluate() "
-        "after train() (which calls the same callback's on_evaluate) records nothing",
 }
 
 

@@ -77,6 +77,11 @@ def _build_class(keras):
                     and not _has_strategy() and not hasattr(function, "__stepscope_original__")):
                 setattr(model, attr, _fetching_in_python(function, self))
                 restore = (attr, function)
+            if getattr(model, "steps_per_execution", 1) not in (1, None):
+                from stepscope.core import session
+
+                session.add_note("Keras steps_per_execution > 1: the batches are fetched inside the compiled "
+                                 "loop; GetNext is not measured")
             if kind != "train":
                 from stepscope.core import session
 

@@ -4,7 +4,8 @@
   and the yield to TensorBoard's profiler on TensorFlow; the Keras optimizer
   and symbolic passes on torch. The callback turns it on.
 * ``instrumentor``: zero-edit mode; adds the callback to every
-  ``fit``/``evaluate``/``predict`` (and turns on ``backend_hooks``).
+  ``fit``/``evaluate``/``predict`` (and turns on ``backend_hooks``), and makes
+  each ``train_on_batch``/``test_on_batch``/``predict_on_batch`` a step.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class KerasInstrumentor(Instrumentor):
             raise RuntimeError("the Keras backend hooks could not be installed")
         for name in ("fit", "evaluate", "predict"):
             self.patch(keras.Model, name, _with_callback)
+        from stepscope.integrations.keras import _on_batch
+
+        for name in _on_batch.MODES:
+            self.patch(keras.Model, name, _on_batch.wrap(name))
 
     def on_import(self, module) -> None:
         if "keras" in sys.modules:

@@ -14,7 +14,8 @@ batches before working on them (``get_batch_samples``), and the step tracker
 counts read-ahead batches as the GetNext of the step that uses them.
 
 The callback starts a session if none runs (keywords as for
-``stepscope.start``) and stops it when training ends.
+``stepscope.start``); it records until ``stepscope.stop()`` or the end of the
+process, so an ``evaluate()`` after ``train()`` is recorded too.
 """
 
 from __future__ import annotations
@@ -51,11 +52,6 @@ def _callback_class():
             if stepscope.current() is None:
                 self._started = stepscope.start(**self._start_kwargs)
 
-        @safety.guarded("the Transformers callback failed")
-        def on_train_end(self, args, state, control, **kwargs):
-            if self._started is not None:
-                self._started.stop()
-                self._started = None
 
     StepscopeCallback.__module__ = __name__
     _class = StepscopeCallback

@@ -1,7 +1,7 @@
 """Keras 3 (TensorFlow backend) driven by hand: a Python loop of train_on_batch over
 NumPy batches (GAN and RL code does this), then test_on_batch; no fit, so no callbacks.
 12 train steps, 2 eval batches."""
-# expect: {"train": 12, "eval": 2, "phases": {"train": ["Forward", "Loss", "Backward", "Optimizer"]}}
+# expect: {"train": 12, "eval": 2, "phases": {"train": []}, "note": "train_on_batch on TensorFlow"}
 import os
 
 os.environ["KERAS_BACKEND"] = "tensorflow"

@@ -1,0 +1,60 @@
+"""``train_on_batch`` / ``test_on_batch`` / ``predict_on_batch``: loops written by
+hand (GAN and RL code), with no fit and so no callbacks.
+
+Each call is one step of its mode, from the call's start to the next call's (a
+step left open at the end runs to where its last call returned). On the torch
+backend the PyTorch integration's hooks give the phases inside, in the call's
+mode. On TensorFlow the compiled step is not sampled: the step and a
+``keras.<method>`` framework span are recorded, and run.json says so.
+"""
+
+from __future__ import annotations
+
+from stepscope.core import _native, safety, session
+
+FRAMEWORK = _native.CATEGORIES.index("framework")
+MODES = {"train_on_batch": "train", "test_on_batch": "eval", "predict_on_batch": "predict"}
+_open = {"step": False, "last_end": 0}
+_noted: set = set()
+
+
+def wrap(method_name: str):
+    mode = MODES[method_name]
+    span_name = _native.intern(f"keras.{method_name}")
+
+    def make(original):
+        def on_batch(model, *args, **kwargs):
+            import keras
+
+            if keras.backend.backend() == "torch":
+                from stepscope.integrations import torch as st_torch
+
+                with st_torch.forced_mode(mode):
+                    return original(model, *args, **kwargs)
+            t0 = _native.now()
+            try:
+                _native.begin_step(mode, t0)
+                _open["step"] = True
+                if method_name not in _noted:
+                    _noted.add(method_name)
+                    session.on_stop(_close)
+                    session.add_note(f"Keras {method_name} on TensorFlow: one step per call; the phases inside "
+                                     "its compiled step are not sampled")
+            except Exception as exc:  # noqa: BLE001
+                safety.report_failure("the Keras integration failed", exc)
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                t1 = _native.now()
+                _native.span(FRAMEWORK, span_name, t0, t1)
+                _open["last_end"] = t1
+
+        return on_batch
+
+    return make
+
+
+def _close() -> None:
+    if _open["step"]:
+        _open["step"] = False
+        _native.end_step(_open["last_end"])

@@ -187,6 +187,8 @@ class TorchInstrumentor(Instrumentor):
             elif isinstance(module, self.roots.loss_type):
                 self.stack.append((_native.now(), "train", LOSS))
             else:
+                if self.roots.stop_at_known and module is not self.roots.pending_root:
+                    self.roots.known_root_ran()
                 mode = self.mode_of(module)
                 now = _native.now()
                 self.tracker.forward_started(mode, now)
@@ -292,7 +294,7 @@ class TorchInstrumentor(Instrumentor):
             inst.setting_mode = True
             try:
                 if not inst.depth and module not in inst.roots.timed:
-                    inst.roots.look_again()
+                    inst.roots.look_again(until_known_root=True)
                 return original(module, mode)
             finally:
                 inst.setting_mode = False
@@ -303,7 +305,7 @@ class TorchInstrumentor(Instrumentor):
         """A pass over a loader begins (its worker start belongs to the first fetch)."""
         if self.iter_started is None and not self.depth:
             self.iter_started = t0
-            self.roots.look_again()
+            self.roots.look_again(until_known_root=True)
             try:
                 self.tracker.loop_started()
             except Exception as exc:  # noqa: BLE001

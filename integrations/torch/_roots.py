@@ -38,6 +38,7 @@ class Roots:
         self.quiet_steps = 0
         self.compiled = False  # torch.compile was called: discovery is over for good
         self.pending_root = None  # (module) whose first call is timed by the discovery post-hook
+        self.stop_at_known = False  # discovery ends when a known root runs (see look_again)
         from torch.nn.modules.loss import _Loss
 
         self.loss_type = _Loss
@@ -133,13 +134,22 @@ class Roots:
                 handle.remove()
             self.discovery = None
 
-    def look_again(self) -> None:
-        """A loop may begin with a model not seen yet (a new optimizer, a new
-        pass over a DataLoader, a framework loop): discover for a few steps."""
+    def look_again(self, until_known_root: bool = False) -> None:
+        """A loop may begin with a model not seen yet (a new optimizer, a framework
+        loop): discover for a few steps. ``until_known_root``: a weaker sign (a new
+        pass over a DataLoader, model.train()): discovery ends as soon as a known
+        root runs, so short epochs do not keep the global hooks on."""
         if self.discovery is None:
             self.start_discovery()
+            self.stop_at_known = until_known_root
         else:
             self.quiet_steps = 0
+            self.stop_at_known = self.stop_at_known and until_known_root
+
+    def known_root_ran(self) -> None:
+        if self.stop_at_known:
+            self.stop_at_known = False
+            self.stop_discovery()
 
     def compile_called(self) -> None:
         """torch.compile in use: no more global hooks (they warn and add guards)."""
@@ -164,8 +174,8 @@ class Roots:
             if module in self.timed or isinstance(module, self.skipped_types):
                 return None
             self.adopt(module)
-            inst.root_pre(module)  # this call started before the module was a root
             self.pending_root = module
+            inst.root_pre(module)  # this call started before the module was a root
             self.quiet_steps = 0
         except Exception as exc:  # noqa: BLE001
             inst.fail(exc)

@@ -35,6 +35,7 @@ def worker(rank, world_size, port):
     dist.all_reduce(total)
     if rank == 0:
         print(f"mean loss {total.item() / world_size:.4f}")
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 
 

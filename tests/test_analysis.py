@@ -117,7 +117,9 @@ def test_diff_after_raising_num_workers(tmp_path):
     # steady state is judged by the median step (~35 ms -> ~17 ms)
     assert share["a"] > 0.2 and share["b"] < share["a"]
     assert median["b"] < 0.7 * median["a"]
-    assert diff["findings"]["cleared"] == ["GetNextBottleneck"]
+    # (a one-off StepOutlier in either run may come or go with the VM's load)
+    assert "GetNextBottleneck" in diff["findings"]["cleared"]
+    assert "GetNextBottleneck" not in diff["findings"].get("new", [])
     text = subprocess.run([sys.executable, "-m", "stepscope", "diff", "slowdata", "slowdata8"], cwd=tmp_path,
                           env=env, capture_output=True, text=True).stdout
     assert "cleared: GetNextBottleneck" in text

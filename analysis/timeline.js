@@ -36,6 +36,7 @@
     }
   }
   const names = M.names, cats = M.cats;
+  const detailed = new Set((M.detail_steps || []).map(s => s.mode + " " + s.step));
   const GPU_CATS = new Set(["kernel", "memcpy", "memset", "sync", "cuda_runtime"]);
 
   // --- tree of tracks -------------------------------------------------------------------
@@ -107,7 +108,10 @@
   const colorCache = new Map();
   function colorOf(i) {
     const nm = nameOf[i];
-    if (cats[catOf[i]] === "step") return argOf[i] % 2 ? "#c8c8c8" : "#dedede";
+    if (cats[catOf[i]] === "step") {  // steps kept in full detail stand out
+      if (detailed.has(names[nameOf[i]] + " " + argOf[i]) && !(countOf && countOf[i] > 1)) return "#9ecae1";
+      return argOf[i] % 2 ? "#c8c8c8" : "#dedede";
+    }
     let c = colorCache.get(nm);
     if (c === undefined) {
       const s = names[nm];
@@ -328,8 +332,8 @@
     if (cat === "step") rows.push(["step", names[nameOf[i]] + " " + argOf[i]]);
     else { const s = stepOf(r, start[i]); if (s) rows.push(["step", s]); }
     if (argOf[i] > 0 && cat !== "step") rows.push(["args", (GPU_CATS.has(cat) ? "correlation " : "arg ") + argOf[i]]);
-    if (merged) rows.push(["coverage", Math.round(100 * fillOf[i] / 255) + "% of the span busy; zoom data is capped, " +
-                           "export the run to Perfetto for every event"]);
+    if (merged) rows.push(["coverage", Math.round(100 * fillOf[i] / 255) + "% of the span busy; only the steps " +
+                           "listed above are here in full detail: export the run to Perfetto for every event"]);
     const n = nodes[rowNode[r]];
     const path = []; for (let p = n; p; p = p.parent >= 0 ? nodes[p.parent] : null) path.unshift(p.label);
     rows.push(["track", path.join(" › ")]);
@@ -338,9 +342,9 @@
     details.append(table);
   }
 
-  function zoomToStep(n) {
+  function zoomToStep(n, wanted) {  // wanted: a mode; else train, else any
     let a = Infinity, b = -Infinity, mode = null;
-    for (const want of ["train", null]) {
+    for (const want of wanted ? [wanted] : ["train", null]) {
       for (const r of stepsRows) {
         let found = -1;
         for (let i = rowOff[r], hi = rowOff[r] + rowLen[r]; i < hi; i++) {
@@ -363,6 +367,9 @@
   stepBtn.addEventListener("click", () => { if (stepInput.value !== "") zoomToStep(Number(stepInput.value)); });
   stepInput.addEventListener("keydown", e => { if (e.key === "Enter") stepBtn.click(); });
   resetBtn.addEventListener("click", () => { setView(0, M.duration_ns); draw(); });
+  document.querySelectorAll("button.tl-jump").forEach(btn => btn.addEventListener("click", () => {
+    zoomToStep(Number(btn.dataset.step), btn.dataset.mode); scroller.scrollIntoView({block: "nearest"});
+  }));
 
   const api = window.stepscopeTimeline = {
     lastDrawMs: 0, draws: 0, items: N,
@@ -376,13 +383,17 @@
       return l ? [GUTTER + (mid - v0) * k, l.y + l.h / 2] : null;
     },
     itemInfo: (i) => ({name: names[nameOf[i]], start: start[i], end: end[i]}),
-    findItem: (text) => {  // the first item of that name in view, for tests
-      for (let i = 0; i < N; i++) if (names[nameOf[i]] === text && end[i] >= v0 && start[i] <= v1) return i;
+    findItem: (text, after, cat) => {  // the first item of that name (and category) in view, from `after`; for tests
+      for (let i = 0; i < N; i++) {
+        if (names[nameOf[i]] === text && end[i] >= v0 && start[i] <= v1 && !(start[i] < after) &&
+            (cat === undefined || cats[catOf[i]] === cat)) return i;
+      }
       return -1;
     },
   };
   resize();
   setView(0, M.duration_ns);
   draw();
+  api.readyMs = performance.now();  // since navigation started
   api.ready = true;
 })();

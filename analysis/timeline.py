@@ -8,13 +8,12 @@ order as typed arrays, base64-encoded: start as the gap from the previous
 item's start in the row (uint32 ns), duration (uint32 ns; larger values go to
 an overflow list), an interned name, a category, an integer argument.
 
-Large runs are capped: when a run has more spans than ``cap``, spans shorter
-than a quantum ``q`` are merged per row and per q-long bucket into coverage
-items (their count and how densely they fill the bucket are kept), with the
-smallest power-of-two q that brings the items under the cap. Spans at least q
-long stay whole. The page says so and points to the Perfetto export for the
-rest. The viewer itself merges whatever is narrower than a pixel as it draws,
-so the cap is about the file's size, not drawing speed.
+The page holds a bounded number of items whatever the run's length
+(timeline_detail.py): every span of a few steps chosen for meaning, step-level
+coverage bars (count and busy fraction kept) for the rest. The page says so and
+points to the Perfetto export for every event. The viewer itself merges
+whatever is narrower than a pixel as it draws, so the bound is about the
+file's size, not drawing speed.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ import json
 import numpy as np
 import pandas as pd
 
-DETAIL_CAP = 1_000_000  # items embedded in the page (about 20 bytes each)
+NAME_CHARS = 300  # longer names (templated kernels) are cut in the page; the exports keep them whole
+MAX_FLOWS = 10_000  # launch arrows
 MIXED = "(several names)"
 U32_MAX = 0xFFFFFFFF
 
@@ -62,6 +62,7 @@ class _Builder:
         self.nodes: list = []
         self.parts: list = []  # (row ids, start, end, name, cat, arg)
         self.n_rows = 0
+        self.pnodes: dict = {}  # process name -> its node
 
     def name(self, text: str) -> int:
         if text not in self.name_ids:
@@ -131,6 +132,7 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
         label = process if rank is None or rank != rank else f"{process} (rank {int(rank)})"
         pnode = b.node(label, "process", hosts[host])
         b.nodes[pnode]["process"] = pnode
+        b.pnodes[process] = pnode
         if process in step_proc:
             node = b.node("steps", "steps", pnode, 1, pnode)
             s = step_proc[process]
@@ -190,37 +192,36 @@ def _gpu_tracks(b: _Builder, ops: pd.DataFrame, pnode: int, base: int) -> None:
                           [b.cat(k) for k in t["kind"]], t["correlation"].to_numpy())
 
 
-def _merge(row, start, end, name, cat, arg, q, mixed):
-    """Spans shorter than q merged per row and q-bucket into coverage items."""
-    short = (end - start) < q
-    bucket = start // q
-    new = np.ones(len(row), dtype=bool)
-    new[1:] = ~short[1:] | ~short[:-1] | (row[1:] != row[:-1]) | (bucket[1:] != bucket[:-1])
-    first = np.flatnonzero(new)
-    count = np.diff(np.append(first, len(row)))
-    g_end = np.maximum.reduceat(end, first)
-    g_start = start[first]
-    same_name = np.minimum.reduceat(name, first) == np.maximum.reduceat(name, first)
-    busy = np.add.reduceat(end - start, first)
-    fill = np.clip(np.round(255 * busy / np.maximum(g_end - g_start, 1)), 1, 255).astype(np.uint8)
-    return (row[first], g_start, g_end, np.where(same_name, name[first], mixed),
-            cat[first], np.minimum.reduceat(arg, first), count, fill)
-
-
-def _count_after_merge(row, start, end, q) -> int:
-    short = (end - start) < q
-    bucket = start // q
-    new = ~short[1:] | ~short[:-1] | (row[1:] != row[:-1]) | (bucket[1:] != bucket[:-1])
-    return 1 + int(np.count_nonzero(new)) if len(row) else 0
-
-
 def _b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
 
 
-def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
-    """The payload the page's viewer reads (see the module docstring), or None for an empty run."""
+def _process_steps(b: _Builder, steps: pd.DataFrame, base: int) -> dict:
+    """{process node: its steps on the timeline's clock}; a process without steps of its own
+    (a DataLoader worker) is cut at the steps of the process with the most."""
+    if steps.empty:
+        return {}
+    s = steps[["process", "mode", "step", "start_ns", "end_ns"]].copy()
+    s["start_ns"] -= base
+    s["end_ns"] -= base
+    own = {str(k): g for k, g in s.groupby("process", observed=True, sort=False)}
+    ref = max(own.values(), key=len)
+    return {node: own.get(name, ref) for name, node in b.pnodes.items()}
+
+
+def _short_names(names: list, used: np.ndarray):
+    """Only the names the kept items use (kernel names can be kilobytes), each at most NAME_CHARS."""
+    keep = np.unique(used)
+    table = [n if len(n) <= NAME_CHARS else n[:NAME_CHARS - 1] + "\u2026" for n in (names[i] for i in keep)]
+    return table, np.searchsorted(keep, used)
+
+
+def timeline_data(run, findings=(), steps_asked=None) -> dict:
+    """The payload the page's viewer reads (see the module docstring), or None for an empty run.
+    findings: the summary's (the steps they name keep full detail); steps_asked: [(first, last)]."""
     from stepscope.analysis.gpu_activity import device_operations, host_launches
+    from stepscope.analysis.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
+                                                    reduce_items)
 
     ev, steps = run.events, run.steps
     kernels, launches = device_operations(run), host_launches(run)
@@ -242,19 +243,17 @@ def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
         order = np.argsort(row, kind="stable")
         row, start, end, name, cat, arg = row[order], start[order], end[order], name[order], cat[order], arg[order]
     end = np.maximum(end, start)
-    spans = len(row)
-    q = 0
-    count = fill = None
-    if spans > cap:
-        k_lo, k_hi = 4, 44  # q = 2**k ns: 16 ns to 5 hours
-        while k_lo < k_hi:
-            k = (k_lo + k_hi) // 2
-            if _count_after_merge(row, start, end, 1 << k) <= cap:
-                k_hi = k
-            else:
-                k_lo = k + 1
-        q = 1 << k_lo
-        row, start, end, name, cat, arg, count, fill = _merge(row, start, end, name, cat, arg, q, b.name(MIXED))
+    row_process = np.full(max(b.n_rows, 1), -1, dtype=np.int64)
+    row_device = np.zeros(max(b.n_rows, 1), dtype=bool)
+    for node in b.nodes:
+        row_process[node["rows"]] = node["process"]
+        row_device[node["rows"]] = node["kind"] == "stream"
+    chosen = choose_steps(steps, findings, steps_asked)
+    detail_cap = REQUESTED_ITEMS if steps_asked else DETAIL_ITEMS
+    (row, start, end, name, cat, arg, count, fill), done = reduce_items(
+        (row, start, end, name, cat, arg), row_process, row_device, _process_steps(b, steps, base), chosen,
+        b.name(MIXED), detail_cap, OVERVIEW_ITEMS)
+    names, name = _short_names(b.names, name)
     n = len(row)
     row_off = np.searchsorted(row, np.arange(b.n_rows), side="left")
     row_len = np.diff(np.append(row_off, n))
@@ -262,21 +261,21 @@ def timeline_data(run, cap: int = DETAIL_CAP) -> dict:
     gap[row_off[row_len > 0]] = start[row_off[row_len > 0]]  # each row starts from the base
     dur = end - start
     over_gap, over_dur = gap >= U32_MAX, dur >= U32_MAX
-    name_u16 = len(b.names) < 65536
+    name_u16 = len(names) < 65536
     arrays = {"start": _b64(np.where(over_gap, U32_MAX, gap).astype("<u4")),
               "dur": _b64(np.where(over_dur, U32_MAX, dur).astype("<u4")),
               "name": _b64(name.astype("<u2" if name_u16 else "<u4")),
               "cat": _b64(cat.astype(np.uint8)),
               "arg": _b64(arg.astype("<i4"))}
-    if count is not None:
+    if done["merged"]:
         arrays["count"] = _b64(np.minimum(count, U32_MAX).astype("<u4"))
         arrays["fill"] = _b64(fill)
     duration = int(end.max()) if n else 0
-    meta = {"items": n, "spans": spans, "quantum_ns": q, "base_epoch_ns": str(base), "duration_ns": duration,
-            "names": b.names, "cats": b.cats, "name_u16": name_u16, "nodes": b.nodes,
+    meta = {"items": n, "base_epoch_ns": str(base), "duration_ns": duration, **done, "detail_steps": chosen,
+            "names": names, "cats": b.cats, "name_u16": name_u16, "nodes": b.nodes,
             "row_off": row_off.tolist(), "row_len": row_len.tolist(),
             "overflow_start": gap[over_gap].tolist(), "overflow_dur": dur[over_dur].tolist(),
-            "flows": _flows(b, row, start, name, cat, arg, count)}
+            "flows": _flows(b, row, start, name, cat, arg, count if done["merged"] else None)}
     return {"meta": meta, "arrays": arrays}
 
 
@@ -299,7 +298,7 @@ def _flows(b, row, start, name, cat, arg, count) -> list:
         return []
     key = lambda i: (process_of_row[row[i]] << 32) | (arg[i].astype(np.int64) & U32_MAX)  # noqa: E731
     by_key = dict(zip(key(launch).tolist(), launch.tolist()))
-    return [[by_key[k], int(i)] for k, i in zip(key(kern).tolist(), kern) if k in by_key][:200_000]
+    return [[by_key[k], int(i)] for k, i in zip(key(kern).tolist(), kern) if k in by_key][:MAX_FLOWS]
 
 
 def script_json(payload) -> str:

@@ -114,11 +114,16 @@ def _diff_command(args) -> int:
 def _report_command(args) -> int:
     from stepscope.analysis import load
     from stepscope.analysis.report import write_report
+    from stepscope.analysis.timeline_detail import parse_steps
 
     params = _rule_params(args)
+    try:
+        steps = parse_steps(args.steps) if args.steps else None
+    except ValueError:
+        raise UsageError(f"--steps {args.steps!r}: expected A-B or A-B,C (train step numbers)") from None
     with _run_errors():
         run = load(args.run, quiet=True)
-    print(write_report(run, args.output, params))
+    print(write_report(run, args.output, params, steps))
     return 0
 
 
@@ -194,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run")
     rp.add_argument("-o", "--output")
     rp.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    rp.add_argument("--steps", help="train steps to keep in full detail in the timeline, e.g. 100-120 "
+                    "(besides the ones chosen for meaning; a larger page)")
     rp.set_defaults(func=_report_command)
 
     e = sub.add_parser("export", help="a trace for Perfetto / chrome://tracing, or Parquet tables")

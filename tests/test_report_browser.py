@@ -1,9 +1,10 @@
 """The report in a real browser: Debian's chromium driven by Playwright.
 
-A small real PyTorch run (with an annotation named like an XSS attack) and a
-large synthetic run (1.2 M spans, written through the core): no console
-errors, every section drawn, the timeline draws, zooms (redraw time measured
-in the page), shows details on click and zooms to a step.
+A small real PyTorch run (with an annotation named like an XSS attack) and
+large synthetic runs written through the core (1.2 M phases; 1 M annotation
+ranges, issue 20: the report stays under 3 MB and opens in under 2 s): no
+console errors, every section drawn, the timeline draws, zooms (redraw time
+measured in the page), shows details on click and zooms to a step.
 
 tests/setup_browser.sh installs chromium (tox runs it first). Where it cannot
 be had the tests skip, unless CI=true or STEPSCOPE_REQUIRE_BROWSER=1, where they fail.
@@ -23,7 +24,11 @@ import stepscope
 
 from conftest import run_python
 
+from stepscope.analysis.timeline import MIXED
+from stepscope.analysis.timeline_detail import DETAIL_ITEMS, OVERVIEW_ITEMS
+
 CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")
+MAX_REPORT_BYTES = 3_000_000  # issue 20: whatever the run's length
 XSS = "<img src=x onerror=alert(1)>"
 SECTIONS = ("verdict", "summary", "steps", "system", "timeline", "metadata")
 
@@ -203,13 +208,86 @@ def test_large_run_opens_and_zooms_quickly(browser, tmp_path):
     p = Page(browser, out)
     assert p.page.locator("#tl-capped").count() == 1  # merged detail, and it says so
     items = p.js("window.stepscopeTimeline.items")
-    assert 100_000 < items <= 1_000_000
+    assert 1_000 < items <= DETAIL_ITEMS + OVERVIEW_ITEMS
+    assert os.path.getsize(out) <= MAX_REPORT_BYTES
     draws = [p.js("window.stepscopeTimeline.setView(0, 1e18)")]
     for _ in range(30):
         draws.append(p.js("window.stepscopeTimeline.zoom(0.5)"))
     assert max(draws) < 100, draws  # ms per redraw, from the whole run to microseconds
     assert p.js("window.stepscopeTimeline.zoomToStep(100000)")
     assert _ink(p.page.locator("#tl-canvas").screenshot()) > 0.1
+    assert p.errors == [] and p.dialogs == []
+
+
+def _annotated_run(path, steps, per_step):
+    """Four phases a step, `per_step` annotations inside Forward and Backward, a slow GetNext in
+    steps 700 and 2200: as many ranges as a GPU job has kernels, written through the core."""
+    r = run_python(f"""
+        import stepscope
+        from stepscope.core import _native
+        run = stepscope.start(dir={str(path)!r}, name="ranges", buffer_mb=256, interval_ms=100, gpu="off")
+        tpn = _native.clock_info()["ticks_per_ns"]
+        phase, ann = stepscope.CATEGORIES.index("phase"), stepscope.CATEGORIES.index("annotation")
+        ids = [_native.intern(p) for p in ("GetNext", "Forward", "Backward", "Optimizer")]
+        layers = [_native.intern(f"layer{{k}}") for k in range(20)]
+        span, us = _native.span, int(1000 * tpn)
+        t = _native.now()
+        for s in range({steps}):
+            _native.begin_step("train", t)
+            g = (3000 if s in (700, 2200) else 200) * us
+            span(phase, ids[0], t, t + g)
+            t += g + us
+            for p in (1, 2):
+                n = {per_step} // 2
+                span(phase, ids[p], t, t + n * 5 * us + us)
+                u = t + us
+                for k in range(n):
+                    span(ann, layers[k % 20], u, u + 4 * us)
+                    u += 5 * us
+                t += n * 5 * us + 2 * us
+            span(phase, ids[3], t, t + 50 * us)
+            t += 51 * us
+        run.stop()
+        print(run.stats["dropped"])
+    """, cwd=path, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "0", r.stderr
+    return path / "ranges"
+
+
+def test_million_range_report_stays_under_3mb_and_opens_quickly(browser, tmp_path):
+    run_path = _annotated_run(tmp_path, 5000, 200)
+    out = _report(run_path, tmp_path / "ranges.html", tmp_path)
+    assert os.path.getsize(out) <= MAX_REPORT_BYTES  # was 22 MB with every range inlined
+    p = Page(browser, out)
+    page = p.page
+    assert p.js("window.stepscopeTimeline.readyMs") < 2000  # navigation to the timeline's first draw
+    page.evaluate("window.stepscopeDrawPlots()")
+    n_plots = page.locator("div.plot").count()
+    page.wait_for_function(f"document.querySelectorAll('div.plot .main-svg').length >= {n_plots}", timeout=20_000)
+    meta = p.js("JSON.parse(document.getElementById('tl-data').textContent).meta")
+    assert meta["spans"] > 1_000_000 and meta["items"] <= DETAIL_ITEMS + OVERVIEW_ITEMS
+    note = page.locator("#tl-capped").inner_text()
+    assert "stepscope export ranges --format perfetto" in note and "slowest" in note
+    why = {d["step"]: d["why"] for d in meta["detail_steps"]}
+    assert "first step" in why[0] and "slowest" in why[700] and "slowest" in why[2200]
+    assert any("median" in w for w in why.values()) and any("after warm-up" in w for w in why.values())
+    # a chosen step: its button zooms to it, and its annotations are there one by one
+    page.click("button.tl-jump[data-step='700']")
+    a, b = p.js("window.stepscopeTimeline.view()")
+    i = p.js("window.stepscopeTimeline.findItem('layer3')")
+    assert i >= 0 and a <= p.js(f"window.stepscopeTimeline.itemInfo({i}).start") <= b
+    x, y = p.js(f"window.stepscopeTimeline.pointOf({i})")
+    page.locator("#tl-canvas").click(position={"x": x, "y": y})
+    text = page.locator("#tl-details").inner_text()
+    assert "layer3" in text and "merged" not in text and "train 700" in text, text
+    # any other step: a coverage bar that says how many spans it stands for
+    assert p.js("window.stepscopeTimeline.zoomToStep(2500)")
+    a, b = p.js("window.stepscopeTimeline.view()")
+    i = p.js(f"window.stepscopeTimeline.findItem({MIXED!r}, {a + 0.05 * (b - a)}, 'annotation')")
+    x, y = p.js(f"window.stepscopeTimeline.pointOf({i})")
+    page.locator("#tl-canvas").click(position={"x": x, "y": y})
+    text = page.locator("#tl-details").inner_text()
+    assert "200 spans merged" in text and "annotation" in text and "train 2500" in text and "Perfetto" in text, text
     assert p.errors == [] and p.dialogs == []
 
 

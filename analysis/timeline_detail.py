@@ -96,13 +96,21 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None) -> list:
     return [{"mode": m, "step": n, "why": ", ".join(w)} for (m, n), w in sorted(chosen.items())]
 
 
-def _inside(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """x in the union of [starts, ends) (windows sorted by start)."""
+def _window_of(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For each x, the index of the latest window (sorted by start) starting at or before it
+    when the union of [starts, ends) holds x; else -1."""
     if not len(starts):
-        return np.zeros(len(x), dtype=bool)
+        return np.full(len(x), -1, dtype=np.int64)
     reach = np.maximum.accumulate(ends)
     i = np.searchsorted(starts, x, side="right") - 1
-    return (i >= 0) & (x < reach[np.maximum(i, 0)])
+    return np.where((i >= 0) & (x < reach[np.maximum(i, 0)]), i, -1)
+
+
+PRIORITY = ("asked for", "slowest", "named by", "median step", "first steps after warm-up", "first step")
+
+
+def _priority(why: str) -> int:
+    return min(next((k for k, p in enumerate(PRIORITY) if w.startswith(p)), len(PRIORITY)) for w in why.split(", "))
 
 
 def _groups(new: np.ndarray) -> int:
@@ -157,8 +165,9 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
     {process node: its steps (start_ns, end_ns, mode, step) on the timeline's clock}.
     Returns the kept items with count and fill (None when nothing was merged) and what was done."""
     row, start, end, name, cat, arg = items
-    keys = {(c["mode"], c["step"]) for c in chosen}
-    in_detail = np.zeros(len(row), dtype=bool)
+    wanted = pd.DataFrame({"mode": pd.Series([c["mode"] for c in chosen], dtype=str),
+                           "step": pd.Series([c["step"] for c in chosen], dtype=np.int64), "k": range(len(chosen))})
+    which = np.full(len(row), -1, dtype=np.int64)  # the chosen step an item falls in
     bucket = np.zeros(len(row), dtype=np.int64)
     item_process = row_process[row]
     device = row_device[row]
@@ -168,13 +177,27 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
             continue
         bounds = np.unique(np.append(s["start_ns"].to_numpy(), s["end_ns"].max()))
         bucket[mask] = np.searchsorted(bounds, start[mask], side="right")  # 0: before the first step
-        picked = s[[k in keys for k in zip(s["mode"].astype(str), s["step"].astype(int))]].sort_values("start_ns")
-        ws, we = picked["start_ns"].to_numpy(), picked["end_ns"].to_numpy()
+        ids = (s[["mode", "step"]].astype({"mode": str, "step": np.int64}).merge(wanted, how="left", on=["mode", "step"])
+               ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
+        picked = s[ids >= 0].assign(k=ids[ids >= 0]).sort_values("start_ns")
+        ws, we, wk = picked["start_ns"].to_numpy(), picked["end_ns"].to_numpy(), picked["k"].to_numpy()
         # GPU work runs behind the host: a stream keeps a chosen step's window one step longer
         for dev in (False, True):
             sel = mask & (device == dev)
             if sel.any():
-                in_detail[sel] = _inside(start[sel], ws, we + (we - ws) * dev)
+                w = _window_of(start[sel], ws, we + (we - ws) * dev)
+                which[sel] = np.where(w >= 0, wk[np.maximum(w, 0)], -1)
+    # too many spans in the chosen steps: keep the most telling steps whole, drop the others
+    per_step = np.bincount(which[which >= 0], minlength=len(chosen))
+    keep, total = [], 0
+    for k in sorted(range(len(chosen)), key=lambda k: (_priority(chosen[k]["why"]), chosen[k]["step"])):
+        if not keep or total + per_step[k] <= detail_cap:
+            keep.append(k)
+            total += per_step[k]
+    kept = np.zeros(len(chosen) + 1, dtype=bool)
+    kept[keep] = True
+    in_detail = kept[which]  # which == -1 reads the trailing False
+    chosen[:] = [c for k, c in enumerate(chosen) if kept[k]]
     done = {"spans": int(len(row)), "detail_spans": int(in_detail.sum()), "detail_quantum_ns": 0,
             "overview_steps_per_bar": 0, "overview_quantum_ns": 0}
     parts, merged = [], False

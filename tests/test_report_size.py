@@ -150,3 +150,13 @@ def test_cli_steps_keep_full_detail(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "stepscope", "report", str(run.path), "--steps", "9-3"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--steps" in bad.stderr
+
+
+def test_too_many_spans_in_the_chosen_steps_keep_the_most_telling_whole(tmp_path):
+    run = _write(tmp_path, "wide", 40, 6_000)  # 6,005 spans a step: seven chosen steps would be 42 k
+    meta = _meta(write_report(run, str(tmp_path / "w.html")))
+    why = {c["step"]: c["why"] for c in meta["detail_steps"]}
+    assert meta["detail_quantum_ns"] == 0 and meta["detail_spans"] <= DETAIL_ITEMS
+    assert "slowest" in why[13] and sum("slowest" in w for w in why.values()) == 3
+    assert 0 not in why  # the first step goes first
+    assert meta["detail_spans"] == 6_005 * len(why) and len(why) == DETAIL_ITEMS // 6_005

@@ -203,7 +203,8 @@ class PandasFrameAnalysis:
         if sys_df.empty:
             return sys_df
         counts = sys_df.groupby(["type", "nodeID", "ranges"]).size().unstack("ranges", fill_value=0)
-        counts = counts[sorted(counts.columns)].reset_index()
+        # every range asked for is a column, zero where no sample fell in it
+        counts = counts.reindex(columns=sorted({tuple(r) for r in ranges}), fill_value=0).reset_index()
         counts.columns.name = "ranges"
         return counts
 

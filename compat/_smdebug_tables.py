@@ -106,13 +106,16 @@ def framework_rows(run) -> pd.DataFrame:
     host_of = _host_of(run)
     parts = []
     if len(steps):
-        marks = ev[(ev["category"] == "step") & (ev["kind"] == "instant")]
-        tid_at = dict(zip(zip(marks["process"].astype(str), marks["start_ns"]), marks["tid"]))
         proc = steps["process"].astype(str)
+        if "tid" in steps:
+            tids = steps["tid"]
+        else:  # the thread that wrote each step's mark
+            marks = ev[(ev["category"] == "step") & (ev["kind"] == "instant")]
+            tid_at = dict(zip(zip(marks["process"].astype(str), marks["start_ns"]), marks["tid"]))
+            tids = [tid_at.get(k, -1) for k in zip(proc, steps["start_ns"])]
         names = steps["mode"].astype(str).map(MODE_KEYS).fillna("Step:ModeKeys.GLOBAL").to_numpy()
         parts.append(_frame(
-            steps["start_ns"], steps["end_ns"],
-            [tid_at.get(k, -1) for k in zip(proc, steps["start_ns"])], steps["pid"], names, steps["step"], -1,
+            steps["start_ns"], steps["end_ns"], tids, steps["pid"], names, steps["step"], -1,
             names, proc.map(host_of).fillna("")))
     if len(phases):  # the phase names are their own event phase (StatsBy.PROCESS groups by them)
         names = phases["name"].astype(str).to_numpy()

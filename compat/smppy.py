@@ -9,10 +9,26 @@ where ``import smppy`` resolves here when no such package is installed):
     config.profiler = {"EnableCuda": "1"}
     sm_prof.configure(config)
     sm_prof.start_profiling()
-    with smppy.annotate("forward"):
-        ...
-    smppy.annotation_begin("backward"); ...; smppy.annotation_end("backward")
+    for i, batch in enumerate(loader):
+        with smppy.annotate("step_" + str(i)):       # a step
+            with smppy.annotate("Forward"):           # a phase
+                ...
     sm_prof.stop_profiling()
+
+What the names mean (docs/migrating.md):
+
+* ``step_N`` annotations mark steps, as ``stepscope.step()`` does: a step runs from
+  its annotation's start to the next one's, the last ends where its annotation ended.
+* ``Forward``, ``Loss``, ``Backward``, ``Optimizer`` and ``GetNext`` (any case) are
+  phases; where a framework integration already records that phase (PyTorch records
+  all five, tf.data its GetNext) the annotation stays a plain annotation, so each
+  phase is counted once.
+* ``start_profiling()`` with no session running starts one and instruments the
+  frameworks as zero-edit mode does; ``stop_profiling()`` then ends it. Under
+  ``STEPSCOPE=1`` the session lives as long as the process, and the
+  ``start_profiling()``/``stop_profiling()`` windows bound the detailed recording
+  (GPU activity tracing, as ``STEPSCOPE_STEPS`` does) while steps, phases and system
+  metrics stay on for the whole job.
 
 SageMaker Profiler's options that have a stepscope meaning are mapped
 (``EnableCuda`` -> GPU tracing); the rest are accepted and ignored.
@@ -20,26 +36,145 @@ SageMaker Profiler's options that have a stepscope meaning are mapped
 
 from __future__ import annotations
 
+import re
+import sys
 import threading
 from typing import Optional
 
 import stepscope
-from stepscope.core import _native
+from stepscope.core import _native, safety
+from stepscope.core import session as _sessions
+from stepscope.core.vocabulary import CATEGORIES, PHASES
 
 __all__ = ["Config", "SMProfiler", "annotate", "annotation_begin", "annotation_end"]
 
-annotate = _native.annotate
+STEP_NAME = re.compile(r"^step[_:\-]?\d+$", re.IGNORECASE)  # step_12, Step-3, step12
+PHASE_OF = {p.lower(): p for p in PHASES}  # forward -> Forward
+PHASE_CATEGORY = CATEGORIES.index("phase")
+# an internal span per start/stop_profiling window (internal: no step holds it, so it stays
+# out of the tables that expect spans inside steps, such as the smdebug frames)
+WINDOW_CATEGORY = CATEGORIES.index("internal")
+WINDOW_SPAN = "smppy.profiling"
+# integration module -> the phases it records itself when instrumented
+RECORDED_BY = {"stepscope.integrations.torch": set(PHASES), "stepscope.integrations.tfdata": {"GetNext"}}
 _open = threading.local()  # per-thread stack of (name, handle) for annotation_end(name)
+
+
+# --- steps from step_N annotations ---------------------------------------------------------
+class _Steps:
+    """The step a ``step_N`` annotation opened stays open until the next one begins
+    (steps are contiguous); when none follows, it ends where its annotation ended."""
+
+    def __init__(self):
+        self.last_exit = 0  # tick: where the open annotated step's annotation ended; 0: none open
+        self.hooked = False
+
+    @safety.guarded("smppy: marking a step failed")
+    def begin(self) -> None:
+        if stepscope.current() is None:
+            return
+        if not self.hooked:  # the session's stop ends the last step where its annotation ended
+            _sessions.on_stop(self.close)
+            self.hooked = True
+        stepscope.step("train")  # the program marks its steps: integrations record phases only
+        self.last_exit = 0
+
+    @safety.guarded("smppy: marking a step failed")
+    def ended(self) -> None:
+        self.last_exit = _native.now()
+
+    @safety.guarded("smppy: ending the last step failed")
+    def close(self) -> None:
+        if self.last_exit:
+            _native.end_step(self.last_exit)
+            self.last_exit = 0
+
+
+_steps = _Steps()
+
+
+def _recorded_elsewhere(phase: str) -> bool:
+    """True when an instrumented integration records this phase itself."""
+    for module, phases in RECORDED_BY.items():
+        integration = sys.modules.get(module)
+        inst = getattr(integration, "instrumentor", None)
+        if phase in phases and inst is not None and inst.is_instrumented():
+            return True
+    return False
+
+
+def _span(name: str):
+    """The native span for an annotation of this name (not yet entered)."""
+    phase = PHASE_OF.get(name.lower()) if isinstance(name, str) else None
+    if phase is not None and not _recorded_elsewhere(phase):
+        return _native.annotate(phase, PHASE_CATEGORY)
+    return _native.annotate(name)
+
+
+class _StepAnnotation:
+    """``annotate("step_N")``: a step begins, and the annotation is recorded as written."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._span = None
+
+    def __enter__(self):
+        _steps.begin()
+        self._span = _native.annotate(self.name)
+        self._span.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._span is not None:
+            self._span.__exit__(*exc)
+            self._span = None
+        _steps.ended()
+        return False
+
+    def __call__(self, func):  # @smppy.annotate("step_0") as a decorator
+        import functools
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with _StepAnnotation(self.name):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+def annotate(name, *args):
+    """``with smppy.annotate("name"):`` (or a decorator): a span; step and phase names are
+    steps and phases (see the module's docstring)."""
+    if isinstance(name, str):
+        if STEP_NAME.match(name):
+            return _StepAnnotation(name)
+        if name.lower() in PHASE_OF:
+            return _span(name)
+    return _native.annotate(name, *args)
 
 
 def annotation_begin(name: str):
     """Opens an annotation; close it with ``annotation_end(name)`` (or the returned handle)."""
-    handle = _native.annotation_begin(name)
+    if isinstance(name, str) and STEP_NAME.match(name):
+        handle = _StepAnnotation(name)
+        handle.__enter__()
+    elif isinstance(name, str) and name.lower() in PHASE_OF:
+        handle = _span(name)
+        handle.__enter__()
+    else:
+        handle = _native.annotation_begin(name)
     stack = getattr(_open, "stack", None)
     if stack is None:
         stack = _open.stack = []
     stack.append((name, handle))
     return handle
+
+
+def _close(handle) -> None:
+    if isinstance(handle, _StepAnnotation):
+        handle.__exit__(None, None, None)
+    else:
+        _native.annotation_end(handle)
 
 
 def annotation_end(name_or_handle) -> None:
@@ -49,10 +184,10 @@ def annotation_end(name_or_handle) -> None:
         name, handle = stack[i]
         if name_or_handle is handle or name == name_or_handle:
             del stack[i]
-            _native.annotation_end(handle)
+            _close(handle)
             return
-    if isinstance(name_or_handle, _native.Span):  # begun on another thread
-        _native.annotation_end(name_or_handle)
+    if isinstance(name_or_handle, (_native.Span, _StepAnnotation)):  # begun on another thread
+        _close(name_or_handle)
 
 
 class Config:
@@ -70,7 +205,12 @@ class SMProfiler:
 
     def __init__(self):
         self._config = Config()
-        self._session = None
+        self._own = None  # the session start_profiling() started (none under STEPSCOPE=1)
+        self._window = 0  # tick: start of the open profiling window; 0: none
+        # A zero-edit session records from the start: until start_profiling(), only what
+        # stays on for the whole job (steps, phases, system metrics) is wanted.
+        if stepscope.current() is not None:
+            self._pause_detail()
 
     @classmethod
     def instance(cls) -> "SMProfiler":
@@ -92,12 +232,42 @@ class SMProfiler:
         return opts
 
     def start_profiling(self) -> None:
-        self._session = stepscope.current() or stepscope.start(**self._options())
+        """Starts a session (instrumenting the frameworks) or, in a running one, opens a
+        window of detailed recording."""
+        if stepscope.current() is None:
+            self._own = stepscope.start(**self._options())
+            if self._own is not None:
+                _instrument_frameworks()
+        else:
+            self._resume_detail()
+        self._window = _native.now()
 
     def stop_profiling(self) -> None:
-        if self._session is not None:
-            self._session.stop()
-            self._session = None
+        """Ends the session start_profiling() started; in a session it did not start
+        (``STEPSCOPE=1``), closes the window of detailed recording and nothing else."""
+        _steps.close()
+        if self._window and stepscope.current() is not None:
+            _native.span(WINDOW_CATEGORY, _native.intern(WINDOW_SPAN), self._window, _native.now())
+        self._window = 0
+        if self._own is not None:
+            self._own.stop()
+            self._own = None
+        else:
+            self._pause_detail()
+
+    @staticmethod
+    @safety.guarded("smppy: pausing GPU activity tracing failed")
+    def _pause_detail() -> None:
+        from stepscope.core import gpu
+
+        gpu.pause_activity_tracing()
+
+    @staticmethod
+    @safety.guarded("smppy: resuming GPU activity tracing failed")
+    def _resume_detail() -> None:
+        from stepscope.core import gpu
+
+        gpu.resume_activity_tracing(reason="outside smppy's start_profiling()/stop_profiling() windows")
 
     # SageMaker Profiler also exposed the annotation calls on the instance.
     annotate = staticmethod(annotate)
@@ -105,11 +275,26 @@ class SMProfiler:
     annotation_end = staticmethod(annotation_end)
 
 
+@safety.guarded("smppy: instrumenting the frameworks failed")
+def _instrument_frameworks() -> None:
+    """What zero-edit start does: each registered instrumentor turns on now if its framework
+    is imported, else right after the script imports it."""
+    from importlib.metadata import entry_points
+
+    from stepscope.core import importhook
+
+    try:
+        eps = list(entry_points(group="stepscope_instrumentor"))
+    except TypeError:  # Python 3.9: entry_points() is a dict of groups
+        eps = list(entry_points().get("stepscope_instrumentor", ()))
+    for ep in eps:
+        importhook.when_imported(ep.name, lambda module, ep=ep: ep.load().on_import(module))
+
+
 def install_import_alias() -> None:
     """Makes ``import smppy`` / ``import smprof`` resolve here when neither is installed."""
     import importlib.abc
     import importlib.util
-    import sys
 
     missing = []
     for name in ("smppy", "smprof"):

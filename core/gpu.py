@@ -127,15 +127,17 @@ def pause_activity_tracing() -> None:
         _paused_at = time.time()
 
 
-def resume_activity_tracing(owner: str = "another profiler") -> None:
-    """Takes CUPTI back and notes the gap in run.json."""
+def resume_activity_tracing(owner: str = "another profiler", reason: Optional[str] = None) -> None:
+    """Takes CUPTI back and notes the gap in run.json (``reason``: why it was paused, when
+    not for another profiler)."""
     global _paused_at, _tracing
     if _paused_at is None:
         return
     began, _paused_at = _paused_at, None
     err = _native.cupti_resume()
-    note = (f"GPU: activity tracing paused from {began:.3f} to {time.time():.3f} (epoch s) while {owner} "
-            f"owned CUPTI" + (f"; not resumed: {err}" if err else ""))
+    why = reason or f"while {owner} owned CUPTI"
+    note = (f"GPU: activity tracing paused from {began:.3f} to {time.time():.3f} (epoch s) {why}"
+            + (f"; not resumed: {err}" if err else ""))
     if err:
         _tracing = False
     if _run_json:

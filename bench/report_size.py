@@ -1,13 +1,16 @@
 """The report's size against the run's length (issue 20: at most 3 MB whatever the length).
 
-    python3 bench/report_size.py [--steps 1000,5000,20000,100000] [--annotations 0,200] [--browser]
+    python3 bench/report_size.py [--steps 1000,5000,20000,100000] [--annotations 0,200]
+                                 [--gpu-steps 100,1000] [--kernels 300] [--browser]
 
 Writes synthetic runs through the core (per train step four phases, and
-`annotations` annotation spans inside Forward and Backward; a 1 % of steps
-with a slow GetNext), then times `stepscope report` in a fresh process and
-prints the file's size, what the timeline kept, and with --browser the time
-from navigation to the timeline's first draw and every plot drawn in
-Debian's chromium (Playwright). Prints a Markdown table for BENCHMARKS.md.
+`annotations` annotation spans inside Forward and Backward; 1 % of the steps
+with a slow GetNext; with --gpu-steps, launch-heavy GPU-shaped runs: a
+runtime call and a kernel record per launch, as CUPTI's decoder writes them),
+then times `stepscope report` in a fresh process and prints the file's size,
+what the timeline kept, and with --browser the time from navigation to the
+timeline's first draw and to every plot drawn in Debian's chromium
+(Playwright). Prints a Markdown table for BENCHMARKS.md.
 """
 
 import argparse
@@ -59,6 +62,32 @@ def write_run(path, name, steps, annotations):
     return run.path, run.stats
 
 
+def write_gpu_run(path, name, steps, kernels):
+    """A launch-heavy GPU job's shape without a GPU (the records CUPTI's decoder writes): per step
+    a Forward phase launching `kernels` kernels (a runtime call and a kernel each, 1 us apart)."""
+    import threading
+
+    import stepscope
+    from stepscope.core import gpu_records as rec
+
+    run = stepscope.start(dir=path, name=name, buffer_mb=512, interval_ms=100, gpu="off")
+    thread = threading.get_native_id()
+    corr = 0
+    for _ in range(steps):
+        stepscope.step()
+        with stepscope.phase("Forward"):
+            t0 = time.monotonic_ns()
+            for k in range(kernels):
+                corr += 1
+                rec.api("cudaLaunchKernel", t0 + 1000 * k, t0 + 1000 * k + 400, corr, thread=thread)
+                rec.kernel(f"gemm_kernel_{k % 30}", t0 + 20_000 + 1000 * k, t0 + 20_000 + 1000 * k + 800, corr)
+            while time.monotonic_ns() < t0 + 1000 * kernels + 40_000:
+                pass
+    stepscope.end_step()
+    run.stop()
+    return run.path, run.stats
+
+
 def report(run_path, out):
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "stepscope", "report", run_path, "-o", out], check=True,
@@ -91,6 +120,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", default="1000,5000,20000,100000")
     p.add_argument("--annotations", default="0,200")
+    p.add_argument("--gpu-steps", default="", help="also launch-heavy GPU-shaped runs of these lengths, e.g. 100,1000")
+    p.add_argument("--kernels", type=int, default=300, help="kernels a step in the GPU-shaped runs")
     p.add_argument("--browser", action="store_true")
     args = p.parse_args()
     tmp = tempfile.mkdtemp()
@@ -104,6 +135,13 @@ def main():
                 seconds = report(run_path, out)
                 rows.append((steps, annotations, out, seconds, *kept(out)))
                 print(f"  {name}: {os.path.getsize(out) / 1e6:.2f} MB in {seconds:.1f} s", file=sys.stderr, flush=True)
+        for steps in [int(s) for s in args.gpu_steps.split(",") if s]:
+            name = f"gpu{steps}-k{args.kernels}"
+            run_path, _ = write_gpu_run(tmp, name, steps, args.kernels)
+            out = os.path.join(tmp, name + ".html")
+            seconds = report(run_path, out)
+            rows.append((steps, f"{args.kernels} kernels", out, seconds, *kept(out)))
+            print(f"  {name}: {os.path.getsize(out) / 1e6:.2f} MB in {seconds:.1f} s", file=sys.stderr, flush=True)
         opened = {}
         if args.browser:
             from playwright.sync_api import sync_playwright
@@ -114,11 +152,12 @@ def main():
                 for r in rows:
                     opened[r[2]] = open_time(browser, r[2])
                 browser.close()
-        print("| train steps | annotations a step | spans | report | `stepscope report` | timeline items "
+        print("| train steps | a step | spans | report | `stepscope report` | timeline items "
               "| steps in full detail |" + (" open (timeline drawn) | every plot drawn |" if opened else ""))
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if opened else ""))
         for steps, annotations, out, seconds, spans, items, detail in rows:
-            line = (f"| {steps:,} | {annotations} | {spans:,} | {os.path.getsize(out) / 1e6:.2f} MB | {seconds:.1f} s "
+            shape = annotations if isinstance(annotations, str) else f"{annotations} annotations"
+            line = (f"| {steps:,} | {shape} | {spans:,} | {os.path.getsize(out) / 1e6:.2f} MB | {seconds:.1f} s "
                     f"| {items:,} | {detail} |")
             if opened:
                 line += f" {opened[out][0]:.2f} s | {opened[out][1]:.2f} s |"

@@ -159,4 +159,4 @@ def test_too_many_spans_in_the_chosen_steps_keep_the_most_telling_whole(tmp_path
     assert meta["detail_quantum_ns"] == 0 and meta["detail_spans"] <= DETAIL_ITEMS
     assert "slowest" in why[13] and sum("slowest" in w for w in why.values()) == 3
     assert 0 not in why  # the first step goes first
-    assert meta["detail_spans"] == 6_005 * len(why) and len(why) == DETAIL_ITEMS // 6_005
+    assert DETAIL_ITEMS - 2 * 6_005 < meta["detail_spans"] and 4 <= len(why) <= 5  # the budget filled, step by step

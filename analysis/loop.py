@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+import numpy as np
 import pandas as pd
 
 from stepscope.core.vocabulary import BACKWARD, FORWARD, OPTIMIZER, TRAIN
@@ -55,29 +56,39 @@ def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Di
     train = steps[steps["mode"] == TRAIN]
     if train.empty:
         return []
+    # Whole-column operations on integer keys: a lookup per step took 31 s on a 1.67 M-step run.
+    codes, names = pd.factorize(train["process"])
+    names = [str(q) for q in names]
+    step = train["step"].to_numpy(dtype=np.int64)
     fw = phases[(phases["name"] == FORWARD) & (phases["mode"] == TRAIN)]
-    forwards = fw.groupby([fw["process"].astype(str), fw["step"]]).size()
+    fw_codes, fw_names = pd.factorize(fw["process"])
+    known = {q: i for i, q in enumerate(names)}
+    fw_codes = np.array([known.get(str(q), -1) for q in fw_names], dtype=np.int64)[fw_codes]
+    key = lambda c, k: c * (1 << 32) + (k + (1 << 31))  # noqa: E731 - (process, step) as one int64
+    forwards = pd.Series(key(fw_codes, fw["step"].to_numpy(dtype=np.int64))).value_counts()
+    count = forwards.reindex(key(codes, step)).fillna(0).to_numpy(dtype=np.int64)
+    profiled = np.array([float(profiled_ns.get(q) or 0) for q in names])[codes]
+    duration = train["duration_ns"].to_numpy(dtype=float)
+    share = np.divide(duration, profiled, out=np.zeros(len(codes)), where=profiled > 0)
+    blind = (train[BACKWARD].to_numpy() <= 0) & (train[OPTIMIZER].to_numpy() <= 0)
+    n = np.bincount(codes, minlength=len(names))[codes]
+    all_blind = (np.bincount(codes, weights=~blind, minlength=len(names)) == 0)[codes]
+    piled = blind & (count >= MIN_FORWARDS)
+    long = blind & (share > MIN_STEP_SHARE) & (n <= MAX_FEW_STEPS) & all_blind
+    bad = np.flatnonzero(piled | long)
+    if not len(bad):
+        return []
+    # per process, its longest bad step (the first of equals, in table order)
+    worst = pd.Series(duration[bad]).groupby(codes[bad]).idxmax()
+    rank = train["rank"].to_numpy()
     out = []
-    for process, s in train.groupby(train["process"].astype(str), sort=True):
-        n = len(s)
-        profiled = float(profiled_ns.get(process) or 0)
-        count = pd.Series([int(forwards.get((process, k), 0)) for k in s["step"]], index=s.index)
-        blind = (s[BACKWARD] <= 0) & (s[OPTIMIZER] <= 0)
-        share = s["duration_ns"] / profiled if profiled > 0 else pd.Series(0.0, index=s.index)
-        piled = blind & (count >= MIN_FORWARDS)
-        long = blind & (share > MIN_STEP_SHARE) & (n <= MAX_FEW_STEPS) & bool(blind.all())
-        bad = s[piled | long]
-        if bad.empty:
-            continue
-        i = bad["duration_ns"].idxmax()
-        row = s.loc[i]
-        out.append({"process": process, "rank": None if pd.isna(row["rank"]) else int(row["rank"]),
-                    "train_steps": int(n), "step": int(row["step"]),
-                    "duration_ms": round(float(row["duration_ns"]) / 1e6, 3),
-                    "share_of_profiled": round(float(share.loc[i]), 4), "forwards": int(count.loc[i]),
-                    "profiled_s": round(profiled / 1e9, 3),
-                    "why": [w for w, hit in (("forwards_piled_up", piled.loc[i]), ("one_long_step", long.loc[i]))
-                            if hit]})
+    for c, j in sorted(worst.items(), key=lambda cj: names[cj[0]]):
+        i = bad[j]
+        out.append({"process": names[c], "rank": None if pd.isna(rank[i]) else int(rank[i]),
+                    "train_steps": int(n[i]), "step": int(step[i]), "duration_ms": round(float(duration[i]) / 1e6, 3),
+                    "share_of_profiled": round(float(share[i]), 4), "forwards": int(count[i]),
+                    "profiled_s": round(float(profiled[i]) / 1e9, 3),
+                    "why": [w for w, hit in (("forwards_piled_up", piled[i]), ("one_long_step", long[i])) if hit]})
     return out
 
 
@@ -137,9 +148,11 @@ def run_loop_notes(run) -> List[dict]:
     """``loop_notes`` of a loaded run."""
     events = run.events
     if len(events):
-        spans = events.groupby(events["process"].astype(str)).agg(start=("start_ns", "min"), end=("end_ns", "max"))
-        profiled = {p: int(r.end - r.start) for p, r in spans.iterrows()}
-        recorded = int((~events["category"].astype(str).isin(["system", "internal"])).sum())
+        # grouped on the column itself (categorical codes), not on 10 M strings
+        spans = events.groupby("process", observed=True, sort=False).agg(start=("start_ns", "min"),
+                                                                           end=("end_ns", "max"))
+        profiled = {str(p): int(r.end - r.start) for p, r in spans.iterrows()}
+        recorded = int((~events["category"].isin(["system", "internal"])).sum())
         duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
     else:
         profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)

@@ -3,8 +3,12 @@ system use and findings side by side."""
 
 from __future__ import annotations
 
+from stepscope.analysis.rules.base import SEVERITIES, at_or_above
 from stepscope.analysis.summary import summarize
 from stepscope.core.vocabulary import PHASES
+
+#: A median step time this many percent above the baseline's is a regression (``--max-regression``).
+MAX_REGRESSION_PERCENT = 10.0
 
 
 def _pct_change(a, b):
@@ -13,7 +17,10 @@ def _pct_change(a, b):
     return round(100.0 * (b - a) / a, 1)
 
 
-def diff(run_a, run_b, params=None) -> dict:
+def diff(run_a, run_b, params=None, max_regression=None) -> dict:
+    """max_regression: percent; a mode's median step time of run_b above run_a's by more is a
+    regression (severity error, listed under ``regressions``)."""
+    limit = MAX_REGRESSION_PERCENT if max_regression is None else float(max_regression)
     a, b = summarize(run_a, params), summarize(run_b, params)
     rows = []
 
@@ -38,10 +45,30 @@ def diff(run_a, run_b, params=None) -> dict:
     # what changed most: the largest relative change among the timing rows
     movers = sorted((r for r in rows if r["change_percent"] is not None and r["unit"] in ("ms", "ratio")),
                     key=lambda r: -abs(r["change_percent"]))
+    # Median, not mean: one slow checkpoint step is not a slower loop.
+    regressions = [{**r, "severity": "error", "max_regression_percent": limit} for r in rows
+                   if r["metric"].endswith("step time (median)") and r["change_percent"] is not None
+                   and r["change_percent"] > limit]
+    new = rules_b - rules_a
     return {"a": a["run"], "b": b["run"], "rows": rows,
             "findings": {"a": sorted(rules_a), "b": sorted(rules_b), "cleared": sorted(rules_a - rules_b),
-                         "new": sorted(rules_b - rules_a)},
+                         "new": sorted(new)},
+            "new_findings": [f for f in b["findings"] if f["rule"] in new],
+            "regressions": regressions, "max_regression_percent": limit,
             "changed_most": [r["metric"] for r in movers[:3]]}
+
+
+def gate(d: dict, level: str) -> list:
+    """Why ``diff --fail-on LEVEL`` fails (empty: it passes): step-time regressions (severity
+    error) and findings new in run B at or above ``level``."""
+    out = []
+    if SEVERITIES.index("error") >= SEVERITIES.index(level):
+        out += [f"{r['metric']} {r['a']:.2f} -> {r['b']:.2f} ms ({r['change_percent']:+.1f}%, more than "
+                f"{r['max_regression_percent']:g}%)" for r in d["regressions"]]
+    new = at_or_above(d.get("new_findings", []), level)
+    if new:
+        out.append(f"new finding(s) at or above {level}: {', '.join(sorted({f['rule'] for f in new}))}")
+    return out
 
 
 def format_diff(d: dict) -> str:
@@ -56,6 +83,9 @@ def format_diff(d: dict) -> str:
         lines.append(f"cleared: {', '.join(f['cleared'])}")
     if f["new"]:
         lines.append(f"new: {', '.join(f['new'])}")
+    for r in d.get("regressions", []):
+        lines.append(f"regression: {r['metric']} {r['change_percent']:+.1f}% (more than "
+                     f"{r['max_regression_percent']:g}%)")
     if d["changed_most"]:
         lines.append(f"changed most: {', '.join(d['changed_most'])}")
     return "\n".join(lines)

@@ -40,6 +40,10 @@ def summarize(run, params=None) -> dict:
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
     out["rules_not_applicable"] = rules["not_applicable"]
+    out["rules_params"] = rules.get("params", {})  # each rule's parameters as used
+    out["rule_details"] = rules.get("details", {})
+    out["param_translations"] = rules.get("translations", [])
+    out["warnings"] = list(out["warnings"]) + rules.get("warnings", [])
     return out
 
 
@@ -61,13 +65,16 @@ def format_text(s: dict) -> str:
         lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
     for w in s.get("warnings", []):
         lines.append(f"  warning: {w}")
+    for t in s.get("param_translations", []):
+        lines.append(f"  param: {t}")
     for note in s.get("loop_notes", []):
         lines.append(f"note [{note['key']}]: {note['message']}")
         lines.append(f"      -> {note['recommendation']}")
     if s.get("findings"):
         lines.append("findings:")
         for f in s["findings"]:
-            lines.append(f"  [{f['rule']}] {f['message']}")
+            level = "" if f.get("severity", "warning") == "warning" else f" ({f['severity']})"
+            lines.append(f"  [{f['rule']}]{level} {f['message']}")
             lines.append(f"      -> {f['recommendation']}")
     else:
         lines.append("findings: no problems found")

@@ -72,11 +72,25 @@ def _run_command(args) -> int:
 
 
 def _rule_params(args):
-    from stepscope.analysis.rules import ParamError, parse_params
+    """Custom rules first (--rules module:Class), so --param can name them too."""
+    from stepscope.analysis.rules import ParamError, RuleLoadError, load_spec, parse_params
 
     try:
+        for spec in getattr(args, "rules", None) or []:
+            load_spec(spec)
         return parse_params(args.param)
-    except ParamError as exc:
+    except (ParamError, RuleLoadError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _fail_level(args):
+    from stepscope.analysis.rules.base import fail_level
+
+    if not getattr(args, "fail_on", None):
+        return None
+    try:
+        return fail_level(args.fail_on)
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -92,22 +106,36 @@ def _run_errors():
 
 
 def _summary_command(args) -> int:
+    from stepscope.analysis.rules.base import at_or_above
     from stepscope.analysis.summary import format_text, summarize
 
+    level = _fail_level(args)
     params = _rule_params(args)
     with _run_errors():
         s = summarize(args.run, params)
     print(json.dumps(s, indent=2) if args.json else format_text(s))
+    failing = at_or_above(s["findings"], level) if level else []
+    if failing:  # a CI gate: stdout stays the summary, the verdict goes to stderr
+        names = ", ".join(sorted({f["rule"] for f in failing}))
+        print(f"stepscope: {len(failing)} finding(s) at or above {level}: {names}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _diff_command(args) -> int:
-    from stepscope.analysis.diff import diff, format_diff
+    from stepscope.analysis.diff import diff, format_diff, gate
 
+    level = _fail_level(args)
+    if args.max_regression is not None and args.max_regression < 0:
+        raise UsageError(f"--max-regression {args.max_regression:g}: expected a percentage >= 0")
     params = _rule_params(args)
     with _run_errors():
-        d = diff(args.run_a, args.run_b, params)
+        d = diff(args.run_a, args.run_b, params, max_regression=args.max_regression)
     print(json.dumps(d, indent=2) if args.json else format_diff(d))
+    failing = gate(d, level) if level else []
+    if failing:
+        print(f"stepscope: {'; '.join(failing)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -169,6 +197,12 @@ def _ls_command(args) -> int:
     return 0
 
 
+def _rule_options(p) -> None:
+    p.add_argument("--param", action="append", default=[], help="Rule.param=value (SageMaker Debugger's names too)")
+    p.add_argument("--rules", action="append", default=[], metavar="MODULE:CLASS",
+                   help="load custom rules (Rule subclasses); the stepscope.rules entry points load by themselves")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stepscope", description="Profile deep-learning training jobs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -185,20 +219,27 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="a run's numbers and findings")
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    _rule_options(s)
+    s.add_argument("--fail-on", dest="fail_on", metavar="WARN|ERROR",
+                   help="exit 1 when a finding has this severity or a higher one (a CI gate)")
     s.set_defaults(func=_summary_command)
 
     d = sub.add_parser("diff", help="what changed between two runs")
     d.add_argument("run_a")
     d.add_argument("run_b")
     d.add_argument("--json", action="store_true")
-    d.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    _rule_options(d)
+    d.add_argument("--fail-on", dest="fail_on", metavar="WARN|ERROR",
+                   help="exit 1 on a step-time regression (severity error) or a finding new in RUN_B at or above "
+                        "this severity")
+    d.add_argument("--max-regression", dest="max_regression", type=float, default=None, metavar="PCT",
+                   help="median step time of RUN_B more than PCT%% above RUN_A's is a regression (default 10)")
     d.set_defaults(func=_diff_command)
 
     rp = sub.add_parser("report", help="a self-contained HTML report")
     rp.add_argument("run")
     rp.add_argument("-o", "--output")
-    rp.add_argument("--param", action="append", default=[], help="Rule.param=value")
+    _rule_options(rp)
     rp.add_argument("--steps", help="train steps to keep in full detail in the timeline, e.g. 100-120 "
                     "(besides the ones chosen for meaning; a larger page)")
     rp.set_defaults(func=_report_command)
@@ -208,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", required=True, choices=("chrome", "perfetto", "parquet"))
     e.add_argument("-o", "--output")
     e.set_defaults(func=_export_command)
+
+    from stepscope.cli.watch import add_parser as add_watch
+
+    _rule_options(add_watch(sub, UsageError))
 
     ls = sub.add_parser("ls", help="the runs in a folder")
     ls.add_argument("dir", nargs="?")

@@ -2,25 +2,27 @@
 
     from stepscope.analysis.rules import evaluate
     result = evaluate(run, {"GetNextBottleneck": {"threshold": 0.3}})
-    result["findings"], result["not_applicable"]
+    result["findings"], result["not_applicable"], result["details"]
 
 Thresholds and their defaults are in docs/rules.md (generated from the Param
 declarations of each rule). Rules that need GPU data (LowGPUUtilization,
 CPUBottleneck, IOBottleneck, BatchSize, GPUMemoryIncrease from NVML samples;
 KernelLaunchBound, HostSyncStall from CUPTI's activity trace) are not
-applicable to a run without it.
+applicable to a run without it. Custom rules join through ``registry``;
+SageMaker Debugger's parameter names through ``debugger``.
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from stepscope.analysis.loop import loop_markdown
-
+from stepscope.analysis.rules import debugger, registry
 from stepscope.analysis.rules.balance import LoadBalancing
-from stepscope.analysis.rules.base import Finding, Param, Rule
+from stepscope.analysis.rules.base import SEVERITIES, Finding, Param, Rule
 from stepscope.analysis.rules.batchsize import BatchSize
 from stepscope.analysis.rules.cpu import CPUBottleneck
+from stepscope.analysis.rules.dataloader import Dataloader
+from stepscope.analysis.rules.docs import rules_markdown
 from stepscope.analysis.rules.getnext import GetNextBottleneck
 from stepscope.analysis.rules.gpumemory import GPUMemoryIncrease
 from stepscope.analysis.rules.hostsync import HostSyncStall
@@ -30,139 +32,61 @@ from stepscope.analysis.rules.launch import KernelLaunchBound
 from stepscope.analysis.rules.lowgpu import LowGPUUtilization
 from stepscope.analysis.rules.memory import HostMemoryIncrease
 from stepscope.analysis.rules.outlier import StepOutlier
+from stepscope.analysis.rules.overall import OverallFrameworkMetrics, OverallSystemUsage, ProfilerReport
+from stepscope.analysis.rules.params import ParamError, parse_params
+from stepscope.analysis.rules.registry import RuleLoadError, load_spec, register
 
 RULES: List[Rule] = [GetNextBottleneck(), StepOutlier(), HostMemoryIncrease(), MaxInitializationTime(),
                      LoadBalancing(), LowGPUUtilization(), CPUBottleneck(), IOBottleneck(), BatchSize(),
-                     GPUMemoryIncrease(), KernelLaunchBound(), HostSyncStall()]
-BY_NAME = {r.name: r for r in RULES}
+                     GPUMemoryIncrease(), KernelLaunchBound(), HostSyncStall(), Dataloader(), OverallSystemUsage(),
+                     OverallFrameworkMetrics(), ProfilerReport()]
+BY_NAME = {r.name: r for r in RULES}  # the built-in rules; registry.by_name() adds custom ones
+registry.set_builtin(RULES)
 
 
-class ParamError(ValueError):
-    pass
-
-
-def parse_params(items: List[str]) -> Dict[str, Dict[str, float]]:
-    """["Rule.param=value", ...] -> {rule: {param: value}}, with clear errors."""
-    out: Dict[str, Dict[str, float]] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        rule, dot, param = key.strip().partition(".")
-        if not sep or not dot:
-            raise ParamError(f"--param {item!r}: expected Rule.param=value")
-        if rule not in BY_NAME:
-            raise ParamError(f"--param {item!r}: unknown rule {rule!r}; rules: {', '.join(BY_NAME)}")
-        if param not in BY_NAME[rule].params:
-            raise ParamError(f"--param {item!r}: {rule} has no parameter {param!r}; "
-                             f"parameters: {', '.join(BY_NAME[rule].params)}")
-        try:
-            out.setdefault(rule, {})[param] = float(value)
-        except ValueError:
-            raise ParamError(f"--param {item!r}: {value!r} is not a number") from None
-    return out
-
-
-def evaluate(run, overrides: Optional[Dict[str, Dict[str, float]]] = None) -> dict:
-    """Runs every applicable rule. Returns findings, not_applicable reasons and the parameters used."""
-    overrides = overrides or {}
+def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> dict:
+    """Runs every applicable rule (built-in and custom). Returns findings, not_applicable
+    reasons, the parameters used, rules' details, Debugger parameter translations and
+    warnings (a custom rule that failed)."""
+    overrides, translations = debugger.translate(run, overrides or {})
     findings: List[Finding] = []
-    skipped, used = {}, {}
-    for rule in RULES:
+    skipped, used, details, counts = {}, {}, {}, {}
+    warnings = list(registry.load_errors)
+    builtin = set(BY_NAME)
+    for rule in registry.all_rules():
+        given = dict(overrides.get(rule.name, {}))
+        severity = given.pop("severity", None)
         params = {k: v.default for k, v in rule.params.items()}
-        params.update(overrides.get(rule.name, {}))
-        used[rule.name] = params
-        reason = rule.not_applicable(run)
-        if reason:
-            skipped[rule.name] = reason
+        params.update(given)
+        used[rule.name] = {**params, **({"severity": severity} if severity else {})}
+        try:
+            reason = rule.not_applicable(run)
+            if reason:
+                skipped[rule.name] = reason
+                continue
+            found = list(rule.evaluate(run, params))
+            d = rule.details(run, params)
+        except Exception as exc:  # noqa: BLE001 - a custom rule's bug must not hide the others' findings
+            if rule.name in builtin:
+                raise
+            skipped[rule.name] = f"failed: {type(exc).__name__}: {exc}"
+            warnings.append(f"custom rule {rule.name} failed: {type(exc).__name__}: {exc}")
             continue
-        findings.extend(rule.evaluate(run, params))
-    return {"findings": [f.as_dict() for f in findings], "not_applicable": skipped, "params": used}
+        for f in found:
+            if severity:
+                f.severity = severity
+            elif f.severity not in SEVERITIES:
+                f.severity = "warning"
+        findings.extend(found)
+        counts[rule.name] = len(found)
+        if d:
+            details[rule.name] = d
+    result = {"findings": [f.as_dict() for f in findings], "not_applicable": skipped, "params": used,
+              "details": details, "translations": translations, "warnings": warnings}
+    if ProfilerReport.name in used and ProfilerReport.name not in skipped:
+        details[ProfilerReport.name] = ProfilerReport.table(result, counts)
+    return result
 
 
-__all__ = ["RULES", "Finding", "Param", "ParamError", "Rule", "evaluate", "parse_params"]
-
-
-def rules_markdown() -> str:
-    """docs/rules.md, generated from the rules themselves (a test keeps the file in step)."""
-    lines = ["# Rules", "",
-             "Generated by `python -c \"from stepscope.analysis.rules import rules_markdown; "
-             "print(rules_markdown())\" > docs/rules.md`.", "",
-             "Override any parameter with `--param Rule.param=value` on `stepscope summary` and `stepscope diff`, "
-             "or from Python: `evaluate(run, {\"Rule\": {\"param\": value}})`. "
-             "A rule whose data a run lacks does not run; the summary lists it under "
-             "`rules_not_applicable` with the reason.", ""]
-    for rule in RULES:
-        lines += [f"## {rule.name}", "", rule.summary, "", "| parameter | default | unit | meaning |",
-                  "| --- | ---: | --- | --- |"]
-        for name, prm in rule.params.items():
-            lines.append(f"| `{name}` | {prm.default:g} | {prm.unit} | {prm.doc} |")
-        lines.append("")
-    lines += ["## Where the defaults come from", "",
-              "Each parameter's meaning says where its default comes from: XProf's input-pipeline analysis "
-              "(GetNextBottleneck), SageMaker Debugger's rules (the same thresholds, restated in seconds, percent "
-              "and ratios instead of sample counts: LowGPUUtilization, CPUBottleneck, BatchSize, "
-              "GPUMemoryIncrease), or what the quantity means (a share of the step, launch overhead of an eager "
-              "PyTorch op).", "",
-              "The GPU-utilization rules (LowGPUUtilization, CPUBottleneck, IOBottleneck, BatchSize) cut each "
-              "node's training loop into `window_s` windows and give every window in which a GPU's mean NVML "
-              "utilization is below `gpu_threshold` one cause, in this order: CPU busy (all cores, or the training "
-              "process itself; one busy core among idle ones is not enough), waiting on I/O, room for a larger "
-              "batch, otherwise LowGPUUtilization. A rule fires for a GPU when its windows cover `min_share` of "
-              "the loop. The order uses each rule's default thresholds for the other causes.", "",
-              "## Steady state (HostMemoryIncrease, GPUMemoryIncrease)", "",
-              "Memory that rises while a job warms up (caches filled, allocator pools reserved, optimizer state "
-              "created) and then stays flat is not a leak. Both memory rules judge the steady state "
-              "(`stepscope.analysis.rules.steady`), per rank for host RSS and per GPU (over the train steps of "
-              "the rank driving it) for GPU memory. The warm-up left out lasts at least `warmup_steps` train "
-              "steps; longer while the first steps take more than `settle_factor` times the median step of the "
-              "later half of the loop (the step time has not settled; judged on the median of three steps in a "
-              "row, so one slow step is a hiccup, not a warm-up); and until the memory level settles: "
-              "memory is put on a scale of steps (each sample at its step and the elapsed fraction of it) and "
-              "split at the knee where two straight lines, one on each side, fit it best; when memory grew more "
-              "than `settle_ratio` times faster per step before the knee than after it, the warm-up ends there. It "
-              "never exceeds `max_warmup_share` of the steps. A finding then needs, over the rest of the loop: "
-              "growth above the rule's size thresholds (medians of the first and last `window_share`), a rank "
-              "correlation with time of at least `min_trend` over all of it and over its later half (by "
-              "steps), and growth per step in that later half of at least `min_late_ratio` of the growth per "
-              "step over all of it: growth that goes on to the end, not a warm-up that slows down to a plateau. "
-              "`evidence.steps` are the first and last step judged, `warmup_steps_left_out` and "
-              "`warmup_ends_by` (`steps`, `step time` or `memory`) say what was left out, `rate_mb_per_min` is "
-              "the later half's rate (least squares over time), and `time_to_full_s` the time until the memory "
-              "still free at the end runs out at that rate: the host's total minus used memory, divided by the "
-              "summed rate of that host's growing ranks (HostMemoryIncrease), or the GPU's total minus its used "
-              "memory (GPUMemoryIncrease). No other rule compares the start of a run with its end: the others "
-              "leave out their first `warmup_steps` and judge every later step alike.", "",
-              *loop_markdown(),
-              "## One number per quantity", "",
-              "A finding quotes the summary's figure for the same quantity: both come from the functions of "
-              "`stepscope.analysis.quantities` over the steps table. GetNextBottleneck's share is the summary's "
-              "GetNext `share` computed over one rank's train steps, all of them; on a run with one training "
-              "process it is the summary's number to the digit (`evidence.getnext_share`, and the same "
-              "percentage in the message). Leaving out the first steps (`warmup_steps`) only decides whether "
-              "the rule fires: the share must exceed the threshold with and without them, so that a short run "
-              "whose workers take a while to start is not called input-bound "
-              "(`evidence.getnext_share_after_warmup`, the same function over the later steps).", "",
-              "## Advice per framework", "",
-              "Recommendations about the data pipeline (GetNextBottleneck, CPUBottleneck, IOBottleneck, "
-              "HostSyncStall) are written for the framework that fed the training loop, read from the "
-              "frameworks the run's processes had imported (`versions` in run.json and process.json; "
-              "`evidence.framework` says which was used):", "",
-              "| the run imported | advice | example |", "| --- | --- | --- |",
-              "| torch or Lightning (not TensorFlow); Keras with torch also imported and no Keras profiler "
-              "window (the torch backend) | PyTorch DataLoader | `num_workers`, `prefetch_factor`, "
-              "`persistent_workers=True`, `pin_memory=True` |",
-              "| TensorFlow (not torch); or both, with Keras profiler windows (Keras on TensorFlow) | tf.data | "
-              "`dataset.prefetch(tf.data.AUTOTUNE)`, `map(..., num_parallel_calls=tf.data.AUTOTUNE)`, "
-              "`cache()` |",
-              "| neither, or both without Keras or Lightning to tell them apart | generic | background "
-              "workers, prefetching, caching decoded data |", "",
-              "The texts live in one place, `stepscope.analysis.rules.advice.ADVICE`. For PyTorch, "
-              "GetNextBottleneck also names what `persistent_workers=True` would save when the first train "
-              "step of each epoch (the first step of a process, and each step after a loader ran out) waits "
-              "longer for its batch (the DataLoader starts its workers in it): X = median GetNext of the first "
-              "steps of the epochs after the first minus the median GetNext of the other train steps, plus "
-              "what the epochs' last steps (whose last fetch shuts the workers down) wait beyond that median. "
-              "It is stated only with at least three epochs and when those first steps' median exceeds the "
-              "other steps' 90th percentile by `epoch_start_s` (a loader that keeps its workers waits about "
-              "as long for its first batch as for its slowest steady ones); `evidence.epoch_start` holds the "
-              "figures.", ""]
-    return "\n".join(lines)
+__all__ = ["RULES", "SEVERITIES", "Finding", "Param", "ParamError", "Rule", "RuleLoadError", "evaluate",
+           "load_spec", "parse_params", "register", "rules_markdown"]

@@ -3,22 +3,55 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Dict, List, Optional
+from typing import ClassVar, Dict, List, Optional, Tuple, Union
 
 import pandas as pd
+
+#: Finding severities, least to most severe: ``--fail-on WARN`` gates on warning and
+#: error, ``--fail-on ERROR`` on error only; info never gates.
+SEVERITIES = ("info", "warning", "error")
+FAIL_ON = {"info": "info", "warn": "warning", "warning": "warning", "error": "error", "err": "error"}
+
+
+def fail_level(word: str) -> str:
+    """``--fail-on`` word (WARN, ERROR, any case) -> a severity; ValueError when unknown."""
+    level = FAIL_ON.get(str(word).strip().lower())
+    if level is None:
+        raise ValueError(f"--fail-on {word!r}: expected WARN or ERROR (or INFO)")
+    return level
+
+
+def at_or_above(findings: list, level: str) -> list:
+    """The findings (dicts) whose severity is ``level`` or more severe."""
+    floor = SEVERITIES.index(level)
+    return [f for f in findings if SEVERITIES.index(f.get("severity", "warning")
+                                                     if f.get("severity") in SEVERITIES else "warning") >= floor]
 
 
 @dataclass(frozen=True)
 class Param:
-    default: float
-    unit: str  # "s", "ms", "%", "ratio", "MB", "steps"
+    default: Union[float, str]
+    unit: str  # "s", "ms", "%", "ratio", "MB", "steps"; "" for a choice
     doc: str
+    choices: Tuple[str, ...] = ()  # a non-numeric parameter takes one of these words
+
+    def parse(self, text: str) -> Union[float, str]:
+        """A value given on the command line, checked; raises ValueError with the reason."""
+        if self.choices:
+            word = str(text).strip().lower()
+            if word not in self.choices:
+                raise ValueError(f"{text!r} is not one of {', '.join(self.choices)}")
+            return word
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"{text!r} is not a number") from None
 
 
 @dataclass
 class Finding:
     rule: str
-    severity: str  # "warning" or "info"
+    severity: str  # one of SEVERITIES
     message: str
     recommendation: str
     evidence: dict = field(default_factory=dict)
@@ -43,6 +76,11 @@ class Rule:
 
     def evaluate(self, run, p: Dict[str, float]) -> List[Finding]:
         raise NotImplementedError
+
+    def details(self, run, p: Dict[str, float]) -> Optional[dict]:
+        """Figures a rule reports whether or not it fires (OverallSystemUsage's percentiles);
+        None for most rules. They go to the summary's ``rule_details``."""
+        return None
 
 
 def clean_rank(rank):

@@ -1,17 +1,30 @@
-"""LowGPUUtilization: a GPU idles through much of the loop, and no host resource explains it."""
+"""LowGPUUtilization: a GPU idles through much of the loop, and no host resource explains it;
+or its utilization swings between busy and idle (SageMaker Debugger's fluctuation test)."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from stepscope.analysis.rules.base import Finding, Param, clean_rank
 from stepscope.analysis.rules.utilization import LowGPUCause
-from stepscope.analysis.rules.windows import COMMON
+from stepscope.analysis.rules.windows import COMMON, loop_windows
+
+MIN_SAMPLES = 10  # fewer NVML samples in a window make its p5 and p95 the same few readings
 
 
 class LowGPUUtilization(LowGPUCause):
     name = "LowGPUUtilization"
     summary = ("A GPU is below the utilization threshold for much of the training loop while the host is neither "
                "CPU-bound, waiting on I/O, nor leaving room for a larger batch (those windows go to "
-               "CPUBottleneck, IOBottleneck and BatchSize, at their default thresholds).")
-    params = dict(COMMON)
+               "CPUBottleneck, IOBottleneck and BatchSize, at their default thresholds); or, SageMaker Debugger's "
+               "fluctuation test, its NVML samples within a window reach `fluctuation_p95` at the 95th percentile "
+               "and fall to `fluctuation_p5` at the 5th (busy bursts between idle gaps) in windows covering "
+               "`min_share` of the loop (windows with fewer than 10 samples are not judged).")
+    params = {**COMMON,
+              "fluctuation_p95": Param(70.0, "%", "fluctuation: the window's 95th percentile of utilization is at "
+                                                  "least this (the GPU does get busy; Debugger's threshold_p95)..."),
+              "fluctuation_p5": Param(10.0, "%", "...and its 5th percentile at most this (and idles between: "
+                                                 "Debugger's threshold_p5)")}
     cause = "idle"
 
     def describe(self, where, share, m, p, framework):
@@ -23,3 +36,48 @@ class LowGPUUtilization(LowGPUCause):
                           "collective communication with slower ranks (LoadBalancing), or many tiny kernels "
                           "(KernelLaunchBound). The timeline of the low windows shows where the gaps are.")
         return message, recommendation
+
+    def evaluate(self, run, p):
+        return super().evaluate(run, p) + self._fluctuation(run, p)
+
+    def _fluctuation(self, run, p):
+        w = loop_windows(run, p["window_s"], p["warmup_steps"])
+        if w.empty:
+            return []
+        util = run.system[run.system["metric"] == "gpu_util"]
+        out = []
+        for (node, gpu), g in w.groupby(["node", "gpu"], sort=True):
+            samples = util[(util["node"] == node) & (util["device"] == gpu)]
+            t, v = samples["timestamp_ns"].to_numpy(), samples["value"].to_numpy(dtype=float)
+            judged, swinging = 0.0, []
+            for r in g.itertuples():
+                inside = v[(t >= r.start_ns) & (t < r.end_ns)]
+                if len(inside) < MIN_SAMPLES:
+                    continue
+                seconds = (r.end_ns - r.start_ns) / 1e9
+                judged += seconds
+                p5, p95 = np.percentile(inside, [5, 95])
+                if p95 >= p["fluctuation_p95"] and p5 <= p["fluctuation_p5"]:
+                    swinging.append({"window": int(r.window), "seconds": round(seconds, 3),
+                                     "p5": round(float(p5), 1), "p95": round(float(p95), 1),
+                                     "mean": round(float(inside.mean()), 1)})
+            share = sum(s["seconds"] for s in swinging) / judged if judged else 0.0
+            if not swinging or share < p["min_share"]:
+                continue
+            rank = clean_rank(g["rank"].iloc[0])
+            p5 = float(np.median([s["p5"] for s in swinging]))
+            p95 = float(np.median([s["p95"] for s in swinging]))
+            out.append(Finding(
+                rule=self.name, rank=rank, severity="warning",
+                message=(f"{gpu} on {node} swings between busy and idle: utilization p95 {p95:.0f}% and p5 "
+                         f"{p5:.0f}% within windows covering {100 * share:.0f}% of the training loop"),
+                recommendation=("The GPU works in bursts and waits between them: overlap the host's work with the "
+                                "GPU's (prefetch the next batch, copy it with pin_memory=True and "
+                                "non_blocking=True), avoid synchronizations in the step (HostSyncStall), and look "
+                                "at the idle gaps in the timeline for the host work that fills them."),
+                evidence={"node": node, "gpu": gpu, "rank": rank, "test": "fluctuation",
+                          "share_of_loop": round(share, 3), "window_s": p["window_s"],
+                          "thresholds": {"fluctuation_p95": p["fluctuation_p95"],
+                                         "fluctuation_p5": p["fluctuation_p5"]},
+                          "windows": swinging[:20]}))
+        return out

@@ -21,6 +21,9 @@ class StepOutlier(Rule):
                                          "scheduler hiccups on short steps)"),
         "min_steps": Param(10, "steps", "ranks/modes with fewer steps are not judged"),
         "warmup_steps": Param(1, "steps", "first steps of each rank and mode left out"),
+        "min_outliers": Param(1, "steps", "fire when a rank and mode has at least this many outlier steps"),
+        "mode": Param("all", "", "the steps judged: `all` modes (each on its own), or only `train`, `eval` or "
+                                 "`predict` steps", choices=("all", "train", "eval", "predict")),
     }
 
     def not_applicable(self, run):
@@ -30,7 +33,11 @@ class StepOutlier(Rule):
 
     def evaluate(self, run, p):
         out = []
-        for (process, rank, mode), s in run.steps.groupby(["process", "rank", "mode"], dropna=False, sort=True):
+        steps = run.steps
+        if p.get("mode", "all") != "all":
+            steps = steps[steps["mode"] == p["mode"]]
+        for (process, rank, mode), s in steps.groupby(["process", "rank", "mode"], dropna=False, sort=True,
+                                                      observed=True):
             s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
             if len(s) < p["min_steps"]:
                 continue
@@ -39,7 +46,7 @@ class StepOutlier(Rule):
             sigma = 1.4826 * float(np.median(np.abs(d - med)))
             bad = s[(d > p["factor"] * med) & (d > med + p["mad_multiple"] * sigma)
                     & (d > med + p["min_excess_s"] * 1e9)]
-            if bad.empty:
+            if bad.empty or len(bad) < p.get("min_outliers", 1):
                 continue
             typical = s[list(PARTS)].median()
             rows, culprits = [], []

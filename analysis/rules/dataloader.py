@@ -1,0 +1,117 @@
+"""Dataloader (SageMaker Debugger's rule): loader worker processes against the node's
+cores, the GetNext distribution, and per-worker fetch times where an integration
+recorded them.
+
+Workers are the child processes the sampler saw under a training process
+(``proc_*`` metrics with device ``pid<N>``: DataLoader workers, tf.data has none),
+counted at the most alive at once. Cores are the node's ``cpu<N>`` series."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.quantities import phase_share
+from stepscope.analysis.rules.advice import advice, framework_of
+from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.gpudata import node_of
+from stepscope.core.vocabulary import GETNEXT, TRAIN
+
+
+
+def worker_counts(run) -> dict:
+    """process -> the most child processes (loader workers) sampled alive at once."""
+    proc = run.system[run.system["metric"] == "proc_rss"] if len(run.system) else pd.DataFrame()
+    if proc.empty:
+        return {}
+    kids = proc[proc["device"].astype(str).str.startswith("pid")]
+    return {p: int(g.groupby("timestamp_ns")["device"].nunique().max()) for p, g in kids.groupby("process")}
+
+
+def core_counts(run) -> dict:
+    """node -> number of CPU cores sampled."""
+    cpu = run.system[run.system["metric"] == "cpu_util"] if len(run.system) else pd.DataFrame()
+    if cpu.empty:
+        return {}
+    cores = cpu[cpu["device"].astype(str).str.fullmatch(r"cpu\d+")]
+    return {n: int(g["device"].nunique()) for n, g in cores.groupby("node")}
+
+
+def worker_fetches(run, process) -> dict:
+    """Per worker id, the fetch spans an integration recorded (name with ``DataLoader``,
+    ``arg`` the worker id): count, median and p95 in ms. Empty when none were recorded."""
+    ev = run.events
+    spans = ev[(ev["process"] == process) & (ev["kind"] == "span")
+               & ev["name"].astype(str).str.contains("DataLoader", regex=False) & (ev["arg"] >= 0)]
+    out = {}
+    for worker, g in spans.groupby("arg"):
+        d = (g["end_ns"] - g["start_ns"]).to_numpy(dtype=float) / 1e6
+        out[str(int(worker))] = {"fetches": int(len(d)), "median_ms": round(float(np.median(d)), 3),
+                                 "p95_ms": round(float(np.percentile(d, 95)), 3)}
+    return out
+
+
+class Dataloader(Rule):
+    name = "Dataloader"
+    summary = ("Data-loader worker processes against the node's CPU cores (SageMaker Debugger's Dataloader rule): "
+               "too many workers for the cores, or too few while the loop waits for its data. The details give "
+               "each training process's workers, the node's cores, the GetNext distribution over train steps and "
+               "per-worker fetch times when an integration recorded them.")
+    params = {
+        "min_cores_percent": Param(70.0, "%", "fire when the workers are fewer than this share of the node's "
+                                              "cores (Debugger: 70%)..."),
+        "min_getnext_share": Param(0.2, "ratio", "...while GetNext takes at least this share of train step time "
+                                                 "(GetNextBottleneck's threshold: too few workers only matter "
+                                                 "when the loop waits for data)"),
+        "max_cores_percent": Param(200.0, "%", "fire when the workers outnumber the node's cores by more than "
+                                               "this share (Debugger: 200%): they compete for the cores with "
+                                               "each other and with the training process"),
+    }
+
+    def not_applicable(self, run):
+        if not (run.steps["mode"] == TRAIN).any():
+            return "no train steps"
+        if not core_counts(run):
+            return "no per-core CPU samples"
+        return None
+
+    def _rows(self, run):
+        cores, workers, nodes = core_counts(run), worker_counts(run), node_of(run)
+        train = run.steps[run.steps["mode"] == TRAIN]
+        for (process, rank), s in train.groupby(["process", "rank"], dropna=False, sort=True, observed=True):
+            node = nodes.get(process)
+            if node not in cores or not len(s):
+                continue
+            getnext = s[GETNEXT].to_numpy(dtype=float) / 1e6
+            yield process, rank, {
+                "process": str(process), "node": node, "cores": cores[node], "workers": workers.get(process, 0),
+                "getnext_share": phase_share(s, GETNEXT),  # the summary's figure
+                "getnext_ms": {"p50": round(float(np.median(getnext)), 3),
+                               "p95": round(float(np.percentile(getnext, 95)), 3),
+                               "max": round(float(getnext.max()), 3)},
+                "worker_fetches": worker_fetches(run, process),
+                "pin_memory": None,  # not recorded by the integrations yet
+            }
+
+    def details(self, run, p):
+        return {"processes": [row for _, _, row in self._rows(run)]}
+
+    def evaluate(self, run, p):
+        out = []
+        for process, rank, row in self._rows(run):
+            n, cores, share = row["workers"], row["cores"], row["getnext_share"]
+            who = rank_label(rank, process)
+            if n > cores * p["max_cores_percent"] / 100:
+                message = (f"{who} runs {n} data-loader workers on {cores} cores, more than "
+                           f"{p['max_cores_percent']:g}% of them: they compete for the CPU")
+                fix = ("Lower num_workers to about the number of cores left after the training process's own "
+                       "threads (and divide them among the ranks of a node).")
+            elif n < cores * p["min_cores_percent"] / 100 and share >= p["min_getnext_share"]:
+                message = (f"{who} waits for data {100 * share:.0f}% of train step time with {n} data-loader "
+                           f"workers on {cores} cores (fewer than {p['min_cores_percent']:g}% of them)")
+                fix = advice("feed", framework_of(run))
+            else:
+                continue
+            out.append(Finding(rule=self.name, rank=clean_rank(rank), severity="warning", message=message,
+                               recommendation=fix, evidence=row))
+        return out

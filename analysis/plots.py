@@ -8,7 +8,7 @@ cells. Values are rounded to what a plot can show, times are seconds after
 the run's first event (the timeline's origin), and the figure template is
 sent once for all figures.
 
-Only the trace types used here (scatter, bar, heatmap, pie) are needed, so the
+Only the trace types used here and in report_sections.py (scatter, bar, heatmap, pie, box) are needed, so the
 page inlines plotly.js's "cartesian" bundle (``plotly-cartesian.min.js``, from
 npm's ``plotly.js-cartesian-dist-min``, MIT, ``plotly-LICENSE.txt``: 1.5 MB
 instead of the full 4.8 MB), gzip-compressed and base64-encoded (0.66 MB); the
@@ -38,7 +38,7 @@ HEAT_CELLS = 40_000  # per-core CPU heatmap
 MAX_RANK_PLOTS = 16  # per-rank phase breakdown subplots
 TOP_KERNELS = 15
 BUNDLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plotly-cartesian.min.js")
-TRACE_TYPES = ("scatter", "bar", "heatmap", "pie")  # all the bundle has to draw
+TRACE_TYPES = ("scatter", "bar", "heatmap", "pie", "box")  # all the bundle has to draw
 
 # Figures are drawn when scrolled near, once plotly.js is inflated, so a page with many opens at once.
 PLOT_LOADER = """(function () {

@@ -1,7 +1,9 @@
 """``stepscope report``: one self-contained HTML file (opens offline, a few MB at most).
 
-Sections: verdict (findings with recommendations), job summary, step time,
-system, GPU (only with GPU activity), timeline (a canvas viewer:
+Sections: verdict (findings with recommendations), rules (every rule, its
+parameters as used, triggered or passed), job summary, step time, data loading,
+system (with per-node statistics), GPU (only with GPU activity), GPU
+utilization and memory (box plots per GPU, only with NVML samples), timeline (a canvas viewer:
 timeline.py builds its data, timeline.js draws it), run metadata. The size is
 bounded whatever the run's length: plots have a ceiling of points and inline
 only the part of plotly.js they use (plots.py); the timeline has every span of
@@ -20,6 +22,7 @@ import time
 from typing import Optional
 
 from stepscope.analysis import plots
+from stepscope.analysis import report_sections as sections_
 from stepscope.analysis.run import Run
 from stepscope.core.vocabulary import REPORT_FILE
 
@@ -149,7 +152,10 @@ STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse}th{text-align:left;padding:.2em 1em .2em 0;color:#555;vertical-align:top}
-td{padding:.2em 0}.finding{border-left:4px solid #e45756;padding:.2em 1em;margin:1em 0;background:#fdf3f3}
+td{padding:.2em 0}table.grid td,table.grid th{padding:.15em .8em .15em 0;border-bottom:1px solid #eee}
+table.grid td{text-align:right}table.grid td:first-child,table.rules td,table.sysstats td:nth-child(-n+3){text-align:left}
+tr.rule.triggered td:nth-child(2){color:#c0392b;font-weight:bold}tr.rule.passed td:nth-child(2){color:#2a7a2a}
+.params{font-family:monospace;font-size:.85em}.finding{border-left:4px solid #e45756;padding:.2em 1em;margin:1em 0;background:#fdf3f3}
 .finding.info{border-color:#4c78a8;background:#f3f6fb}
 .finding.loop-note{border-color:#f58518;background:#fff7ec}.finding h3{margin:.3em 0}.rec{color:#333;font-style:italic}
 .ok{color:#2a7a2a;font-weight:bold}.muted{color:#777;font-size:.9em}pre{white-space:pre-wrap;font-size:.85em}
@@ -167,12 +173,20 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     from stepscope.analysis.timeline import script_json
 
     summary = summarize(run, params)
-    sections = [("verdict", "Verdict", _verdict(summary)), ("summary", "Job summary", _job_summary(run, summary))]
-    figure_sections = [("steps", "Step time", "", plots.step_figures(run)),
-                       ("system", "System", "", plots.system_figures(run, _esc))]
+    sections = [("verdict", "Verdict", _verdict(summary)), ("rules", "Rules", sections_.rules_html(summary, _esc)),
+                ("summary", "Job summary", _job_summary(run, summary))]
+    figure_sections = [("steps", "Step time", "", plots.step_figures(run))]
+    loading = sections_.dataloading(run, _esc)
+    if loading is not None:
+        figure_sections.append(("dataloading", "Data loading", *loading))
+    figure_sections.append(("system", "System", sections_.system_stats_html(run.system, _esc),
+                            plots.system_figures(run, _esc)))
     gpu = plots.gpu_section(run, _esc)
     if gpu is not None:  # only where the run has GPU activity
         figure_sections.append(("gpu", "GPU", *gpu))
+    boxes = sections_.gpu_boxes(run)
+    if boxes:  # only with NVML samples
+        figure_sections.append(("gpu-usage", "GPU utilization and memory", "", boxes))
     for key, title, head, figs in figure_sections:
         parts = [head] + [_figure_html(fig, f"{key}-plot{i}") for i, fig in enumerate(figs)]
         sections.append((key, title, "\n".join(p for p in parts if p) or "<p class='muted'>No data.</p>"))

@@ -30,7 +30,7 @@ from stepscope.analysis.timeline_detail import DETAIL_ITEMS, OVERVIEW_ITEMS
 CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")
 MAX_REPORT_BYTES = 3_000_000  # issue 20: whatever the run's length
 XSS = "<img src=x onerror=alert(1)>"
-SECTIONS = ("verdict", "summary", "steps", "system", "timeline", "metadata")
+SECTIONS = ("verdict", "rules", "summary", "steps", "dataloading", "system", "timeline", "metadata")
 
 
 def _unavailable():
@@ -342,7 +342,7 @@ def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, tmp_path):
     gpu = page.locator("#gpu")
     assert gpu.count() == 1 and "GPU 0 active" in gpu.inner_text() and f"{n:,} kernels" in gpu.inner_text()
     order = p.js("[...document.querySelectorAll('section')].map(s => s.id)")
-    assert order == ["verdict", "summary", "steps", "system", "gpu", "timeline", "metadata"]
+    assert order == ["verdict", "rules", "summary", "steps", "dataloading", "system", "gpu", "timeline", "metadata"]
     page.evaluate("window.stepscopeDrawPlots()")
     page.wait_for_function("document.querySelectorAll('#gpu div.plot .main-svg').length >= 5")
     assert _ink(gpu.screenshot()) > 0.02

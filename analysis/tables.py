@@ -11,12 +11,14 @@ GPU tables (kernels, memcpy, memset, sync, cuda_api) are in ``gpu.py``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
 from stepscope.core.vocabulary import END_MARK, OTHER, PHASES
 
-STEP_COLUMNS = ["process", "pid", "rank", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
+STEP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
 PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
                  "exclusive_ns"]
 from stepscope.analysis.gpu import KERNEL_COLUMNS  # noqa: F401,E402 - the kernels table's columns
@@ -32,32 +34,41 @@ def _rows_of(events: pd.DataFrame, category: str, kind: str) -> np.ndarray:
 
 
 def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
-    """Step rows from the step marks: each step runs to the next mark of its process."""
+    """Step rows from the step marks. Steps belong to the thread whose loop marked
+    them (SPEC §3): each runs to the next mark of its process and thread, the last
+    one to the process's last event. An end mark with an argument was written for
+    another thread's loop (at session end): the argument is that thread."""
     rows = _rows_of(events, "step", "instant")
     if not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:8]})
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]})
     all_codes = events["process"].cat.codes.to_numpy()
     all_ends = events["end_ns"].to_numpy()
+    names = events["name"].iloc[rows].cat.remove_unused_categories()
+    is_end = (names == END_MARK).to_numpy()
+    arg = events["arg"].to_numpy()[rows]
+    thread = np.where(is_end & (arg > 0), arg, events["tid"].to_numpy()[rows]).astype(np.int64)
     proc = all_codes[rows]
     start = events["start_ns"].to_numpy()[rows]
-    if not (np.all(proc[1:] >= proc[:-1]) and np.all((proc[1:] != proc[:-1]) | (start[1:] >= start[:-1]))):
-        order = np.lexsort((start, proc))  # the events table is ordered like this already
-        rows, proc, start = rows[order], proc[order], start[order]
-    # A step runs to the next mark of its process; the last one to the process's last event.
+    order = np.lexsort((start, thread, proc))
+    if not np.all(order == np.arange(len(order))):
+        rows, proc, start, thread, is_end = rows[order], proc[order], start[order], thread[order], is_end[order]
+        names = names.iloc[order]
     end = np.empty_like(start)
     end[:-1] = start[1:]
-    last = np.flatnonzero(np.append(proc[1:] != proc[:-1], True))
-    for i in last:
-        end[i] = all_ends[all_codes == proc[i]].max()
-    names = events["name"].iloc[rows].cat.remove_unused_categories()
-    keep = (names != END_MARK).to_numpy()
+    last = np.flatnonzero(np.append((proc[1:] != proc[:-1]) | (thread[1:] != thread[:-1]), True))
+    for code in np.unique(proc[last]):
+        end[last[proc[last] == code]] = all_ends[all_codes == code].max()
+    keep = ~is_end
     steps = pd.DataFrame({
         "process": pd.Categorical.from_codes(proc[keep], events["process"].cat.categories),
         "pid": events["pid"].to_numpy()[rows[keep]],
         "rank": events["rank"].array[rows[keep]].astype("Int64"),
+        "tid": thread[keep],
         "mode": names[keep].cat.remove_unused_categories().array,
         "step": events["arg"].to_numpy()[rows[keep]],
         "start_ns": start[keep], "end_ns": end[keep]})
+    if steps["tid"].groupby(steps["process"], observed=True).nunique().max() > 1:
+        steps = steps.sort_values(["process", "start_ns"], kind="stable", ignore_index=True)
     steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
     return steps
 
@@ -88,13 +99,31 @@ def exclusive_durations(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> 
     return out
 
 
-def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray, out: np.ndarray) -> None:
+def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray, out: np.ndarray,
+               tids: Optional[np.ndarray] = None) -> None:
     """Writes into ``out`` the row labels of the steps (of one process) that contain each
-    start time, or -1. In place: on large runs every temporary here is tens of MB."""
+    start time, or -1. In place: on large runs every temporary here is tens of MB.
+    ``tids``: the threads of the starts; where the process ran loops in several threads
+    at once, a span on one of those threads belongs to that thread's steps."""
     mine = np.flatnonzero((steps["process"] == process).to_numpy())
     if not len(mine):
         out[:] = -1
         return
+    threads = np.unique(steps["tid"].to_numpy()[mine])
+    if tids is not None and len(threads) > 1:
+        _attribute_among(steps, mine, starts, out)  # spans on other threads: by time alone
+        step_tid = steps["tid"].to_numpy()[mine]
+        for t in threads:
+            on_t = np.flatnonzero(tids == t)
+            if len(on_t):
+                sub = np.empty(len(on_t), dtype=out.dtype)
+                _attribute_among(steps, mine[step_tid == t], starts[on_t], sub)
+                out[on_t] = sub
+        return
+    _attribute_among(steps, mine, starts, out)
+
+
+def _attribute_among(steps: pd.DataFrame, mine: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
     s_start = steps["start_ns"].to_numpy()[mine]
     order = np.argsort(s_start, kind="stable")  # sorted already: a cheap pass
     s_start, s_end, labels = s_start[order], steps["end_ns"].to_numpy()[mine][order], steps.index.to_numpy()[mine][order]
@@ -133,7 +162,7 @@ def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
     excl = col["duration_ns"].copy()
     for code, mine in _process_blocks(processes.cat.codes.to_numpy()):
         start, end, tid = col["start_ns"][mine], col["end_ns"][mine], col["tid"][mine]
-        _attribute(steps, processes.cat.categories[code], start, labels[mine])
+        _attribute(steps, processes.cat.categories[code], start, labels[mine], tid)
         counted = np.isin(codes[mine], counted_codes)
         if counted.all():  # the usual case: views, no copies
             excl[mine] = exclusive_durations(start, end, tid)

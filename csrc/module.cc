@@ -400,8 +400,10 @@ NB_MODULE(_native, m) {
     return begin_step(uint32_t(id), at);
   }, nb::arg("mode"), nb::arg("at") = 0,
      "Marks the start of a new step of `mode` at tick `at` (0: now); returns its number.");
-  m.def("end_step", [](uint64_t at) { end_step(at); }, nb::arg("at") = 0,
-        "Marks the end of the current step at tick `at` (0: now).");
+  m.def("end_step", [](uint64_t at, uint64_t thread) { thread ? end_step_of_thread(thread, at) : end_step(at); },
+        nb::arg("at") = 0, nb::arg("thread") = 0,
+        "Marks the end of the calling thread's step at tick `at` (0: now); `thread`: end the "
+        "step of that thread's loop instead (its native id), from another thread.");
   m.def("current_step", [] { return g_step.load(); });
   m.def("open", [](const std::string& path, const std::string& header_json, int flush_ms,
                    size_t buffer_bytes) {

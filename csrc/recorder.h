@@ -110,7 +110,10 @@ int32_t begin_step(uint32_t mode_name, uint64_t at = 0);
 // Called at every step start (mode, number) when set: CUPTI's STEPSCOPE_STEPS window.
 using StepHook = void (*)(uint32_t mode_name, int32_t step);
 extern std::atomic<StepHook> g_step_hook;
-void end_step(uint64_t at = 0);
+void end_step(uint64_t at = 0);  // ends the calling thread's open step, if any
+// Ends the step of another thread's loop (`tid`: its OS thread id), at session end;
+// the mark carries the thread in its argument.
+void end_step_of_thread(uint64_t tid, uint64_t at);
 
 // Session control (the writer). Returns an empty string on success, else the reason.
 struct WriterOptions {

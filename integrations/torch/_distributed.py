@@ -1,0 +1,40 @@
+"""torch.distributed: the rank and world size a process joins with."""
+
+from __future__ import annotations
+
+import sys
+
+from stepscope.core import runinfo
+
+
+def patch_init_process_group(inst, torch) -> None:
+    """Remember the rank a process joins with: torch.multiprocessing.spawn's
+    children have no RANK in their environment, and scripts destroy the
+    group before they exit."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d
+
+    def wrap(original):
+        def init_process_group(*args, **kwargs):
+            result = original(*args, **kwargs)
+            try:
+                runinfo.note_rank(dist.get_rank(), dist.get_world_size())
+            except Exception:  # noqa: BLE001 - the rank is a nicety, the group is the user's
+                pass
+            return result
+
+        return init_process_group
+
+    wrapped = inst.patch(distributed_c10d, "init_process_group", wrap)
+    if wrapped is not None and getattr(dist, "init_process_group", None) is not wrapped:
+        inst.replace(dist, "init_process_group", wrapped)
+
+
+def distributed_rank():
+    """(rank, world size) of an initialised torch.distributed process group, or None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None

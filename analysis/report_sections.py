@@ -126,7 +126,7 @@ def loader_workers(run) -> pd.DataFrame:
     system, procs = run.system, run.processes
     nodes = sorted(set(system["node"].dropna().astype(str))) if len(system) else []
     steps = run.steps
-    trainers = set(steps["process"].astype(str)) if len(steps) else set()
+    trainers = {str(q) for q in steps["process"].unique()} if len(steps) else set()  # not 1 M strings
     rows = []
     for node in nodes:
         s = system[system["node"].astype(str) == node]
@@ -151,10 +151,12 @@ def getnext_stats(run) -> pd.DataFrame:
     cols = ["process", "count", "p50", "p95", "p99", "max"]
     if g.empty:
         return pd.DataFrame(columns=cols)
-    ms = (g["duration_ns"] / 1e6).groupby(g["process"].astype(str))
+    ms = (g["duration_ns"] / 1e6).groupby(g["process"], observed=True)
     q = ms.quantile(list(QUANTILES)).unstack()
     q.columns = ["p50", "p95", "p99"]
-    return pd.concat([ms.size().rename("count"), q, ms.max().rename("max")], axis=1).reset_index(names="process")[cols]
+    out = pd.concat([ms.size().rename("count"), q, ms.max().rename("max")], axis=1).reset_index(names="process")
+    out["process"] = out["process"].astype(str)
+    return out.sort_values("process", kind="stable")[cols].reset_index(drop=True)
 
 
 def _names_containing(column: pd.Series, text: str) -> pd.Series:

@@ -64,17 +64,25 @@ def write_run(path, name, steps, annotations):
 
 def write_gpu_run(path, name, steps, kernels):
     """A launch-heavy GPU job's shape without a GPU (the records CUPTI's decoder writes): per step
-    a Forward phase launching `kernels` kernels (a runtime call and a kernel each, 1 us apart)."""
+    a Forward phase launching `kernels` kernels (a runtime call and a kernel each, 1 us apart),
+    and an NVML reading of GPU 0 (utilization, memory)."""
     import threading
 
     import stepscope
     from stepscope.core import gpu_records as rec
 
+    from stepscope.core import _native
+
     run = stepscope.start(dir=path, name=name, buffer_mb=512, interval_ms=100, gpu="off")
     thread = threading.get_native_id()
+    system, gib = stepscope.CATEGORIES.index("system"), float(1 << 30)
+    nvml = [_native.intern(f"gpu.{m}|gpu0") for m in ("util", "mem_used", "mem_total")]
     corr = 0
-    for _ in range(steps):
+    for s in range(steps):
         stepscope.step()
+        at = _native.now()  # one NVML reading a step, as the sampler writes them (for the GPU box plots)
+        for name_id, v in zip(nvml, (60.0 + s % 40, (20 + s % 7) * gib, 80 * gib)):
+            _native.counter(system, name_id, v, None, at)
         with stepscope.phase("Forward"):
             t0 = time.monotonic_ns()
             for k in range(kernels):

@@ -39,6 +39,7 @@ def summarize(run, params=None) -> dict:
     out["loop_notes"] = run_loop_notes(r)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
+    out["related_findings"] = rules.get("related_findings", [])  # explained by a finding above
     out["rules_not_applicable"] = rules["not_applicable"]
     out["rules_params"] = rules.get("params", {})  # each rule's parameters as used
     out["rule_details"] = rules.get("details", {})
@@ -74,8 +75,11 @@ def format_text(s: dict) -> str:
         lines.append("findings:")
         for f in s["findings"]:
             level = "" if f.get("severity", "warning") == "warning" else f" ({f['severity']})"
-            lines.append(f"  [{f['rule']}]{level} {f['message']}")
+            cost = f" (about {f['cost_ms_per_step']:.2f} ms per step)" if f.get("cost_ms_per_step") else ""
+            lines.append(f"  [{f['rule']}]{level} {f['message']}{cost}")
             lines.append(f"      -> {f['recommendation']}")
+            for e in f.get("explains", []):
+                lines.append(f"      (also {e['rule']}, because of this: {e['why']})")
     else:
         lines.append("findings: no problems found")
     return "\n".join(lines)

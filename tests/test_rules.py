@@ -49,14 +49,20 @@ def test_clean_job_triggers_nothing(tmp_path):
 
 def test_slow_dataset_is_input_bound(tmp_path):
     s = run_job(tmp_path, "slowdata")
-    # Dataloader: no workers on this machine's cores while the loop waits for data (Debugger's rule)
-    assert fired(s) == ["Dataloader", "GetNextBottleneck"], s["findings"]
-    (d,) = [f for f in s["findings"] if f["rule"] == "Dataloader"]
-    assert d["evidence"]["workers"] == 0 and d["evidence"]["cores"] >= 1
-    (f,) = [f for f in s["findings"] if f["rule"] == "GetNextBottleneck"]
-    assert d["evidence"]["getnext_share"] == f["evidence"]["getnext_share"]  # one number per quantity
+    # one problem, one finding: the wait, costed per step
+    assert fired(s) == ["GetNextBottleneck"], s["findings"]
+    (f,) = s["findings"]
     assert f["evidence"]["getnext_share"] > 0.3
     assert "num_workers" in f["recommendation"]
+    g = s["phases"]["GetNext"]
+    assert f["cost_ms_per_step"] == f["evidence"]["getnext_ms_mean"] == pytest.approx(g["total_ms"] / g["count"],
+                                                                                       abs=0.001)
+    # Dataloader (Debugger's rule: no workers on this machine's cores) names the cause of the same wait
+    (d,) = s["related_findings"]
+    assert d["rule"] == "Dataloader" and d["related_to"]["rule"] == "GetNextBottleneck"
+    assert d["evidence"]["workers"] == 0 and d["evidence"]["cores"] >= 1
+    assert d["evidence"]["getnext_share"] == f["evidence"]["getnext_share"]  # one number per quantity
+    assert [e["rule"] for e in f["explains"]] == ["Dataloader"]
 
 
 def test_periodic_stall_names_the_steps_and_other(tmp_path):

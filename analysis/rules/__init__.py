@@ -35,6 +35,7 @@ from stepscope.analysis.rules.outlier import StepOutlier
 from stepscope.analysis.rules.overall import OverallFrameworkMetrics, OverallSystemUsage, ProfilerReport
 from stepscope.analysis.rules.params import ParamError, parse_params
 from stepscope.analysis.rules.registry import RuleLoadError, load_spec, register
+from stepscope.analysis.rules.relate import relate
 
 RULES: List[Rule] = [GetNextBottleneck(), StepOutlier(), HostMemoryIncrease(), MaxInitializationTime(),
                      LoadBalancing(), LowGPUUtilization(), CPUBottleneck(), IOBottleneck(), BatchSize(),
@@ -45,9 +46,10 @@ registry.set_builtin(RULES)
 
 
 def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> dict:
-    """Runs every applicable rule (built-in and custom). Returns findings, not_applicable
-    reasons, the parameters used, rules' details, Debugger parameter translations and
-    warnings (a custom rule that failed)."""
+    """Runs every applicable rule (built-in and custom). Returns findings (one per problem),
+    related_findings (those another finding explains, each with ``related_to``: relate.py),
+    not_applicable reasons, the parameters used, rules' details, Debugger parameter
+    translations and warnings (a custom rule that failed)."""
     overrides, translations = debugger.translate(run, overrides or {})
     findings: List[Finding] = []
     skipped, used, details, counts = {}, {}, {}, {}
@@ -81,8 +83,10 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
         counts[rule.name] = len(found)
         if d:
             details[rule.name] = d
-    result = {"findings": [f.as_dict() for f in findings], "not_applicable": skipped, "params": used,
-              "details": details, "translations": translations, "warnings": warnings}
+    primary, related = relate(run, findings, used)
+    result = {"findings": [f.as_dict() for f in primary], "related_findings": [f.as_dict() for f in related],
+              "not_applicable": skipped, "params": used, "details": details, "translations": translations,
+              "warnings": warnings}
     if ProfilerReport.name in used and ProfilerReport.name not in skipped:
         details[ProfilerReport.name] = ProfilerReport.table(result, counts)
     return result

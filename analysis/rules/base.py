@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional, Tuple, Union
 
 import pandas as pd
@@ -56,11 +56,24 @@ class Finding:
     recommendation: str
     evidence: dict = field(default_factory=dict)
     rank: Optional[int] = None
+    # Estimated time the problem costs, per train step averaged over the steps judged (None when it
+    # is not a time per step: memory growth, initialization). Findings are compared by it (relate.py).
+    cost_ms_per_step: Optional[float] = None
+    # Set by relate.py: on a secondary finding, the primary that explains it ({rule, rank, why});
+    # on a primary, the secondaries folded under it.
+    related_to: Optional[dict] = None
+    explains: List[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        return {"rule": d["rule"], "rank": d["rank"], "severity": d["severity"], "message": d["message"],
-                "recommendation": d["recommendation"], "evidence": d["evidence"]}
+        cost = self.cost_ms_per_step
+        d = {"rule": self.rule, "rank": self.rank, "severity": self.severity, "message": self.message,
+             "recommendation": self.recommendation, "evidence": self.evidence,
+             "cost_ms_per_step": None if cost is None or cost != cost else round(float(cost), 3)}
+        if self.related_to is not None:
+            d["related_to"] = dict(self.related_to)
+        else:
+            d["explains"] = [dict(e) for e in self.explains]
+        return d
 
 
 class Rule:

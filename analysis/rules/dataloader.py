@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.quantities import phase_share
+from stepscope.analysis.quantities import ms, phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import node_of
@@ -86,6 +86,7 @@ class Dataloader(Rule):
             yield process, rank, {
                 "process": str(process), "node": node, "cores": cores[node], "workers": workers.get(process, 0),
                 "getnext_share": phase_share(s, GETNEXT),  # the summary's figure
+                "getnext_ms_mean": ms(s[GETNEXT].mean()),
                 "getnext_ms": {"p50": round(float(np.median(getnext)), 3),
                                "p95": round(float(np.percentile(getnext, 95)), 3),
                                "max": round(float(getnext.max()), 3)},
@@ -104,14 +105,16 @@ class Dataloader(Rule):
             if n > cores * p["max_cores_percent"] / 100:
                 message = (f"{who} runs {n} data-loader workers on {cores} cores, more than "
                            f"{p['max_cores_percent']:g}% of them: they compete for the CPU")
+                cost = None  # competing workers slow everything a little: no one figure per step
                 fix = ("Lower num_workers to about the number of cores left after the training process's own "
                        "threads (and divide them among the ranks of a node).")
             elif n < cores * p["min_cores_percent"] / 100 and share >= p["min_getnext_share"]:
                 message = (f"{who} waits for data {100 * share:.0f}% of train step time with {n} data-loader "
                            f"workers on {cores} cores (fewer than {p['min_cores_percent']:g}% of them)")
                 fix = advice("feed", framework_of(run))
+                cost = row["getnext_ms_mean"]  # the wait more workers would remove
             else:
                 continue
             out.append(Finding(rule=self.name, rank=clean_rank(rank), severity="warning", message=message,
-                               recommendation=fix, evidence=row))
+                               recommendation=fix, evidence=row, cost_ms_per_step=cost))
         return out

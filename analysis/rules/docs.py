@@ -5,6 +5,7 @@ from __future__ import annotations
 from stepscope.analysis.loop import loop_markdown
 from stepscope.analysis.rules.debugger import translation_markdown
 from stepscope.analysis.rules.extending import extending_markdown
+from stepscope.analysis.rules.relate import related_markdown
 
 
 def rules_markdown() -> str:
@@ -67,6 +68,7 @@ def rules_markdown() -> str:
               "summed rate of that host's growing ranks (HostMemoryIncrease), or the GPU's total minus its used "
               "memory (GPUMemoryIncrease). No other rule compares the start of a run with its end: the others "
               "leave out their first `warmup_steps` and judge every later step alike.", "",
+              *related_markdown(),
               *translation_markdown(),
               *extending_markdown(),
               *loop_markdown(),

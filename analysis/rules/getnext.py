@@ -73,5 +73,5 @@ class GetNextBottleneck(Rule):
                 message=(f"{rank_label(rank, process)} is input-bound: {percent(share)} of train step time "
                          f"waits for the next batch (GetNext {getnext_ms:.1f} ms of a "
                          f"{stats['mean_ms']:.1f} ms step on average)"),
-                recommendation=recommendation, evidence=evidence))
+                recommendation=recommendation, evidence=evidence, cost_ms_per_step=getnext_ms))
         return out

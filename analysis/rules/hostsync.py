@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from stepscope.analysis.rules.advice import advice, framework_of, sync_culprit
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import no_gpu_reason, train_steps
@@ -17,6 +20,12 @@ class HostSyncStall(Rule):
         "min_step_share": Param(0.8, "ratio", "...with synchronizations in at least this share of the steps "
                                               "(every step, not an occasional checkpoint or evaluation)"),
         "warmup_steps": Param(2, "steps", "first train steps of each process left out"),
+        "related_below": Param(0.05, "ratio", "what a synchronization costs is the time the GPU then idles "
+                                              "until the host launches its next kernel (while the host waits, "
+                                              "the GPU is busy); below this share of the step time, and with "
+                                              "another finding on the same rank, the finding is listed as "
+                                              "related to that one, not on its own (a deliberate per-step "
+                                              ".item() in a job with another problem)"),
     }
 
     def not_applicable(self, run):
@@ -49,12 +58,14 @@ class HostSyncStall(Rule):
                             & copies["step"].isin(set(s["step"])) & (copies["phase"] == phase)]
             dtoh = copies[copies["kind"] == "DtoH"]
             framework = framework or framework_of(run)
+            drain_ms = _drain_ns(y, run.kernels[run.kernels["process"] == process]) / len(s) / 1e6
             culprit = sync_culprit(framework, phase)
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)} blocks on the GPU every step: {100 * share:.0f}% of train "
                          f"step time is spent in synchronizations ({y['step'].nunique()} of {len(s)} steps, "
-                         f"{per_step.mean() / 1e6:.1f} ms per step), mostly {api} in {phase}"),
+                         f"{per_step.mean() / 1e6:.1f} ms per step), mostly {api} in {phase}; the GPU then idles "
+                         f"{drain_ms:.2f} ms per step until the next kernel is launched"),
                 recommendation=f"In {phase}, look for {culprit}. {advice('sync', framework)}",
                 evidence={"process": str(process), "framework": framework, "steps": int(len(s)),
                           "steps_with_sync": int(y["step"].nunique()),
@@ -65,5 +76,23 @@ class HostSyncStall(Rule):
                           "sync_ms_by_api": {str(k): round(v / 1e6, 3) for k, v in by_api.items()},
                           "kinds": {str(k): int(v) for k, v in y["kind"].value_counts().items()},
                           "dtoh_copies_in_phase_per_step": round(len(dtoh) / len(s), 2),
-                          "worst_steps": [{"step": int(st), "sync_ms": round(v / 1e6, 3)} for st, v in worst.items()]}))
+                          "gpu_idle_after_sync_ms_per_step": round(drain_ms, 3),
+                          "step_ms_mean": round(total / len(s) / 1e6, 3),
+                          "worst_steps": [{"step": int(st), "sync_ms": round(v / 1e6, 3)} for st, v in worst.items()]},
+                cost_ms_per_step=drain_ms))
         return out
+
+
+def _drain_ns(sync: pd.DataFrame, kernels: pd.DataFrame) -> float:
+    """GPU time lost to the synchronizations: from each sync's end (the GPU has drained) to the
+    start of the next kernel; syncs with no kernel between them share one gap."""
+    if sync.empty or kernels.empty:
+        return 0.0
+    starts = np.sort(kernels["start_ns"].to_numpy(dtype=np.int64))
+    ends = sync["end_ns"].to_numpy(dtype=np.int64)
+    nxt = np.searchsorted(starts, ends, side="left")
+    keep = nxt < len(starts)
+    if not keep.any():
+        return 0.0
+    first_end = pd.Series(ends[keep]).groupby(nxt[keep]).min()
+    return float(np.clip(starts[first_end.index.to_numpy()] - first_end.to_numpy(), 0, None).sum())

@@ -88,7 +88,8 @@ class KernelLaunchBound(Rule):
                           "launch_latency_us_median": round(float(latency.median()) / 1e3, 2) if len(latency) else None,
                           "step_ms_mean": round(step_ns / len(s) / 1e6, 3),
                           "launch_gap_ms_per_step_by_phase": by_phase,
-                          "most_launched": {str(n): int(c) for n, c in top.items()}}))
+                          "most_launched": {str(n): int(c) for n, c in top.items()}},
+                cost_ms_per_step=launch_ns / len(s) / 1e6))
         return out
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis.rules.base import Finding, Param, clean_rank
-from stepscope.analysis.rules.utilization import LowGPUCause
+from stepscope.analysis.rules.gpudata import node_of, train_steps
+from stepscope.analysis.rules.utilization import LowGPUCause, idle_ms_per_step
 from stepscope.analysis.rules.windows import COMMON, loop_windows
 
 MIN_SAMPLES = 10  # fewer NVML samples in a window make its p5 and p95 the same few readings
@@ -67,6 +68,9 @@ class LowGPUUtilization(LowGPUCause):
             rank = clean_rank(g["rank"].iloc[0])
             p5 = float(np.median([s["p5"] for s in swinging]))
             p95 = float(np.median([s["p95"] for s in swinging]))
+            mean = float(np.average([s["mean"] for s in swinging], weights=[s["seconds"] for s in swinging]))
+            steps = train_steps(run, p["warmup_steps"])
+            steps = steps[steps["process"].map(node_of(run)) == node]
             out.append(Finding(
                 rule=self.name, rank=rank, severity="warning",
                 message=(f"{gpu} on {node} swings between busy and idle: utilization p95 {p95:.0f}% and p5 "
@@ -79,5 +83,6 @@ class LowGPUUtilization(LowGPUCause):
                           "share_of_loop": round(share, 3), "window_s": p["window_s"],
                           "thresholds": {"fluctuation_p95": p["fluctuation_p95"],
                                          "fluctuation_p5": p["fluctuation_p5"]},
-                          "windows": swinging[:20]}))
+                          "windows": swinging[:20]},
+                cost_ms_per_step=idle_ms_per_step(share, mean, steps)))
         return out

@@ -70,5 +70,6 @@ class StepOutlier(Rule):
                                 "recompilation. Make periodic work asynchronous or less frequent."),
                 evidence={"process": str(process), "mode": mode, "median_ms": round(med / 1e6, 3),
                           "robust_sigma_ms": round(sigma / 1e6, 3), "steps_judged": int(len(s)),
-                          "outliers": rows[:50], "mostly": main}))
+                          "outliers": rows[:50], "mostly": main},
+                cost_ms_per_step=float((bad["duration_ns"] - med).sum()) / len(s) / 1e6))
         return out

@@ -64,6 +64,7 @@ class LowGPUCause(Rule):
             where = f"{gpu} on {node}"
             message, recommendation = self.describe(where, share, m, p, framework)
             rank = clean_rank(g["rank"].iloc[0])
+            cost = idle_ms_per_step(share, m["gpu_util"], steps[steps["node"] == node])
             out.append(Finding(
                 rule=self.name, rank=rank, severity="warning", message=message, recommendation=recommendation,
                 evidence={"node": node, "gpu": gpu, "rank": rank, "share_of_loop": round(share, 3),
@@ -71,5 +72,14 @@ class LowGPUCause(Rule):
                           "windows_judged": int(len(measured)), "framework": framework,
                           "means": {k: round(v, 1) for k, v in m.items()},
                           "thresholds": {k: thresholds[k] for k in thresholds},
-                          "low_windows": window_evidence(mine, steps)}))
+                          "low_windows": window_evidence(mine, steps)},
+                cost_ms_per_step=cost))
         return out
+
+
+def idle_ms_per_step(share: float, gpu_util: float, steps) -> float:
+    """What a GPU's low windows cost: the time it idles in them, per train step of the loop
+    (their share of the loop x the idle share of their time x the mean step)."""
+    if not len(steps):
+        return float("nan")
+    return share * (1 - gpu_util / 100) * float(steps["duration_ns"].mean()) / 1e6

@@ -1,0 +1,131 @@
+"""One problem, one finding (relate.py): a finding another one explains is listed under it, each
+finding costs ms per step, and two independent problems stay two findings. GPU-shaped runs are
+synthetic (test_gpu_rules.SimGPU on a real session's clock)."""
+
+import time
+
+import pytest
+
+import stepscope
+from test_gpu_rules import GiB, QUIET_HOST, SimGPU, judge, launch_bound, record, spin, well_fed
+
+
+def rules(findings):
+    return sorted(f["rule"] for f in findings)
+
+
+def primary(result, rule):
+    (f,) = [f for f in result["findings"] if f["rule"] == rule]
+    return f
+
+
+def test_launch_bound_job_keeps_the_busy_launching_thread_under_kernel_launch_bound(tmp_path):
+    # the training process at 100% of a core (it launches kernels all the time), the other cores idle
+    run, _ = record(tmp_path, "launch", 30, launch_bound, lambda s: dict(cores_busy=20.0, process=100.0),
+                    [SimGPU()])
+    result = judge(run)
+    assert rules(result["findings"]) == ["KernelLaunchBound"], result["findings"]
+    (cpu,) = result["related_findings"]
+    assert cpu["rule"] == "CPUBottleneck" and cpu["related_to"]["rule"] == "KernelLaunchBound"
+    assert "launches the kernels" in cpu["related_to"]["why"]
+    f = primary(result, "KernelLaunchBound")
+    assert [e["rule"] for e in f["explains"]] == ["CPUBottleneck"]
+    step = f["evidence"]["step_ms_mean"]
+    assert 0.5 * step < f["cost_ms_per_step"] < step  # most of the step waits for launches
+    assert cpu["cost_ms_per_step"] > 0
+
+
+def test_launch_bound_job_on_a_saturated_host_has_two_problems(tmp_path):
+    # every core busy: launching keeps one thread busy, not the whole host, so CPUBottleneck is its own problem
+    run, _ = record(tmp_path, "launch-busy", 30, launch_bound, lambda s: dict(cores_busy=97.0, process=100.0),
+                    [SimGPU()])
+    result = judge(run)
+    assert rules(result["findings"]) == ["CPUBottleneck", "KernelLaunchBound"], result["findings"]
+    assert result["related_findings"] == []
+    assert all(f["explains"] == [] and f["cost_ms_per_step"] > 0 for f in result["findings"])
+
+
+def slow_loader(i, gpus):
+    """No loader workers: the training process decodes each batch itself in GetNext."""
+    (g,) = gpus
+    with stepscope.phase("GetNext"):
+        spin(6000)
+    with stepscope.phase("Forward"):
+        g.launch("ampere_sgemm_128x64_tn", 1000)
+    with stepscope.phase("Backward"):
+        g.launch("ampere_sgemm_128x64_nt", 1000)
+
+
+def test_slow_loader_job_is_one_get_next_finding(tmp_path):
+    run, _ = record(tmp_path, "loader", 30, slow_loader, lambda s: dict(cores_busy=20.0, process=100.0),
+                    [SimGPU()])
+    result = judge(run)
+    assert rules(result["findings"]) == ["GetNextBottleneck"], result["findings"]
+    assert rules(result["related_findings"]) == ["CPUBottleneck", "Dataloader"]
+    assert all(r["related_to"]["rule"] == "GetNextBottleneck" for r in result["related_findings"])
+    f = primary(result, "GetNextBottleneck")
+    assert f["cost_ms_per_step"] == f["evidence"]["getnext_ms_mean"] and f["cost_ms_per_step"] >= 6
+    assert sorted(e["rule"] for e in f["explains"]) == ["CPUBottleneck", "Dataloader"]
+
+
+def syncing_loop(work_after_sync_us):
+    """well_fed with loss.item() after the loss, then `work_after_sync_us` of host work before backward."""
+
+    def body(i, gpus):
+        (g,) = gpus
+        with stepscope.phase("GetNext"):
+            spin(200)
+        with stepscope.phase("Forward"):
+            for _ in range(3):
+                g.launch("ampere_sgemm_128x64_tn", 1500)
+        with stepscope.phase("Loss"):
+            g.launch("nll_loss_forward_reduce_cuda_kernel_2d", 300)
+            g.item()
+            spin(work_after_sync_us)
+        with stepscope.phase("Backward"):
+            for _ in range(4):
+                g.launch("ampere_sgemm_128x64_nt", 1500)
+        with stepscope.phase("Optimizer"):
+            g.launch("multi_tensor_apply_kernel", 500)
+
+    return body
+
+
+def leaking(t, frac):
+    return int((10 + 20 * frac) * GiB) + (t // 20_000_000 % 5) * (50 << 20)
+
+
+def test_leak_with_a_deliberate_sync_is_one_memory_finding(tmp_path):
+    run, _ = record(tmp_path, "leak-sync", 40, syncing_loop(0), lambda s: QUIET_HOST, [SimGPU()],
+                    memory_at=leaking)
+    result = judge(run)
+    assert rules(result["findings"]) == ["GPUMemoryIncrease"], result["findings"]
+    (sync,) = result["related_findings"]
+    assert sync["rule"] == "HostSyncStall" and sync["related_to"]["rule"] == "GPUMemoryIncrease"
+    assert sync["cost_ms_per_step"] < 0.05 * sync["evidence"]["step_ms_mean"]
+    assert primary(result, "GPUMemoryIncrease")["cost_ms_per_step"] is None  # memory, not time
+    # alone, the same sync is still a finding of its own
+    alone = judge(run, {"GPUMemoryIncrease": {"min_increase_percent": 90}})
+    assert rules(alone["findings"]) == ["HostSyncStall"] and alone["related_findings"] == []
+
+
+def test_leak_and_a_costly_sync_are_two_problems(tmp_path):
+    # after each .item() the host works 4 ms before it launches backward: the GPU idles that long
+    run, _ = record(tmp_path, "leak-stall", 40, syncing_loop(4000), lambda s: QUIET_HOST, [SimGPU()],
+                    memory_at=leaking)
+    result = judge(run)
+    assert rules(result["findings"]) == ["GPUMemoryIncrease", "HostSyncStall"], result["findings"]
+    assert result["related_findings"] == []
+    assert primary(result, "HostSyncStall")["cost_ms_per_step"] == pytest.approx(4, abs=1.5)
+
+
+def test_summary_text_names_the_related_finding(tmp_path):
+    from stepscope.analysis.summary import format_text, summarize
+
+    run, _ = record(tmp_path, "loader-text", 30, slow_loader, lambda s: dict(cores_busy=20.0, process=100.0),
+                    [SimGPU()])
+    s = summarize(run, {"StepOutlier": {"min_excess_s": 1.0}})
+    assert rules(s["related_findings"]) == ["CPUBottleneck", "Dataloader"]
+    text = format_text(s)
+    assert text.count("[GetNextBottleneck]") == 1 and "[CPUBottleneck]" not in text
+    assert "ms per step" in text and "(also CPUBottleneck, because of this:" in text

@@ -23,6 +23,7 @@ from typing import List
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.reader import wall_offset
 from stepscope.core import _native
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
@@ -69,8 +70,7 @@ def raw_frame(procs) -> pd.DataFrame:
         if g is None or len(g["type"]) == 0:
             continue
         n = len(g["type"])
-        clock = p.meta.get("clock", {})
-        offset = int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
+        offset = wall_offset(p.meta)
         names = list(c["names"])
         ids = g["name"].astype(np.int64)
         if int(ids.max()) >= len(names):  # a names chunk lost to damage

@@ -123,6 +123,14 @@ def read_processes(run_path: str) -> List[ProcessTrace]:
     return out
 
 
+def wall_offset(meta: dict) -> int:
+    """What turns a process's CLOCK_MONOTONIC ns into wall-clock (epoch) ns: its anchor,
+    plus the correction to the reference host's clock that ``stepscope merge`` wrote."""
+    clock = meta.get("clock") or {}
+    return (int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
+            + int(meta.get("clock_correction_ns") or 0))
+
+
 def _start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Order by start time, longer spans first where starts are equal (parents before
     children). Files are nearly in start order already, where a stable sort is fast."""
@@ -163,8 +171,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
         c = p.columns
         n = len(c["start"])
         here = slice(at, at + n)
-        clock = p.meta.get("clock", {})
-        offset = int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
+        offset = wall_offset(p.meta)
         np.add(c["start"], offset, out=c["start"])
         np.add(c["end"], offset, out=c["end"])
         order = _start_order(c["start"], c["end"])

@@ -111,8 +111,10 @@ def _summary_command(args) -> int:
 
     level = _fail_level(args)
     params = _rule_params(args)
-    with _run_errors():
-        s = summarize(args.run, params)
+    from stepscope.cli.merge import run_path
+
+    with _run_errors(), run_path(args.run, UsageError) as path:
+        s = summarize(path, params)
     print(json.dumps(s, indent=2) if args.json else format_text(s))
     failing = at_or_above(s["findings"], level) if level else []
     if failing:  # a CI gate: stdout stays the summary, the verdict goes to stderr
@@ -149,9 +151,13 @@ def _report_command(args) -> int:
         steps = parse_steps(args.steps) if args.steps else None
     except ValueError:
         raise UsageError(f"--steps {args.steps!r}: expected A-B or A-B,C (train step numbers)") from None
-    with _run_errors():
-        run = load(args.run, quiet=True)
-    print(write_report(run, args.output, params, steps))
+    from stepscope.cli.merge import run_path
+
+    with _run_errors(), run_path(args.run, UsageError) as path:
+        run = load(path, quiet=True)
+        # Several folders are merged into a temporary run: the report goes beside the caller.
+        output = args.output or (None if len(args.run) == 1 else os.path.abspath(f"{run.name}-report.html"))
+        print(write_report(run, output, params, steps))
     return 0
 
 
@@ -217,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_run_command)
 
     s = sub.add_parser("summary", help="a run's numbers and findings")
-    s.add_argument("run")
+    s.add_argument("run", nargs="+", help="a run folder or name; several: the per-node folders of one job, "
+                                          "merged on the fly (see stepscope merge)")
     s.add_argument("--json", action="store_true")
     _rule_options(s)
     s.add_argument("--fail-on", dest="fail_on", metavar="WARN|ERROR",
@@ -237,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_diff_command)
 
     rp = sub.add_parser("report", help="a self-contained HTML report")
-    rp.add_argument("run")
+    rp.add_argument("run", nargs="+", help="a run folder or name; several: per-node folders merged on the fly "
+                                           "(the report then defaults to ./<run>-report.html)")
     rp.add_argument("-o", "--output")
     _rule_options(rp)
     rp.add_argument("--steps", help="train steps to keep in full detail in the timeline, e.g. 100-120 "
@@ -250,7 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("-o", "--output")
     e.set_defaults(func=_export_command)
 
+    from stepscope.cli.merge import add_parser as add_merge
     from stepscope.cli.watch import add_parser as add_watch
+
+    add_merge(sub, UsageError)
 
     _rule_options(add_watch(sub, UsageError))
 

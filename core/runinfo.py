@@ -181,6 +181,20 @@ def update_json_locked(path: str, update) -> None:
         os.close(fd)  # releases the flock
 
 
+def record_process(run_json: str, host: str, rank: Optional[int], world_size: Optional[int]) -> None:
+    """A main process adds itself to run.json: its host, its rank, and the world size
+    (the process that created the run may have had none: a torchrun agent)."""
+    def update(info):
+        if world_size is not None and not info.get("world_size"):
+            info["world_size"] = world_size
+        if host not in info.setdefault("hosts", []):
+            info["hosts"].append(host)
+        if rank is not None and rank not in info.setdefault("ranks", []):
+            info["ranks"] = sorted(info["ranks"] + [rank])
+
+    update_json_locked(run_json, update)
+
+
 def clock_anchor() -> dict:
     """A (wall clock, monotonic clock) pair to align processes and hosts later."""
     best = None

@@ -170,6 +170,9 @@ class Session:
             found = runinfo.rank_from_providers()
             if found is not None:
                 meta["rank"], meta["world_size"] = found
+        if self.origin == "main" or meta.get("rank") is not None:
+            runinfo.record_process(os.path.join(self.run_dir, RUN_JSON), meta["host"], meta.get("rank"),
+                                   meta.get("world_size"))
         meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
                            if t.native_id is not None}
         meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "error")}
@@ -247,6 +250,8 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
     session = Session(config, run_dir, process_dir, created, origin, parent)
     meta = session._process_json()
     runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
+    if origin == "main":  # a rank killed before its end is still counted (world size, ranks)
+        runinfo.record_process(os.path.join(run_dir, RUN_JSON), meta["host"], meta["rank"], meta["world_size"])
     header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
                          "clock": meta["clock"]})
     err = _native.open(os.path.join(process_dir, TRACE_FILE), header,

@@ -70,6 +70,8 @@ RUN_JSON = "run.json"
 PROCESS_JSON = "process.json"
 #: The native core's events, in each process folder.
 TRACE_FILE = "trace.ssc"
+#: Clock offsets to the reference rank's host, in a rank's process folder (multi-node merge).
+CLOCK_JSON = "clock.json"
 #: Written by ``stepscope report`` into the run folder.
 REPORT_FILE = "report.html"
 #: The readers' Parquet cache of a finished run, in the run folder.

@@ -5,12 +5,15 @@ from __future__ import annotations
 import sys
 
 from stepscope.core import runinfo
+from stepscope.integrations.torch import _clocksync
 
 
 def patch_init_process_group(inst, torch) -> None:
     """Remember the rank a process joins with: torch.multiprocessing.spawn's
     children have no RANK in their environment, and scripts destroy the
-    group before they exit."""
+    group before they exit. Then, in the background, measure this host's clock
+    offset to rank 0's (``_clocksync``: through the rendezvous store, never a
+    collective on the user's communicator)."""
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available():
         return
@@ -20,7 +23,9 @@ def patch_init_process_group(inst, torch) -> None:
         def init_process_group(*args, **kwargs):
             result = original(*args, **kwargs)
             try:
-                runinfo.note_rank(dist.get_rank(), dist.get_world_size())
+                rank, world = dist.get_rank(), dist.get_world_size()
+                runinfo.note_rank(rank, world)
+                _clocksync.start(dist, rank, world)
             except Exception:  # noqa: BLE001 - the rank is a nicety, the group is the user's
                 pass
             return result

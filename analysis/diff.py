@@ -52,10 +52,18 @@ def diff(run_a, run_b, params=None, max_regression=None) -> dict:
     new = rules_b - rules_a
     return {"a": a["run"], "b": b["run"], "rows": rows,
             "findings": {"a": sorted(rules_a), "b": sorted(rules_b), "cleared": sorted(rules_a - rules_b),
-                         "new": sorted(new)},
+                         "new": sorted(new), "cost_ms_per_step": {r: [_cost(a, r), _cost(b, r)]
+                                                                  for r in sorted(rules_a | rules_b)}},
             "new_findings": [f for f in b["findings"] if f["rule"] in new],
             "regressions": regressions, "max_regression_percent": limit,
             "changed_most": [r["metric"] for r in movers[:3]]}
+
+
+def _cost(summary: dict, rule: str):
+    """A rule's findings' summed cost per step in one run (None: no finding, or not a time)."""
+    costs = [f.get("cost_ms_per_step") for f in summary["findings"] if f["rule"] == rule]
+    known = [c for c in costs if c is not None]
+    return round(sum(known), 3) if known else None
 
 
 def gate(d: dict, level: str) -> list:
@@ -79,6 +87,10 @@ def format_diff(d: dict) -> str:
         lines.append(f"{r['metric']:32} {fmt(r['a']):>22} {fmt(r['b']):>22} {change:>10}")
     f = d["findings"]
     lines.append(f"findings: {', '.join(f['a']) or 'none'} -> {', '.join(f['b']) or 'none'}")
+    for rule, (ca, cb) in f.get("cost_ms_per_step", {}).items():
+        if ca is not None or cb is not None:
+            lines.append(f"  {rule}: {'-' if ca is None else f'{ca:.2f}'} -> {'-' if cb is None else f'{cb:.2f}'} "
+                         "ms per step")
     if f["cleared"]:
         lines.append(f"cleared: {', '.join(f['cleared'])}")
     if f["new"]:

@@ -129,3 +129,46 @@ def test_summary_text_names_the_related_finding(tmp_path):
     text = format_text(s)
     assert text.count("[GetNextBottleneck]") == 1 and "[CPUBottleneck]" not in text
     assert "ms per step" in text and "(also CPUBottleneck, because of this:" in text
+
+
+def test_diff_shows_each_problem_once_with_its_cost(tmp_path):
+    from stepscope.analysis.diff import diff, format_diff
+
+    _, loader = record(tmp_path, "loader-a", 30, slow_loader, lambda s: dict(cores_busy=20.0, process=100.0),
+                       [SimGPU()])
+    _, launch = record(tmp_path, "launch-b", 30, launch_bound, lambda s: dict(cores_busy=20.0, process=100.0),
+                       [SimGPU()])
+    d = diff(loader, launch, {"StepOutlier": {"min_excess_s": 1.0}})
+    f = d["findings"]
+    assert f["a"] == ["GetNextBottleneck"] and f["b"] == ["KernelLaunchBound"], f
+    assert f["cleared"] == ["GetNextBottleneck"] and f["new"] == ["KernelLaunchBound"]
+    (ga, gb), (ka, kb) = f["cost_ms_per_step"]["GetNextBottleneck"], f["cost_ms_per_step"]["KernelLaunchBound"]
+    assert ga >= 6 and gb is None and ka is None and kb > 1
+    assert "KernelLaunchBound: - -> " in format_diff(d)
+
+
+def loader_then_cpu(i, gpus):
+    """A slow loader for the first half of the run, then Python work inside the model."""
+    if i < 24:
+        return slow_loader(i, gpus)
+    (g,) = gpus
+    with stepscope.phase("GetNext"):
+        spin(100)
+    with stepscope.phase("Forward"):
+        spin(8000)
+        g.launch("ampere_sgemm_128x64_tn", 600)
+    with stepscope.phase("Backward"):
+        g.launch("ampere_sgemm_128x64_nt", 600)
+
+
+def test_a_loader_and_a_later_cpu_problem_are_two_findings(tmp_path):
+    # the host is quiet while the loader waits (on the network, say), then every core is busy
+    run, _ = record(tmp_path, "halves", 48, loader_then_cpu,
+                    lambda s: QUIET_HOST if s < 24 else dict(cores_busy=97.0, process=100.0), [SimGPU()])
+    windows = {r: {"window_s": 0.05} for r in ("CPUBottleneck", "BatchSize", "LowGPUUtilization", "IOBottleneck")}
+    result = judge(run, windows)
+    assert rules(result["findings"]) == ["CPUBottleneck", "GetNextBottleneck"], result["findings"]
+    assert primary(result, "CPUBottleneck")["explains"] == []
+    # the GPU's idle windows of the first half are the loader's: BatchSize rides along with it
+    assert rules(result["related_findings"]) == ["BatchSize", "Dataloader"]
+    assert {r["related_to"]["rule"] for r in result["related_findings"]} == {"GetNextBottleneck"}

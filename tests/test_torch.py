@@ -137,6 +137,8 @@ def test_torchrun_two_ranks_one_run(tmp_path):
     summary = json.loads(subprocess.run([sys.executable, "-m", "stepscope", "summary", "runs/ddp", "--json"],
                                         cwd=tmp_path, capture_output=True, text=True).stdout)
     assert summary["ranks"] == 2 and summary["steps"]["train"]["count"] == 20
+    # torchrun's agent creates the run without a WORLD_SIZE; the ranks fill it in (issue 13).
+    assert run.info["world_size"] == 2 and run.info["ranks"] == [0, 1]
 
 
 def _accuracy_misses(tmp_path, attempt):

@@ -66,6 +66,9 @@ def test_slow_loader_job_is_one_get_next_finding(tmp_path):
     f = primary(result, "GetNextBottleneck")
     assert f["cost_ms_per_step"] == f["evidence"]["getnext_ms_mean"] and f["cost_ms_per_step"] >= 6
     assert sorted(e["rule"] for e in f["explains"]) == ["CPUBottleneck", "Dataloader"]
+    # the rules table (Debugger's ProfilerReport) still says CPUBottleneck triggered, and that it is related
+    (row,) = [r for r in result["details"]["ProfilerReport"]["rules"] if r["rule"] == "CPUBottleneck"]
+    assert row["triggered"] == 1 and row["related"] == 1
 
 
 def syncing_loop(work_after_sync_us):

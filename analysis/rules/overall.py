@@ -117,12 +117,16 @@ class ProfilerReport(Rule):
     @staticmethod
     def table(result: dict, counts: dict) -> dict:
         rows = []
+        related = {}  # findings of a rule that another finding explains (relate.py)
+        for f in result.get("related_findings", []):
+            related[f["rule"]] = related.get(f["rule"], 0) + 1
         for rule, params in result["params"].items():
             if rule == ProfilerReport.name:
                 continue
             reason = result["not_applicable"].get(rule)
             rows.append({"rule": rule, "status": "not applicable" if reason else
                          ("triggered" if counts.get(rule) else "passed"),
-                         "triggered": int(counts.get(rule, 0)), "not_applicable": reason, "params": params})
+                         "triggered": int(counts.get(rule, 0)), "related": related.get(rule, 0),
+                         "not_applicable": reason, "params": params})
         return {"rules": rows, "triggered": sorted(r["rule"] for r in rows if r["triggered"]),
                 "passed": sorted(r["rule"] for r in rows if r["status"] == "passed")}

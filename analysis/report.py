@@ -53,8 +53,14 @@ def _verdict(summary: dict) -> str:
         items = []
         for f in findings:
             evidence = json.dumps(f["evidence"], indent=1, default=str)
-            items.append(f'<div class="finding {_esc(f["severity"])}"><h3>{_esc(f["rule"])}</h3>'
-                         f'<p>{_esc(f["message"])}</p><p class="rec">{_esc(f["recommendation"])}</p>'
+            cost = f.get("cost_ms_per_step")
+            cost_html = f' <span class="muted">costs {cost:.3g} ms a step</span>' if cost else ""
+            # findings this one explains (analysis/rules/relate.py): one problem, shown once
+            explains = "".join(f'<li>{_esc(e.get("rule", ""))}: {_esc(e.get("why", ""))}</li>'
+                               for e in f.get("explains") or [])
+            explains_html = f'<p class="muted">Also seen, because of this:</p><ul>{explains}</ul>' if explains else ""
+            items.append(f'<div class="finding {_esc(f["severity"])}"><h3>{_esc(f["rule"])}{cost_html}</h3>'
+                         f'<p>{_esc(f["message"])}</p><p class="rec">{_esc(f["recommendation"])}</p>{explains_html}'
                          f'<details><summary>evidence</summary><pre>{_esc(evidence)}</pre></details></div>')
         body = "\n".join(([notes] if notes else []) + items)
     skipped = summary.get("rules_not_applicable", {})

@@ -72,6 +72,13 @@ def test_slow_loader_job_is_one_get_next_finding(tmp_path):
     # the rules table (Debugger's ProfilerReport) still says CPUBottleneck triggered, and that it is related
     (row,) = [r for r in result["details"]["ProfilerReport"]["rules"] if r["rule"] == "CPUBottleneck"]
     assert row["triggered"] == 1 and row["related"] == 1
+    # the report's verdict shows the one problem with its cost, and what it explains under it
+    from stepscope.analysis.report import _verdict
+
+    verdict = _verdict(result)
+    assert verdict.count("<h3>") == 1 and "GetNextBottleneck" in verdict
+    assert f"costs {f['cost_ms_per_step']:.3g} ms a step" in verdict
+    assert "because of this" in verdict and "CPUBottleneck" in verdict
 
 
 def syncing_loop(work_after_sync_us):

@@ -76,7 +76,8 @@ class StepTracker:
             self.suspended = True  # checked where a loop starts: workers run none
         if self.mode is not None and self.on_new_step is not None:
             self.on_new_step(self.forwards_in_step > 0)
-        self._flush_mark()
+        if self.mark is not None:
+            self._flush_mark()
         if user_marks.by_hand:  # the program marks its own steps: phases only
             self.suspended = True
         if not self.suspended:
@@ -162,8 +163,7 @@ class StepTracker:
     # --- what integrations report -------------------------------------------------
     def fetched(self, t0: int, t1: int, mode: str) -> None:
         """A batch came out of the loader (GetNext from t0 to t1)."""
-        self._drop_unworked()
-        if self.pending is not None:
+        if self.pending is not None and not self._drop_unworked():
             if mode == "train" == self.pending[2] and self.optimizers_known:
                 # Batches read ahead before any work (the Hugging Face Trainer reads an
                 # accumulation window's batches first; a skipped batch): one train step
@@ -217,7 +217,10 @@ class StepTracker:
             self.done = False
 
     def forward_started(self, mode: str, now: int) -> None:
-        self.phase_start(mode, now)
+        if self.pending is not None or self.done or self.mode != mode:
+            self.phase_start(mode, now)
+        else:  # inside its step already (the forwards of gradient accumulation, a second model)
+            self.worked = True
         self.forwards_in_step += 1
 
     def forward_ended(self, mode: str, t0: int, t1: int, phase: int = FORWARD) -> None:
@@ -235,8 +238,9 @@ class StepTracker:
 
     def backward_started(self, now: int, begins_step: bool = True) -> None:
         """begins_step=False: a backward inside an optimizer step (an LBFGS closure)."""
-        if begins_step:
+        if begins_step and (self.pending is not None or self.done or self.mode != "train"):
             self.phase_start("train", now)
+        self.worked = True
         if self.forward_end is not None and now > self.forward_end:
             # No loss module or function was seen: the loss is what ran between.
             _native.span(PHASE, LOSS, self.forward_end, now)
@@ -258,20 +262,21 @@ class StepTracker:
     def optimizer_started(self, key, now: int) -> None:
         self.optimizers_known.add(key)
         self.worked = True
-        if self.candidate is not None:
-            at, mode = self.candidate
-            # Stepping again begins a new iteration, unless a loader drives this loop and
-            # several optimizers take turns on its batch (WGAN: critic updates, then the
-            # generator's): then only the next fetch does.
-            again = key in self.optimizers_in_step and not (self.fed and len(self.optimizers_known) > 1)
-            if again or self._another_loop(key):
-                fed = self.fed
-                self._begin(mode, at)  # this optimizer steps again: a new iteration began there
-                self.fed = fed  # still the same loader's loop
-            else:
-                self.candidate = None  # another optimizer of the same iteration
+        if self.candidate is None:
+            if self.pending is not None or self.done or self.mode != "train":
+                self.phase_start("train", now)
+            return
+        at, mode = self.candidate
+        # Stepping again begins a new iteration, unless a loader drives this loop and
+        # several optimizers take turns on its batch (WGAN: critic updates, then the
+        # generator's): then only the next fetch does.
+        again = key in self.optimizers_in_step and not (self.fed and len(self.optimizers_known) > 1)
+        if again or self._another_loop(key):
+            fed = self.fed
+            self._begin(mode, at)  # this optimizer steps again: a new iteration began there
+            self.fed = fed  # still the same loader's loop
         else:
-            self.phase_start("train", now)
+            self.candidate = None  # another optimizer of the same iteration
 
     def _another_loop(self, key) -> bool:
         """An optimizer new to a loop whose steps each stepped the same other

@@ -14,7 +14,8 @@
 * Optimizer the global optimizer step pre/post hooks; ``zero_grad`` is a
             framework annotation.
 
-Every hook returns at once while dynamo traces (``torch.compiler.is_compiling()``).
+Every hook returns at once while dynamo traces or export runs (what
+``torch.compiler.is_compiling()`` tells, read without its extra call).
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ from stepscope.integrations.torch._roots import Roots
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
 ZERO_GRAD = _native.intern("Optimizer.zero_grad")
+
+class _NotCompiling:
+    _is_compiling_flag = False
+
+    @staticmethod
+    def is_dynamo_compiling() -> bool:
+        return False
+
 
 def _no_steps_in_loader_workers(torch):
     get_worker_info = torch.utils.data.get_worker_info
@@ -54,6 +63,9 @@ class TorchInstrumentor(Instrumentor):
         self.fork_hook = False
         self.noted: set = set()  # compiled functions already noted in run.json
 
+    def is_compiling(self) -> bool:
+        return self.is_dynamo_compiling() or self.compiler._is_compiling_flag
+
     # --- state: per thread (_loops.py) ----------------------------------------------------
     @property
     def loop(self) -> LoopState:
@@ -74,7 +86,10 @@ class TorchInstrumentor(Instrumentor):
 
         self.torch = torch
         self.only_optimizer = None if optimizer is None else id(optimizer)
-        self.is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        # torch.compiler.is_compiling() is these two (and a TorchScript check our hooks never need):
+        # dynamo folds is_dynamo_compiling() to True while it traces; export sets the flag
+        self.compiler = getattr(torch, "compiler", None) or _NotCompiling
+        self.is_dynamo_compiling = getattr(self.compiler, "is_dynamo_compiling", _NotCompiling.is_dynamo_compiling)
         self.roots = Roots(self, torch, fixed=model is not None)
         self.loops = Loops(self._new_tracker)
         from torch.optim import optimizer as optim_mod
@@ -263,6 +278,7 @@ class TorchInstrumentor(Instrumentor):
 
     def wrap_next(self, original):
         inst = self
+        is_grad_enabled = self.torch.is_grad_enabled
 
         def __next__(loader_iter):
             t0 = _native.now()
@@ -286,7 +302,15 @@ class TorchInstrumentor(Instrumentor):
             st.depth -= 1
             if not st.depth:
                 try:
-                    st.tracker.fetched(t0, _native.now(), inst.guess_mode(st))
+                    t1 = _native.now()
+                    if st.forced_modes:
+                        mode = st.forced_modes[-1]
+                    elif not is_grad_enabled():
+                        mode = "eval"
+                    else:
+                        models = inst.roots.models
+                        mode = "train" if not models or models[0].training else inst.guess_mode(st)
+                    st.tracker.fetched(t0, t1, mode)
                 except Exception as exc:  # noqa: BLE001
                     inst.fail(exc)
             return batch
@@ -299,7 +323,7 @@ class TorchInstrumentor(Instrumentor):
 
         def backward(*args, **kwargs):
             st = inst.loops.local.s
-            if st.in_backward or inst.is_compiling():
+            if st.in_backward or inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
                 return original(*args, **kwargs)
             t0 = _native.now()
             try:
@@ -321,7 +345,8 @@ class TorchInstrumentor(Instrumentor):
 
     # --- optimizer --------------------------------------------------------------------------
     def optimizer_pre(self, optimizer, args, kwargs):
-        if self.is_compiling() or (self.only_optimizer is not None and id(optimizer) != self.only_optimizer):
+        if (self.only_optimizer is not None and id(optimizer) != self.only_optimizer) \
+                or self.is_dynamo_compiling() or self.compiler._is_compiling_flag:
             return None
         try:
             st = self.loops.local.s
@@ -335,7 +360,8 @@ class TorchInstrumentor(Instrumentor):
         return None
 
     def optimizer_post(self, optimizer, args, kwargs):
-        if self.is_compiling() or (self.only_optimizer is not None and id(optimizer) != self.only_optimizer):
+        if (self.only_optimizer is not None and id(optimizer) != self.only_optimizer) \
+                or self.is_dynamo_compiling() or self.compiler._is_compiling_flag:
             return None
         try:
             st = self.loops.local.s

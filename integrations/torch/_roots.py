@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import weakref
 
+from stepscope.core import _native
+from stepscope.integrations._steps import FORWARD, RECOMPUTE
+
 
 DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
 
@@ -75,35 +78,73 @@ class Roots:
             self.adopt(module)
 
     def _timed_call(self, module, inner):
-        inst = self.inst
+        """The root's call, timed: one Python frame per forward (the hot path of
+        every step: the phase logic is inline, the tracker is called once on
+        each side of a forward and once after a loss)."""
+        inst, roots = self.inst, self
         ref = weakref.ref(module)  # no cycle: the module's memory is freed when the user drops it
         call_impl = self.torch.nn.Module._call_impl
-        is_compiling = inst.is_compiling
         loops = inst.loops  # per-thread state (_loops.py); the object outlives a fork
+        is_dynamo_compiling, compiler = inst.is_dynamo_compiling, inst.compiler
+        now = _native.now
 
-        if inner is not None:  # the module was compiled in place: time its compiled call
-            def timed_call(*args, **kwargs):
+        if isinstance(module, self.loss_type):
+            def timed_loss(*args, **kwargs):
                 st = loops.local.s
-                if st.depth or is_compiling():
-                    return inner(*args, **kwargs)
-                inst.root_pre(ref(), st)
+                if st.depth or is_dynamo_compiling() or compiler._is_compiling_flag:
+                    return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
+                st.depth += 1
+                t0 = now()
                 try:
-                    return inner(*args, **kwargs)
+                    return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
                 finally:
-                    inst.root_post(st)
+                    st.depth -= 1
+                    try:
+                        if st.in_backward:
+                            st.tracker.forward_ended("train", t0, now(), RECOMPUTE)
+                        else:
+                            st.tracker.loss(t0, now())
+                    except Exception as exc:  # noqa: BLE001
+                        inst.fail(exc)
 
-            return timed_call
+            return timed_loss
+
+        is_grad_enabled, is_training = self.torch.is_grad_enabled, inst.is_training
 
         def timed_call(*args, **kwargs):
-            m = ref()
             st = loops.local.s
-            if st.depth or is_compiling():
-                return call_impl(m, *args, **kwargs)
-            inst.root_pre(m, st)
+            if st.depth or is_dynamo_compiling() or compiler._is_compiling_flag:
+                return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
+            st.depth += 1
+            mode, phase = "train", RECOMPUTE
             try:
-                return call_impl(m, *args, **kwargs)
+                if not st.in_backward:
+                    phase = FORWARD
+                    if roots.stop_at_known is st:  # a known root: the loop goes on with it
+                        roots.known_root_ran(st)
+                    if st.forced_modes:
+                        mode = st.forced_modes[-1]
+                    elif not is_grad_enabled():
+                        mode = "eval"
+                    else:
+                        m = ref()
+                        mode = "train" if m.training or is_training(m) else "eval"
+                    t0 = now()
+                    st.tracker.forward_started(mode, t0)
+                else:
+                    t0 = now()
+            except Exception as exc:  # noqa: BLE001
+                inst.fail(exc)
+                t0 = 0
+            try:
+                return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
             finally:
-                inst.root_post(st)
+                st.depth -= 1
+                if t0:
+                    try:
+                        st.tracker.forward_ended(mode, t0, now(), phase)
+                    except Exception as exc:  # noqa: BLE001
+                        inst.fail(exc)
 
         return timed_call
 
@@ -166,6 +207,8 @@ class Roots:
     def step_completed(self, had_forward: bool) -> None:
         """Called on the thread of the loop whose step ended. Discovery ends once
         every loop running (one per thread) had a few steps without a new root."""
+        if had_forward and self.discovery is None:
+            return  # the common case: nothing to look for
         me = id(self.inst.loop)
         if not had_forward:
             if self.compiled and self.discovery is None and not self.fixed:
@@ -189,7 +232,7 @@ class Roots:
     def discover_pre(self, module, args):
         inst = self.inst
         loop = inst.loop
-        if inst.is_compiling() or loop.depth or loop.pending_root is not None:
+        if loop.depth or loop.pending_root is not None or inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
             return None
         try:
             if module in self.timed or isinstance(module, self.skipped_types):

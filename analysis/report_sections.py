@@ -10,6 +10,8 @@ most ``GETNEXT_BINS`` bars.
 
 from __future__ import annotations
 
+import html
+
 import re
 
 import numpy as np
@@ -173,7 +175,11 @@ def worker_fetches(run) -> pd.DataFrame:
         return pd.DataFrame(columns=["process", "worker", "ms"])
     sel = ev[(ev["kind"] == "span") & (ev["category"] != "phase") & _names_containing(ev["name"], "DataLoader")]
     sel = sel[sel["arg"] >= 0]
-    return pd.DataFrame({"process": sel["process"].astype(str).to_numpy(), "worker": sel["arg"].to_numpy(np.int64),
+    # a worker records in its own process folder: shown under the training process that started it
+    procs = run.processes
+    parent = dict(zip(procs["process"].astype(str), procs["parent"])) if "parent" in procs else {}
+    process = [p if not isinstance(parent.get(p), str) else parent[p] for p in sel["process"].astype(str)]
+    return pd.DataFrame({"process": process, "worker": sel["arg"].to_numpy(np.int64),
                          "ms": ((sel["end_ns"] - sel["start_ns"]) / 1e6).to_numpy()})
 
 
@@ -235,6 +241,11 @@ def dataloading(run, esc):
                                   marker_color="#f58518"))
         fig.update_layout(title="Fetch time per loader worker (whiskers: min and max)", yaxis_title="ms")
         figs.append(fig)
+        medians = fetch.groupby(["process", "worker"])["ms"].median()
+        if len(medians) > 1 and medians.min() > 0 and medians.max() >= 3 * medians.min():
+            (proc, worker), slow = medians.idxmax(), medians.max()
+            parts.append(f"<p class='slow-worker'>The slowest worker: {html.escape(str(proc))} worker {int(worker)}, "
+                         f"{slow:.1f} ms a batch (median), {slow / medians.min():.0f}x the fastest.</p>")
     if not parts and not figs:
         return None
     if fetch.empty:

@@ -6,8 +6,7 @@
         process.json                who the process is, its clock anchor, stats
         trace.ssc                   the native core's events (docs/format.md)
 
-Forked children (DataLoader workers) and spawned children that import
-stepscope join the run with folders of their own.
+Forked and spawned children (DataLoader workers) join with folders of their own.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ __all__ = ["Session", "start", "stop", "current", "profile"]
 # Exported to child processes so that spawned children join the same run.
 _ACTIVE_RUN_VAR = "STEPSCOPE_ACTIVE_RUN"
 _PARENT_RANK_VAR = "STEPSCOPE_PARENT_RANK"
+_PARENT_PROCESS_VAR = "STEPSCOPE_PARENT_PROCESS"  # the process folder of the parent: a spawned helper's owner
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
@@ -290,6 +290,7 @@ def start(**kwargs) -> Optional[Session]:
         os.environ[_ACTIVE_RUN_VAR] = run_dir
         rank = runinfo.rank_from_env()
         os.environ[_PARENT_RANK_VAR] = "" if rank is None else str(rank)
+        os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
         os.environ["STEPSCOPE_RUN"] = _session.name
         return _session
 
@@ -342,6 +343,7 @@ def _join(run_dir: str, origin: str, parent: Optional[str]) -> None:
         config = resolve()
         _session = _open(config, run_dir, origin, parent)
         os.environ[_ACTIVE_RUN_VAR] = run_dir
+        os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
         _register_exit_hooks()
     except Exception as exc:  # noqa: BLE001
         safety.report_failure(f"could not profile child process {os.getpid()}", exc)
@@ -390,7 +392,7 @@ def join_parent_run_if_any() -> None:
         # A child with a rank of its own (a launcher's worker) is a rank, not a helper.
         rank = runinfo.rank_from_env()
         own_rank = rank is not None and str(rank) != os.environ.get(_PARENT_RANK_VAR, "")
-        _join(run_dir, "main" if own_rank else "spawn", None)
+        _join(run_dir, "main" if own_rank else "spawn", None if own_rank else os.environ.get(_PARENT_PROCESS_VAR))
 
 
 atexit.register(stop)

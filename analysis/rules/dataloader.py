@@ -37,11 +37,21 @@ def core_counts(run) -> dict:
     return {n: int(g["device"].nunique()) for n, g in cores.groupby("node")}
 
 
+def _children(run, process) -> list:
+    """The process folders whose parent is ``process`` (its forked DataLoader workers)."""
+    procs = run.processes
+    if "parent" not in procs:
+        return []
+    return procs.loc[procs["parent"].astype(str) == str(process), "process"].astype(str).tolist()
+
+
 def worker_fetches(run, process) -> dict:
-    """Per worker id, the fetch spans an integration recorded (name with ``DataLoader``,
+    """Per worker id, the fetch spans recorded by ``process`` or by its workers' own
+    folders (``DataLoader.fetch``, integrations/torch/_workers.py: name with ``DataLoader``,
     ``arg`` the worker id): count, median and p95 in ms. Empty when none were recorded."""
     ev = run.events
-    spans = ev[(ev["process"] == process) & (ev["kind"] == "span")
+    mine = ev["process"].astype(str).isin([str(process), *_children(run, process)])
+    spans = ev[mine & (ev["kind"] == "span") & (ev["category"] != "phase")
                & ev["name"].astype(str).str.contains("DataLoader", regex=False) & (ev["arg"] >= 0)]
     out = {}
     for worker, g in spans.groupby("arg"):
@@ -49,6 +59,25 @@ def worker_fetches(run, process) -> dict:
         out[str(int(worker))] = {"fetches": int(len(d)), "median_ms": round(float(np.median(d)), 3),
                                  "p95_ms": round(float(np.percentile(d, 95)), 3)}
     return out
+
+
+def configured_workers(run, process) -> int:
+    """The most ``num_workers`` of ``process``'s loaders (``DataLoader.num_workers``, recorded
+    at each pass by the torch integration), 0 when not recorded: the sampler can miss
+    short-lived workers."""
+    ev = run.events
+    marks = ev[(ev["process"].astype(str) == str(process)) & (ev["kind"] == "instant")
+               & (ev["name"].astype(str) == "DataLoader.num_workers")]
+    return int(marks["arg"].max()) if len(marks) else 0
+
+
+def pin_memory(run, process):
+    """Whether ``process``'s multi-process loaders pin memory (the last pass's setting,
+    ``DataLoader.pin_memory``), or None when not recorded."""
+    ev = run.events
+    marks = ev[(ev["process"].astype(str) == str(process)) & (ev["kind"] == "instant")
+               & (ev["name"].astype(str) == "DataLoader.pin_memory")]
+    return bool(marks["arg"].iloc[-1]) if len(marks) else None
 
 
 class Dataloader(Rule):
@@ -66,6 +95,9 @@ class Dataloader(Rule):
         "max_cores_percent": Param(200.0, "%", "fire when the workers outnumber the node's cores by more than "
                                                "this share (Debugger: 200%): they compete for the cores with "
                                                "each other and with the training process"),
+        "slow_worker_ratio": Param(3.0, "ratio", "fire when one worker's median fetch takes this many times the "
+                                                 "fastest worker's, while the loop waits for data (the workers' "
+                                                 "fetches are recorded by the torch integration)"),
     }
 
     def not_applicable(self, run):
@@ -84,14 +116,15 @@ class Dataloader(Rule):
                 continue
             getnext = s[GETNEXT].to_numpy(dtype=float) / 1e6
             yield process, rank, {
-                "process": str(process), "node": node, "cores": cores[node], "workers": workers.get(process, 0),
+                "process": str(process), "node": node, "cores": cores[node],
+                "workers": max(workers.get(process, 0), configured_workers(run, process)),
                 "getnext_share": phase_share(s, GETNEXT),  # the summary's figure
                 "getnext_ms_mean": ms(s[GETNEXT].mean()),
                 "getnext_ms": {"p50": round(float(np.median(getnext)), 3),
                                "p95": round(float(np.percentile(getnext, 95)), 3),
                                "max": round(float(getnext.max()), 3)},
                 "worker_fetches": worker_fetches(run, process),
-                "pin_memory": None,  # not recorded by the integrations yet
+                "pin_memory": pin_memory(run, process),
             }
 
     def details(self, run, p):
@@ -114,7 +147,31 @@ class Dataloader(Rule):
                 fix = advice("feed", framework_of(run))
                 cost = row["getnext_ms_mean"]  # the wait more workers would remove
             else:
-                continue
+                slow = _slow_worker(row["worker_fetches"], p["slow_worker_ratio"])
+                if slow is None or share < p["min_getnext_share"]:
+                    continue
+                worker, slow_ms, fast_ms = slow
+                message = (f"{who}: data-loader worker {worker} takes {slow_ms:.1f} ms a batch, "
+                           f"{slow_ms / fast_ms:.0f}x the fastest worker ({fast_ms:.1f} ms), while the loop waits "
+                           f"for data {100 * share:.0f}% of train step time")
+                fix = (f"Worker {worker}'s batches cost far more than the others': look at what its samples load "
+                       "(a shard on slower storage, larger or harder items, a per-worker init); spread the "
+                       "expensive items over all workers (shuffle, a sampler that balances them) or add workers.")
+                cost = row["getnext_ms_mean"]
+                row = {**row, "slow_worker": {"worker": worker, "median_ms": slow_ms, "fastest_median_ms": fast_ms}}
             out.append(Finding(rule=self.name, rank=clean_rank(rank), severity="warning", message=message,
                                recommendation=fix, evidence=row, cost_ms_per_step=cost))
         return out
+
+
+def _slow_worker(fetches: dict, ratio: float):
+    """(worker id, its median ms, the fastest median ms) when one worker is ``ratio``
+    times slower than the fastest, else None."""
+    medians = {w: f["median_ms"] for w, f in fetches.items() if f["fetches"] >= 2}
+    if len(medians) < 2:
+        return None
+    worker = max(medians, key=medians.get)
+    fastest = min(medians.values())
+    if fastest > 0 and medians[worker] >= ratio * fastest:
+        return worker, medians[worker], fastest
+    return None

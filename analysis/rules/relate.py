@@ -87,11 +87,15 @@ def _launch(run, primary: Finding, secondary: Finding, params) -> Optional[str]:
 
 
 def _workers(run, primary: Finding, secondary: Finding, params) -> Optional[str]:
-    """GetNextBottleneck -> Dataloader's too-few-workers finding on the same process: the same
-    wait, with its cause named (too many workers is a problem of its own)."""
+    """GetNextBottleneck -> Dataloader's too-few-workers or slow-worker finding on the same
+    process: the same wait, with its cause named (too many workers is a problem of its own)."""
     ev = secondary.evidence
     if secondary.cost_ms_per_step is None or str(ev.get("process")) != str(primary.evidence.get("process")):
         return None
+    slow = ev.get("slow_worker")
+    if slow:
+        return (f"the cause of this wait: data-loader worker {slow['worker']} takes {slow['median_ms']:.1f} ms a "
+                f"batch, the fastest {slow['fastest_median_ms']:.1f} ms")
     return (f"the cause of this wait: {ev.get('workers')} data-loader workers on {ev.get('cores')} cores")
 
 

@@ -26,7 +26,7 @@ import os
 from stepscope.core import _native, runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
-from stepscope.integrations.torch import _handover
+from stepscope.integrations.torch import _handover, _workers
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
 from stepscope.integrations.torch._loops import LoopState, Loops
@@ -98,6 +98,7 @@ class TorchInstrumentor(Instrumentor):
         self.patch(dataloader._BaseDataLoaderIter, "__next__", self.wrap_next)
         self.patch(dataloader.DataLoader, "__iter__", self.wrap_iter)
         self.patch_backward(torch)
+        _workers.install(self, torch)
         self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(self.optimizer_pre))
         self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(self.optimizer_post))
         self.patch(optim_mod.Optimizer, "zero_grad", self.wrap_zero_grad)
@@ -227,6 +228,11 @@ class TorchInstrumentor(Instrumentor):
             t0 = _native.now()
             result = original(loader)
             inst.loop_starting(t0)
+            if loader.num_workers:
+                try:
+                    _workers.loader_configured(loader)
+                except Exception as exc:  # noqa: BLE001
+                    inst.fail(exc)
             return result
 
         return __iter__

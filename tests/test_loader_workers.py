@@ -1,0 +1,39 @@
+"""DataLoader workers record the work behind GetNext (integrations/torch/_workers.py):
+a fetch span per batch with the worker id, in the worker's own process folder; the
+Dataloader rule and the report's data-loading section name a slow worker."""
+
+import os
+
+import pytest
+
+from test_torch import SCRIPTS, run_script
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+from stepscope.analysis.report import render  # noqa: E402
+from stepscope.analysis.summary import summarize  # noqa: E402
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_slow_worker_is_measured_and_named(tmp_path, context):
+    run_script(tmp_path, os.path.join(SCRIPTS, "slow_worker.py"), context, name=context)
+    run = stepscope.load(str(tmp_path / "runs" / context))
+    ev = run.events
+    fetch = ev[ev["name"].astype(str) == "DataLoader.fetch"]
+    main = run.processes[run.processes["origin"] == "main"]["process"].iloc[0]
+    assert not (fetch["process"] == main).any()  # the training process pays nothing for them
+    per_worker = fetch.groupby("arg")["duration_ns"].agg(["size", "median"])
+    assert per_worker["size"].to_dict() == {0: 8, 1: 8}  # 16 batches of 4, taken in turn
+    assert per_worker.loc[1, "median"] >= 4 * per_worker.loc[0, "median"]
+    assert per_worker.loc[1, "median"] >= 60e6  # 4 samples x 20 ms
+    assert len(run.steps) == 16
+
+    summary = summarize(run)
+    dataloader = [f for f in summary["findings"] + summary.get("related_findings", []) if f["rule"] == "Dataloader"]
+    assert len(dataloader) == 1 and dataloader[0]["evidence"]["slow_worker"]["worker"] == "1", dataloader
+    assert dataloader[0]["evidence"]["pin_memory"] is False
+    assert "worker 1" in dataloader[0]["message"]
+
+    page = render(run)
+    assert "The slowest worker:" in page and f"{main} worker 1," in page

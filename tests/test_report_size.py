@@ -49,6 +49,8 @@ def _write(path, name, steps, per_step, with_steps=True):
             for p in (2, 3):
                 span(phase, ids[p], t, t + 50 * us)
                 t += 51 * us
+        if {with_steps}:
+            _native.end_step(t)  # the last step ends with its work, not with the (real-time) stop
         run.stop()
         print(run.stats["dropped"])
     """, cwd=path, timeout=300)

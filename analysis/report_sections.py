@@ -36,10 +36,12 @@ def rules_rows(summary: dict) -> list:
 
     used = summary.get("rules_params") or {}
     skipped = summary.get("rules_not_applicable", {})
-    counts, severities = {}, {}
+    counts, severities, related = {}, {}, {}
     for f in summary["findings"]:
         counts[f["rule"]] = counts.get(f["rule"], 0) + 1
         severities.setdefault(f["rule"], set()).add(f["severity"])
+    for f in summary.get("related_findings", []):  # fired, shown under the finding that explains it
+        related.setdefault(f["rule"], set()).add((f.get("related_to") or {}).get("rule", "another finding"))
     rows = []
     by_name = {r.name: r for r in RULES}
     names = list(dict.fromkeys([*by_name, *used, *skipped, *counts]))  # custom rules too
@@ -49,11 +51,13 @@ def rules_rows(summary: dict) -> list:
         params = dict(used.get(name) or {k: p.default for k, p in declared.items()})
         units = {k: p.unit for k, p in declared.items()}
         n = counts.get(name, 0)
-        status = "triggered" if n else ("not applicable" if name in skipped else "passed")
+        status = "triggered" if n else ("related" if name in related else (
+            "not applicable" if name in skipped else "passed"))
         rows.append({"rule": name, "status": status, "triggered": n, "severity": sorted(severities.get(name, ())),
+                     "related_to": sorted(related.get(name, ())),
                      "params": params, "units": units, "reason": skipped.get(name, ""),
                      "about": getattr(rule, "summary", "") if rule is not None else "custom rule"})
-    order = {"triggered": 0, "passed": 1, "not applicable": 2}
+    order = {"triggered": 0, "related": 1, "passed": 2, "not applicable": 3}
     return sorted(rows, key=lambda r: order[r["status"]])
 
 
@@ -64,12 +68,15 @@ def _param_text(value, unit) -> str:
 
 def rules_html(summary: dict, esc) -> str:
     rows = rules_rows(summary)
-    n = {s: sum(r["status"] == s for r in rows) for s in ("triggered", "passed", "not applicable")}
-    head = (f"<p>{len(rows)} rules: {n['triggered']} triggered, {n['passed']} passed, {n['not applicable']} not "
-            "applicable to this run. Change a parameter with <code>--param Rule.param=value</code>.</p>")
+    n = {s: sum(r["status"] == s for r in rows) for s in ("triggered", "related", "passed", "not applicable")}
+    related = f"{n['related']} explained by another finding, " if n["related"] else ""
+    head = (f"<p>{len(rows)} rules: {n['triggered']} triggered, {related}{n['passed']} passed, {n['not applicable']} "
+            "not applicable to this run. Change a parameter with <code>--param Rule.param=value</code>.</p>")
     out = []
     for r in rows:
         status = r["status"] + (f" ({r['triggered']}x, {', '.join(r['severity'])})" if r["triggered"] else "")
+        if r["related_to"]:
+            status = "triggered, explained by " + ", ".join(r["related_to"])
         if r["reason"]:
             status += f": {r['reason']}"
         params = ", ".join(f"{k}={_param_text(v, r['units'].get(k, ''))}" for k, v in r["params"].items())

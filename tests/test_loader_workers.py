@@ -35,5 +35,10 @@ def test_a_slow_worker_is_measured_and_named(tmp_path, context):
     assert dataloader[0]["evidence"]["pin_memory"] is False
     assert "worker 1" in dataloader[0]["message"]
 
+    from stepscope.analysis.report_sections import rules_rows
+
+    (row,) = [r for r in rules_rows(summary) if r["rule"] == "Dataloader"]
+    related = [f for f in summary.get("related_findings", []) if f["rule"] == "Dataloader"]
+    assert row["status"] == ("related" if related else "triggered")  # never "passed" when it fired
     page = render(run)
     assert "The slowest worker:" in page and f"{main} worker 1," in page

@@ -87,6 +87,7 @@ def test_rules_table_lists_every_rule_with_its_trigger_count(cpu_run):
     by = {r["rule"]: r for r in rs.rules_rows(summary)}
     for name, row in by.items():
         want = ("triggered" if fired.get(name) else
+                "related" if name in {f["rule"] for f in summary.get("related_findings", [])} else
                 "not applicable" if name in summary["rules_not_applicable"] else "passed")
         assert row["status"] == want, name
     assert by["LowGPUUtilization"]["status"] == "not applicable"  # no GPU here

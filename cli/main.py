@@ -116,7 +116,8 @@ def _summary_command(args) -> int:
     with _run_errors(), run_path(args.run, UsageError) as path:
         s = summarize(path, params)
     print(json.dumps(s, indent=2) if args.json else format_text(s))
-    failing = at_or_above(s["findings"], level) if level else []
+    # a finding folded under the one that explains it still fired: the gate sees it
+    failing = at_or_above(s["findings"] + s.get("related_findings", []), level) if level else []
     if failing:  # a CI gate: stdout stays the summary, the verdict goes to stderr
         names = ", ".join(sorted({f["rule"] for f in failing}))
         print(f"stepscope: {len(failing)} finding(s) at or above {level}: {names}", file=sys.stderr)

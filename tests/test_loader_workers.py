@@ -3,6 +3,8 @@ a fetch span per batch with the worker id, in the worker's own process folder; t
 Dataloader rule and the report's data-loading section name a slow worker."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -42,3 +44,8 @@ def test_a_slow_worker_is_measured_and_named(tmp_path, context):
     assert row["status"] == ("related" if related else "triggered")  # never "passed" when it fired
     page = render(run)
     assert "The slowest worker:" in page and f"{main} worker 1," in page
+
+    # --fail-on sees a finding folded under the one that explains it (it still fired)
+    gate = subprocess.run([sys.executable, "-m", "stepscope", "summary", str(tmp_path / "runs" / context),
+                           "--fail-on", "ERROR", "--param", "Dataloader.severity=error"], capture_output=True, text=True)
+    assert gate.returncode == 1 and "Dataloader" in gate.stderr, gate.stderr

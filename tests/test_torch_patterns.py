@@ -100,3 +100,41 @@ def test_two_loops_in_two_threads_are_two_sequences_of_steps(tmp_path):
     from stepscope.analysis.summary import summarize
 
     assert summarize(run)["steps"]["train"]["count"] == 44  # the summary pools them per mode
+
+
+def test_a_thread_python_did_not_start_makes_no_steps(tmp_path):
+    """The autograd engine's device threads (GPUs) run checkpointing's recomputed forwards:
+    threads Python did not start are never loops; their forwards are Recompute."""
+    import _thread
+    import threading
+
+    from stepscope.integrations import torch as st_torch
+
+    st_torch.instrument()
+    try:
+        run = stepscope.start(dir=str(tmp_path), name="foreign")
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        done = threading.Event()
+
+        def engine_thread():
+            try:
+                with torch.enable_grad():
+                    model(x)
+            finally:
+                done.set()
+
+        _thread.start_new_thread(engine_thread, ())
+        assert done.wait(30)
+        run.stop()
+    finally:
+        st_torch.uninstrument()
+    loaded = stepscope.load(run.path)
+    assert len(loaded.steps) == 3
+    assert loaded.phases.groupby("name", observed=True).size().to_dict() == {
+        "Forward": 3, "Loss": 3, "Backward": 3, "Optimizer": 3, "Recompute": 1}

@@ -15,6 +15,9 @@ from typing import Callable, List, Tuple
 from stepscope.integrations._steps import StepTracker
 
 
+_FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for threads it did not start
+
+
 class LoopState:
     """One thread's place in its loop."""
 
@@ -34,6 +37,10 @@ class LoopState:
         self.tracker = tracker
 
 
+def _never() -> bool:
+    return False
+
+
 class _PerThread(threading.local):
     def __init__(self, loops: "Loops"):
         self.s = loops._new_state()
@@ -50,10 +57,18 @@ class Loops:
 
     def _new_state(self) -> LoopState:
         tracker = self.make_tracker()
+        here = threading.current_thread()
         # Only the main thread's fetches make steps before any work shows: a thread
         # that only reads batches (a prefetching thread) runs no loop of its own.
-        tracker.background = threading.current_thread() is not threading.main_thread()
+        tracker.background = here is not threading.main_thread()
         state = LoopState(tracker)
+        if isinstance(here, _FOREIGN):
+            # A thread Python did not start: the autograd engine's device threads run
+            # backward on GPUs, and with it checkpointing's recomputed forwards and an
+            # optimizer stepped from a gradient hook. Never a loop of its own: its
+            # forwards are Recompute, its phases go to the loop's steps by time.
+            state.in_backward = 1
+            tracker.may_begin = _never
         with self.lock:
             self.states.append((threading.get_native_id(), state))
         return state

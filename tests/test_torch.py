@@ -75,8 +75,13 @@ def test_dataloader_with_workers_train_and_eval(tmp_path, kind):
     assert phase_counts(run) == {"GetNext": 36, "Forward": 32, "Loss": 16, "Backward": 16, "Optimizer": 16}
     train = steps[steps["mode"] == "train"]
     assert (train[PHASES] > 0).all().all(), "every train step has every phase"
-    # workers that recorded nothing leave no folder behind
-    assert len(run.processes) == 1
+    # each worker (2 per pass, 4 passes) records its fetches in its own folder, and nothing else
+    workers = run.processes[run.processes["origin"] != "main"]
+    assert len(run.processes) == 9 and len(workers) == 8
+    ev = run.events[run.events["process"].astype(str).isin(workers["process"])]
+    fetches = ev[ev["name"].astype(str) == "DataLoader.fetch"]
+    assert len(fetches) == 32 and set(fetches["arg"]) == {0, 1}
+    assert not (ev["category"].isin(["phase", "step"])).any()
 
 
 def test_step_time_adds_up_to_loop_wall_time(tmp_path):

@@ -22,6 +22,7 @@ import contextlib
 from typing import Optional
 
 from stepscope.integrations._steps import StepTracker
+from stepscope.integrations.torch import _fetch
 from stepscope.integrations.torch._instrumentor import TorchInstrumentor
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "step_tracker", "forced_mode",
@@ -107,7 +108,7 @@ def timed_fetches(iterator):
         yield from iterator
         return
     instrumentor.loop_starting(_native_now())
-    fetch = instrumentor.wrap_next(next)
+    fetch = _fetch.wrap_next(instrumentor, next)
     while True:
         try:
             batch = fetch(iterator) if instrumentor.is_instrumented() else next(iterator)

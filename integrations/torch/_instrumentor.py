@@ -1,9 +1,8 @@
 """The PyTorch instrumentor: what is patched, and what each patch reports.
 
 * GetNext   ``_BaseDataLoaderIter.__next__``; ``DataLoader.__iter__`` (worker
-            start at each epoch) counts toward the next step's GetNext. Whatever
-            runs inside a fetch (an ``nn.Module`` transform in ``__getitem__``)
-            is part of the fetch, never a forward.
+            start at each epoch) counts toward the next step's GetNext
+            (``_fetch.py``); the workers' own fetches (``_workers.py``).
 * Forward   the outermost modules (``_roots.py``); Loss: outermost ``_Loss``
             modules, otherwise the time between Forward and Backward. (The
             functional losses are not patched: TorchScript compiles whatever
@@ -22,11 +21,12 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 from stepscope.core import _native, runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
-from stepscope.integrations.torch import _handover, _workers
+from stepscope.integrations.torch import _fetch, _handover, _workers
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
 from stepscope.integrations.torch._loops import LoopState, Loops
@@ -92,11 +92,12 @@ class TorchInstrumentor(Instrumentor):
         self.is_dynamo_compiling = getattr(self.compiler, "is_dynamo_compiling", _NotCompiling.is_dynamo_compiling)
         self.roots = Roots(self, torch, fixed=model is not None)
         self.loops = Loops(self._new_tracker)
+        self.loaders_seen = weakref.WeakSet()  # DataLoaders iterated before (discovery: see loop_starting)
         from torch.optim import optimizer as optim_mod
         from torch.utils.data import dataloader
 
-        self.patch(dataloader._BaseDataLoaderIter, "__next__", self.wrap_next)
-        self.patch(dataloader.DataLoader, "__iter__", self.wrap_iter)
+        self.patch(dataloader._BaseDataLoaderIter, "__next__", functools.partial(_fetch.wrap_next, self))
+        self.patch(dataloader.DataLoader, "__iter__", functools.partial(_fetch.wrap_iter, self))
         self.patch_backward(torch)
         _workers.install(self, torch)
         self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(self.optimizer_pre))
@@ -220,23 +221,6 @@ class TorchInstrumentor(Instrumentor):
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
-    # --- GetNext ----------------------------------------------------------------------------
-    def wrap_iter(self, original):
-        inst = self
-
-        def __iter__(loader):
-            t0 = _native.now()
-            result = original(loader)
-            inst.loop_starting(t0)
-            if loader.num_workers:
-                try:
-                    _workers.loader_configured(loader)
-                except Exception as exc:  # noqa: BLE001
-                    inst.fail(exc)
-            return result
-
-        return __iter__
-
     def hiding(self, original):
         inst = self
 
@@ -271,57 +255,9 @@ class TorchInstrumentor(Instrumentor):
 
         return train
 
-    def loop_starting(self, t0: int) -> None:
-        """A pass over a loader begins (its worker start belongs to the first fetch)."""
-        st = self.loops.local.s
-        if st.iter_started is None and not st.depth:
-            st.iter_started = t0
-            self.roots.look_again(until_known_root=True)
-            try:
-                st.tracker.loop_started()
-            except Exception as exc:  # noqa: BLE001
-                self.fail(exc)
-
-    def wrap_next(self, original):
-        inst = self
-        is_grad_enabled = self.torch.is_grad_enabled
-
-        def __next__(loader_iter):
-            t0 = _native.now()
-            st = inst.loops.local.s
-            if st.iter_started is not None:
-                t0, st.iter_started = min(t0, st.iter_started), None
-            st.depth += 1  # modules run by the dataset or collate are part of the fetch
-            try:
-                batch = original(loader_iter)
-            except StopIteration:
-                st.depth -= 1
-                if not st.depth:
-                    try:
-                        st.tracker.exhausted(t0, _native.now())
-                    except Exception as exc:  # noqa: BLE001
-                        inst.fail(exc)
-                raise
-            except BaseException:
-                st.depth -= 1
-                raise
-            st.depth -= 1
-            if not st.depth:
-                try:
-                    t1 = _native.now()
-                    if st.forced_modes:
-                        mode = st.forced_modes[-1]
-                    elif not is_grad_enabled():
-                        mode = "eval"
-                    else:
-                        models = inst.roots.models
-                        mode = "train" if not models or models[0].training else inst.guess_mode(st)
-                    st.tracker.fetched(t0, t1, mode)
-                except Exception as exc:  # noqa: BLE001
-                    inst.fail(exc)
-            return batch
-
-        return __next__
+    # --- GetNext (_fetch.py) ------------------------------------------------------------------
+    def loop_starting(self, t0: int, loader=None) -> None:
+        _fetch.loop_starting(self, t0, loader)
 
     # --- backward ---------------------------------------------------------------------------
     def wrap_backward(self, original):

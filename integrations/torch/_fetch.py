@@ -1,0 +1,91 @@
+"""GetNext: the DataLoader's ``__next__`` (one fetch, and the step it may begin)
+and ``__iter__`` (a pass begins: its worker start belongs to the first fetch).
+Whatever runs inside a fetch (an ``nn.Module`` transform in ``__getitem__``) is
+part of the fetch, never a forward."""
+
+from __future__ import annotations
+
+from stepscope.core import _native
+from stepscope.integrations.torch import _workers
+
+
+def wrap_iter(inst, original):
+
+    def __iter__(loader):
+        t0 = _native.now()
+        result = original(loader)
+        try:
+            inst.loop_starting(t0, loader)
+        except TypeError:  # a loader that cannot be weakly referenced
+            inst.loop_starting(t0)
+        if loader.num_workers:
+            try:
+                _workers.loader_configured(loader)
+            except Exception as exc:  # noqa: BLE001
+                inst.fail(exc)
+        return result
+
+    return __iter__
+
+
+def loop_starting(inst, t0: int, loader=None) -> None:
+    """A pass over a loader begins (its worker start belongs to the first fetch).
+    A loader not iterated before may feed a model not seen yet: discovery looks
+    until a known root runs. The same loader's next epoch is the same loop."""
+    st = inst.loops.local.s
+    if st.iter_started is not None or st.depth:
+        return
+    st.iter_started = t0
+    try:
+        new = loader is None or loader not in inst.loaders_seen
+        if new and loader is not None:
+            inst.loaders_seen.add(loader)
+    except TypeError:  # a loader that cannot be weakly referenced
+        new = True
+    if new:
+        inst.roots.look_again(until_known_root=True)
+    try:
+        st.tracker.loop_started()
+    except Exception as exc:  # noqa: BLE001
+        inst.fail(exc)
+
+
+def wrap_next(inst, original):
+    is_grad_enabled = inst.torch.is_grad_enabled
+
+    def __next__(loader_iter):
+        t0 = _native.now()
+        st = inst.loops.local.s
+        if st.iter_started is not None:
+            t0, st.iter_started = min(t0, st.iter_started), None
+        st.depth += 1  # modules run by the dataset or collate are part of the fetch
+        try:
+            batch = original(loader_iter)
+        except StopIteration:
+            st.depth -= 1
+            if not st.depth:
+                try:
+                    st.tracker.exhausted(t0, _native.now())
+                except Exception as exc:  # noqa: BLE001
+                    inst.fail(exc)
+            raise
+        except BaseException:
+            st.depth -= 1
+            raise
+        st.depth -= 1
+        if not st.depth:
+            try:
+                t1 = _native.now()
+                if st.forced_modes:
+                    mode = st.forced_modes[-1]
+                elif not is_grad_enabled():
+                    mode = "eval"
+                else:
+                    models = inst.roots.models
+                    mode = "train" if not models or models[0].training else inst.guess_mode(st)
+                st.tracker.fetched(t0, t1, mode)
+            except Exception as exc:  # noqa: BLE001
+                inst.fail(exc)
+        return batch
+
+    return __next__

@@ -11,8 +11,9 @@ path, so a root costs one Python call per forward.
 Roots are found by a pair of global forward hooks during the first steps
 (removed after ``DISCOVERY_STEPS`` steps without a new root; back for a few
 steps when a loop may begin with a new model: an optimizer is created, a
-DataLoader pass starts, a framework loop starts, or a step shows no forward). Global hooks make ``torch.compile`` warn and guard on them,
-so the first ``torch.compile`` call ends discovery for good: compiled modules
+DataLoader not iterated before starts a pass, a framework loop starts, or a
+step shows no forward). Global hooks make ``torch.compile`` warn and guard on
+them, so the first ``torch.compile`` call ends discovery for good: compiled modules
 are adopted as roots when compiled, and compiled code is timed from outside.
 """
 
@@ -262,8 +263,8 @@ class Roots:
 class _GlobalHooks:
     """The discovery hooks put into (and taken out of) torch's global hook dicts
     directly: what ``register_module_forward_(pre_)hook`` do, without a new
-    ``RemovableHandle`` each time. Discovery comes back at every DataLoader pass,
-    and the handles' allocations cost ~20 us a pass inside a training loop."""
+    ``RemovableHandle`` each time: those cost ~20 us a time inside a training loop,
+    and discovery comes back at every new loop."""
 
     KEY = -0x57E95C0  # torch's handle ids count up from 0: never one of theirs
 

@@ -29,7 +29,9 @@ def _write(path, name, steps, per_step, with_steps=True):
     r = run_python(f"""
         import stepscope
         from stepscope.core import _native
-        run = stepscope.start(dir={str(path)!r}, name={name!r}, buffer_mb=128, interval_ms=100, gpu="off")
+        # no system samples while the synthetic steps run (real-time events inside them would make
+        # the steps' contents depend on how fast this machine writes them)
+        run = stepscope.start(dir={str(path)!r}, name={name!r}, buffer_mb=128, interval_ms=60000, gpu="off")
         tpn = _native.clock_info()["ticks_per_ns"]
         phase, ann = stepscope.CATEGORIES.index("phase"), stepscope.CATEGORIES.index("annotation")
         ids = [_native.intern(p) for p in ("GetNext", "Forward", "Backward", "Optimizer")]
@@ -39,7 +41,9 @@ def _write(path, name, steps, per_step, with_steps=True):
         for s in range({steps}):
             if {with_steps}:
                 _native.begin_step("train", t)
-            g = (2000 if s % 97 == 13 else 100) * us
+            # three slowest steps, unequal: ties among the others would be broken by the
+            # clock's rounding, which differs from run to run
+            g = {{13: 2000, 20: 1500, 30: 1000}}.get(s % 97, 100) * us
             span(phase, ids[0], t, t + g)
             t += g + us
             span(phase, ids[1], t, t + {per_step} * 3 * us + us)

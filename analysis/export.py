@@ -21,6 +21,12 @@
   (ui.perfetto.dev opens both).
 * ``parquet``: every table (events, steps, phases, system, kernels) as a
   Parquet file, for DuckDB, pandas, Spark and Trino.
+* ``speedscope`` (``<run>/<run name>.speedscope.json``): the Python stack
+  samples in speedscope's file format, one "sampled" profile per process and
+  thread, weights in nanoseconds; ``collapsed`` (``<run name>.collapsed.txt``):
+  Brendan Gregg's folded stacks (``root;...;leaf count``) for flamegraph.pl,
+  inferno and speedscope, with the phase as the root frame when ``by_phase``
+  (analysis/samples.py).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.run import Run, export_parquet
 from stepscope.core.vocabulary import OTHER, PHASES, TRAIN
 
-FORMATS = ("chrome", "perfetto", "parquet")
+FORMATS = ("chrome", "perfetto", "parquet", "speedscope", "collapsed")
 # stepscope categories as PyTorch's profiler names them
 CPU_CATS = {"phase": "user_annotation", "annotation": "user_annotation", "op": "cpu_op",
             "module": "python_function", "framework": "cpu_op"}
@@ -50,7 +56,8 @@ def step_name(mode: str, step: int) -> str:
 
 
 def _default_path(run: Run, fmt: str) -> str:
-    names = {"chrome": "chrome", "perfetto": f"{run.name}.perfetto-trace", "parquet": "parquet"}
+    names = {"chrome": "chrome", "perfetto": f"{run.name}.perfetto-trace", "parquet": "parquet",
+             "speedscope": f"{run.name}.speedscope.json", "collapsed": f"{run.name}.collapsed.txt"}
     return os.path.join(run.path, names[fmt])
 
 
@@ -168,11 +175,14 @@ def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool 
 
 
 def export(run: Run, fmt: str, out: Optional[str] = None,
-           progress: Optional[Callable[[int, int], None]] = None) -> str:
-    """Writes the run in `fmt`; returns the path written (a folder for chrome and parquet)."""
+           progress: Optional[Callable[[int, int], None]] = None, by_phase: bool = False) -> str:
+    """Writes the run in `fmt`; returns the path written (a folder for chrome and parquet).
+    ``by_phase``: collapsed stacks get the phase as their root frame."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not valid; allowed: {', '.join(FORMATS)}")
     out = out or _default_path(run, fmt)
+    if fmt in ("speedscope", "collapsed"):
+        return _write_samples(run, fmt, out, by_phase)
     if fmt == "parquet":
         return export_parquet(run, out)
     if fmt == "perfetto" and not out.endswith(".json.gz"):
@@ -198,4 +208,21 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
         mine = [p for p, r in ranks.items() if r == rank]
         header = {"distributedInfo": {"rank": rank, "world_size": world}, **common, "otherData": other}
         _write_trace(os.path.join(out, f"rank{rank}.pt.trace.json"), header, _events(run, mine, base, progress))
+    return out
+
+
+def _write_samples(run: Run, fmt: str, out: str, by_phase: bool) -> str:
+    from stepscope.analysis import samples as pysamples
+
+    if fmt == "collapsed":
+        lines = pysamples.folded(run.samples, run.stacks, by_phase=by_phase)
+        with open(out, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        return out
+    threads = {}
+    for p in run._procs:  # thread names the process recorded at its end
+        for tid, name in (p.meta.get("threads") or {}).items():
+            threads[(os.path.basename(p.folder), int(tid))] = name
+    with open(out, "w") as f:
+        json.dump(pysamples.speedscope(run.samples, run.stacks, run.name, threads), f, separators=(",", ":"))
     return out

@@ -17,15 +17,17 @@ from typing import Optional
 
 import pandas as pd
 
-from stepscope.analysis import gpu, tables
+from stepscope.analysis import gpu, samples as pysamples, tables
 from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
                                        resolve_run_path)
 from stepscope.core import runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
-CACHE_VERSION = 3  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit
+CACHE_VERSION = 4  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples
 GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
+TABLES = (*TABLES, "samples", "stacks")  # Python stack samples (analysis/samples.py)
+PY_CACHE = ("pysamples.parquet", "pystacks.parquet")
 
 
 def _trace_files(path: str) -> dict:
@@ -125,6 +127,31 @@ class Run:
         return self._gpu("cuda_api")
 
     @property
+    def samples(self) -> pd.DataFrame:
+        """Python stack samples with their leaf frame, step, mode and phase (analysis/samples.py)."""
+        if "samples" not in self._tables:
+            self.events  # decodes the traces (or reads the cache), samples included
+            raw = getattr(self, "_py_raw", None)
+            if raw is None:  # read from elsewhere (a dataset): decode the traces' samples
+                raw = pysamples.raw_frames(read_processes(self.path))
+            self._tables["stacks"] = raw[1]
+            self._tables["samples"] = pysamples.samples_frame(raw[0], raw[1], self.steps, self.phases)
+        return self._tables["samples"]
+
+    @property
+    def stacks(self) -> pd.DataFrame:
+        """The distinct Python stacks of ``samples``: stack id, parent, depth and leaf frame."""
+        self.samples
+        return self._tables["stacks"]
+
+    @property
+    def sample_functions(self) -> pd.DataFrame:
+        """Per phase and function: self and total samples and the time they stand for."""
+        if "sample_functions" not in self._tables:
+            self._tables["sample_functions"] = pysamples.by_function(self.samples, self.stacks)
+        return self._tables["sample_functions"]
+
+    @property
     def notes(self) -> list:
         """What could not be measured in this run, and why."""
         return list(self.info.get("notes", []))
@@ -205,11 +232,13 @@ class Run:
             try:
                 events = _read_parquet(cached)
                 self._gpu_raw = _read_parquet(self._gpu_cache_path())
+                self._py_raw = tuple(_read_parquet(os.path.join(cache_dir, f)) for f in PY_CACHE)
                 return events
             except Exception:  # noqa: BLE001 - a damaged cache: decode the traces instead
                 self._procs = read_processes(self.path)
         complete = all(p.readable and p.clean_close for p in self._procs)
         self._gpu_raw = gpu.raw_frame(self._procs)  # first: events_frame releases the decoded columns
+        self._py_raw = pysamples.raw_frames(self._procs)
         events = events_frame(self._procs)
         self._release_columns()
         if self._cache_ok and complete and len(events):
@@ -217,7 +246,8 @@ class Run:
                 {"folder": p.folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
                  "dropped": p.dropped} for p in self._procs])
             # Written beside the caller's work; the interpreter waits for it at exit.
-            threading.Thread(target=self._write_cache, args=(events, self._gpu_raw, cache_dir, cached, manifest),
+            threading.Thread(target=self._write_cache, args=(events, self._gpu_raw, cache_dir, cached, manifest,
+                                                             self._py_raw),
                              name="stepscope-parquet-cache").start()
         return events
 
@@ -226,10 +256,11 @@ class Run:
             p.release()
 
     @staticmethod
-    def _write_cache(events, gpu_raw, cache_dir, cached, manifest) -> None:
+    def _write_cache(events, gpu_raw, cache_dir, cached, manifest, py_raw=()) -> None:
         try:
             os.makedirs(cache_dir, exist_ok=True)
-            for frame, path in ((gpu_raw, os.path.join(cache_dir, "gpu.parquet")), (events, cached)):
+            py = [(frame, os.path.join(cache_dir, f)) for frame, f in zip(py_raw, PY_CACHE)]
+            for frame, path in (*py, (gpu_raw, os.path.join(cache_dir, "gpu.parquet")), (events, cached)):
                 tmp = f"{path}.tmp{os.getpid()}"
                 _write_parquet(frame, tmp)
                 os.replace(tmp, path)

@@ -174,7 +174,7 @@ def _export_command(args) -> int:
         if interactive and total:
             print(f"\rstepscope: exporting {100 * done // total}%", end="", file=sys.stderr, flush=True)
 
-    path = export(run, args.format, args.output, progress)
+    path = export(run, args.format, args.output, progress, by_phase=args.by_phase)
     if interactive:
         print("\r", end="", file=sys.stderr)
     print(path)
@@ -255,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="a trace for Perfetto / chrome://tracing, or Parquet tables")
     e.add_argument("run")
-    e.add_argument("--format", required=True, choices=("chrome", "perfetto", "parquet"))
+    e.add_argument("--format", required=True, choices=("chrome", "perfetto", "parquet", "speedscope", "collapsed"))
     e.add_argument("-o", "--output")
+    e.add_argument("--by-phase", action="store_true", help="collapsed: the phase as each stack's root frame")
     e.set_defaults(func=_export_command)
 
     from stepscope.cli.merge import add_parser as add_merge

@@ -14,6 +14,7 @@ from typing import Mapping, Optional, Tuple
 from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES
 
 INTERVAL_MIN_MS, INTERVAL_MAX_MS = 10, 60000
+PYSAMPLE_MAX_HZ = 1000  # a sample holds the GIL ~10-50 us: beyond this it would cost the job
 
 
 class ConfigError(ValueError):
@@ -29,6 +30,7 @@ class Config:
     steps: Optional[Tuple[int, int]] = None  # inclusive range of detailed steps; None: all
     flush_interval_ms: int = 1000
     buffer_mb: int = 32
+    pysample_hz: int = 100  # Python stack samples per second; 0: none
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -97,6 +99,7 @@ _FIELDS = {
     "steps": ("STEPSCOPE_STEPS", parse_steps),
     "flush_interval_ms": ("STEPSCOPE_FLUSH_MS", lambda label, v: _parse_int(label, v, 10, 60000)),
     "buffer_mb": ("STEPSCOPE_BUFFER_MB", lambda label, v: _parse_int(label, v, 1, 4096)),
+    "pysample_hz": ("STEPSCOPE_PYSAMPLE_HZ", lambda label, v: _parse_int(label, v, 0, PYSAMPLE_MAX_HZ)),
 }
 
 ENV_VARIABLES = tuple(var for var, _ in _FIELDS.values())

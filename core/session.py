@@ -101,6 +101,7 @@ class Session:
                     del os.environ[_ACTIVE_RUN_VAR]
         try:
             _native.stop_sampler()
+            _native.pysampler_stop()  # joins with the GIL released
         except Exception:  # noqa: BLE001
             pass
         if self._node_lock is not None:
@@ -261,7 +262,21 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
         raise OSError(err)
     session.active = True
     start_sampling(session, config, origin)
+    if origin == "main" and config.pysample_hz:  # helpers (DataLoader workers) are not stack-sampled
+        _start_pysampler(config.pysample_hz)
     return session
+
+
+def _start_pysampler(hz: int) -> None:
+    """Python stack samples (csrc/pysampler.cc); a failure turns only them off, with one line."""
+    try:
+        err = _native.pysampler_start(hz)
+    except Exception as exc:  # noqa: BLE001
+        err = f"{type(exc).__name__}: {exc}"
+    if err:
+        safety.warn_once("pysampler", f"stepscope: Python stack samples are off ({err}); "
+                         "the rest of the profile is recorded")
+        add_note(f"Python stack samples: off ({err})")
 
 
 def start(**kwargs) -> Optional[Session]:

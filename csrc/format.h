@@ -8,7 +8,7 @@ namespace stepscope {
 
 constexpr char kFileMagic[8] = {'S', 'T', 'E', 'P', 'S', 'C', 'P', '\n'};
 constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 1;  // 1.1: GPU activity (GPU, LAUNCH_CONFIGS chunks)
+constexpr uint16_t kFormatMinor = 2;  // 1.1: GPU activity (GPU, LAUNCH_CONFIGS chunks); 1.2: Python stack samples
 // File header: magic[8] | u16 major | u16 minor | u32 json_len | json bytes.
 constexpr uint32_t kFileHeaderFixed = 16;
 
@@ -25,6 +25,8 @@ enum ChunkType : uint8_t {
   kChunkEnd = 5,     // clean close; same payload as kChunkStats
   kChunkGpu = 6,     // 1.1: GPU activity of one track (gpu.cc)
   kChunkLaunchConfigs = 7,  // 1.1: kernel launch configurations, interned like names
+  kChunkPyStacks = 8,   // 1.2: new strings, frames and stacks of the Python sampler (pysampler.cc)
+  kChunkPySamples = 9,  // 1.2: Python stack samples: time, thread, stack id
 };
 
 // TRACK kinds.

@@ -13,6 +13,7 @@
 
 #include "cupti.h"
 #include "gpu.h"
+#include "pysampler.h"
 #include "reader.h"
 #include "recorder.h"
 #include "sampler.h"
@@ -342,6 +343,16 @@ nb::dict read_trace_py(const std::string& path) {
   gpu["track"] = to_numpy(std::move(g.track));
   gpu["configs"] = to_numpy(std::move(g.configs));
   d["gpu"] = gpu;
+  PyColumns& y = c.py;  // Python stack samples (1.2)
+  nb::dict py;
+  for (auto [k, v] : {std::pair{"frame_func", &y.frame_func}, {"frame_file", &y.frame_file}, {"stack_frame", &y.stack_frame}, {"stack", &y.stack}})
+    py[k] = to_numpy(std::move(*v));
+  for (auto [k, v] : {std::pair{"frame_line", &y.frame_line}, {"stack_parent", &y.stack_parent}}) py[k] = to_numpy(std::move(*v));
+  py["time"] = to_numpy(std::move(y.time));
+  py["tid"] = to_numpy(std::move(y.tid));
+  py["strings"] = nb::cast(y.strings);
+  py["interval_ns"] = y.interval_ns;
+  d["py"] = py;
   d["header"] = nb::bytes(c.header_json.data(), c.header_json.size());
   d["version"] = nb::make_tuple(c.major, c.minor);
   d["dropped"] = c.dropped;
@@ -371,6 +382,7 @@ NB_MODULE(_native, m) {
   PyModule_AddObject(m.ptr(), "Span", reinterpret_cast<PyObject*>(&SpanType));
   g_name_cache = PyDict_New();
   if (!g_name_cache || PyModule_AddFunctions(m.ptr(), hot_methods) < 0) throw nb::python_error();
+  if (PyModule_AddFunctions(m.ptr(), pysampler_methods()) < 0) throw nb::python_error();
   nb::list phases;
   for (const char* name : kPhaseNames) {
     nb::str s(name);

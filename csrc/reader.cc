@@ -175,6 +175,65 @@ void decode_gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& p
                          ", rest of chunk skipped");
 }
 
+// A table grows to `first + count` entries; entries are written where their id says.
+template <typename T>
+T& at_id(std::vector<T>& v, uint64_t id) {
+  if (v.size() <= id) v.resize(id + 1);
+  return v[id];
+}
+
+void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset) {
+  PyColumns& py = c.py;
+  uint64_t first = cur.varint(), n = cur.varint();
+  for (uint64_t i = 0; i < n && cur.ok && first + i < (1u << 26); ++i) {
+    std::string s = cur.bytes(size_t(cur.varint()));
+    if (cur.ok) at_id(py.strings, first + i) = std::move(s);
+  }
+  first = cur.varint();
+  n = cur.varint();
+  for (uint64_t i = 0; i < n && cur.ok && first + i < (1u << 26); ++i) {
+    const uint32_t func = uint32_t(cur.varint()), file = uint32_t(cur.varint());
+    const int32_t line = int32_t(unzigzag(cur.varint()));
+    at_id(py.frame_func, first + i) = func;
+    at_id(py.frame_file, first + i) = file;
+    at_id(py.frame_line, first + i) = line;
+  }
+  first = cur.varint();
+  n = cur.varint();
+  for (uint64_t i = 0; i < n && cur.ok && first + i < (1u << 26); ++i) {
+    const int32_t parent = int32_t(int64_t(cur.varint()) - 1);
+    const uint32_t frame = uint32_t(cur.varint());
+    at_id(py.stack_parent, first + i) = parent;
+    at_id(py.stack_frame, first + i) = frame;
+  }
+  if (!cur.ok)
+    c.warnings.push_back(path + ": malformed Python stacks chunk at offset " + std::to_string(offset));
+}
+
+void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t offset) {
+  PyColumns& py = c.py;
+  py.interval_ns = int64_t(cur.varint());
+  const uint64_t n = cur.varint(), nthreads = cur.varint();
+  std::vector<int64_t> tids;
+  for (uint64_t i = 0; i < nthreads && cur.ok && i < (1u << 20); ++i) tids.push_back(int64_t(cur.varint()));
+  int64_t prev = unzigzag(cur.varint());
+  for (uint64_t i = 0; i < n && cur.ok; ++i) {
+    prev += unzigzag(cur.varint());
+    const uint64_t thread = cur.varint();
+    const uint32_t stack = uint32_t(cur.varint());
+    if (!cur.ok || thread >= tids.size()) {
+      cur.ok = false;
+      break;
+    }
+    py.time.push_back(prev);
+    py.tid.push_back(tids[thread]);
+    py.stack.push_back(stack);
+  }
+  if (!cur.ok)
+    c.warnings.push_back(path + ": malformed Python samples chunk at offset " + std::to_string(offset) +
+                         ", rest of chunk skipped");
+}
+
 }  // namespace
 
 Columns read_trace(const std::string& path) {
@@ -296,6 +355,12 @@ Columns read_trace(const std::string& path) {
         }
         break;
       }
+      case kChunkPyStacks:
+        decode_pystacks(c, cur, path, ch.offset - kChunkHeader);
+        break;
+      case kChunkPySamples:
+        decode_pysamples(c, cur, path, ch.offset - kChunkHeader);
+        break;
       case kChunkStats:
       case kChunkEnd: {
         uint64_t dropped = cur.varint();

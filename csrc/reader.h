@@ -27,6 +27,18 @@ struct GpuColumns {
   std::vector<uint32_t> configs;
 };
 
+// Python stack samples (format 1.2): per-process tables, index = id.
+struct PyColumns {
+  std::vector<std::string> strings;
+  std::vector<uint32_t> frame_func, frame_file;  // string ids
+  std::vector<int32_t> frame_line;
+  std::vector<int32_t> stack_parent;  // -1 at the root
+  std::vector<uint32_t> stack_frame;
+  std::vector<int64_t> time, tid;  // one entry per sample
+  std::vector<uint32_t> stack;
+  int64_t interval_ns = 0;
+};
+
 struct Columns {
   std::vector<uint8_t> kind, cat;
   std::vector<uint32_t> name;
@@ -36,6 +48,7 @@ struct Columns {
   std::vector<std::string> names;  // index = name id
   std::vector<TrackInfo> tracks;
   GpuColumns gpu;
+  PyColumns py;
   std::string header_json;
   uint16_t major = 0, minor = 0;
   uint64_t dropped = 0, written = 0;

@@ -17,6 +17,7 @@
 #include "cupti.h"
 #include "encoding.h"
 #include "gpu.h"
+#include "pysampler.h"
 #include "recorder.h"
 #include "sampler.h"
 
@@ -377,6 +378,7 @@ void flush_once(bool final_pass) {
     c->flushed = n;
   }
   encode_gpu(events);
+  encode_pysamples(events);
   std::string& out = g_w.buf;
   out.clear();
   encode_names(out);  // after events were read: every name they use exists
@@ -508,6 +510,7 @@ std::string open_writer(const WriterOptions& opt) {
 
 void close_writer() {
   stop_sampler();
+  stop_pysampler();  // its last samples go into the final flush
   if (g_w.fd < 0 && !g_w.thread.joinable()) return;
   end_step();
   g_enabled.store(false);

@@ -1,0 +1,502 @@
+// Python stack sampler. A native thread wakes `hz` times a second, takes the
+// GIL (so every other thread is at a safe point), walks each thread's frames
+// through the C API that CPython 3.9-3.13 all have (PyThreadState_GetFrame,
+// PyFrame_GetBack, PyFrame_GetCode, PyFrame_GetLineNumber), and releases the
+// GIL before anything else: interning is done on thread-local tables, handing
+// the pass to the writer takes a mutex only after the GIL is given back.
+//
+// Samples are wall-clock: a thread blocked in C with the GIL released (torch
+// kernels, a queue wait) is sampled where it waits, which is where its time goes.
+//
+// Strings, frames (function, file, line) and stacks (parent stack, frame: a
+// prefix tree, so a stack costs one entry per new leaf) are interned for the
+// life of the process, with ids dense from 0; each new trace file gets them
+// all again. Code objects seen are kept alive (one reference each) so their
+// addresses stay unique keys.
+#include <Python.h>
+
+#include "pysampler.h"
+
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "encoding.h"
+#include "format.h"
+#include "recorder.h"
+
+namespace stepscope {
+namespace {
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define SS_FINALIZING() Py_IsFinalizing()
+#else
+#define SS_FINALIZING() _Py_IsFinalizing()
+#endif
+
+constexpr int kMaxDepth = 512;                 // deeper stacks keep their innermost frames
+constexpr size_t kMaxPending = size_t(1) << 20;  // samples queued while the writer stalls
+constexpr size_t kMaxFrames = size_t(1) << 22;   // interning bound (exec'd code in a loop)
+
+struct Frame {
+  uint32_t func, file;
+  int32_t line;
+};
+struct Sample {
+  uint64_t tick;
+  uint64_t tid;
+  uint32_t stack;
+};
+
+struct CodeNames {
+  uint32_t func, file;
+};
+
+struct State {
+  // Control, guarded by mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  pthread_t thread{};
+  bool running = false;
+  bool stop = false;
+  int hz = 100;
+  pid_t owner = 0;
+
+  // Tables and queue, guarded by data_mu; appended by the sampler thread only.
+  std::mutex data_mu;
+  std::vector<std::string> strings;
+  std::vector<Frame> frames;
+  std::vector<std::pair<int32_t, uint32_t>> stacks;  // (parent or -1, frame)
+  std::vector<Sample> samples;
+  size_t strings_written = 0, frames_written = 0, stacks_written = 0;
+  uint64_t taken = 0, dropped = 0, passes = 0, bytes = 0;
+  int64_t gil_wait_ns = 0, hold_ns = 0;
+
+  // Sampler thread only.
+  std::unordered_map<std::string, uint32_t> string_ids;
+  std::unordered_map<PyObject*, CodeNames> codes;  // holds a reference to each key
+  std::unordered_map<uint64_t, uint32_t> frame_ids;  // code index << 32 | line
+  std::unordered_map<PyObject*, uint32_t> code_index;
+  std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
+  std::unordered_map<uint64_t, uint64_t> native_ids;  // PyThreadState id -> OS thread id (before 3.11)
+  // One pass's additions, moved to the shared tables after the GIL is released.
+  std::vector<std::string> new_strings;
+  std::vector<Frame> new_frames;
+  std::vector<std::pair<int32_t, uint32_t>> new_stacks;
+  std::vector<Sample> new_samples;
+  uint64_t pass_dropped = 0;
+} g_p;
+
+uint32_t string_id(const char* s, size_t n) {
+  std::string key(s, n);
+  auto it = g_p.string_ids.find(key);
+  if (it != g_p.string_ids.end()) return it->second;
+  const uint32_t id = uint32_t(g_p.strings.size() + g_p.new_strings.size());
+  g_p.new_strings.push_back(key);
+  g_p.string_ids.emplace(std::move(key), id);
+  return id;
+}
+
+uint32_t string_of(PyObject* o) {
+  Py_ssize_t n = 0;
+  const char* s = o && PyUnicode_Check(o) ? PyUnicode_AsUTF8AndSize(o, &n) : nullptr;
+  if (!s) {
+    PyErr_Clear();  // a name that is not valid UTF-8 (lone surrogates)
+    return string_id("?", 1);
+  }
+  return string_id(s, size_t(n));
+}
+
+// The frame id of (code, line); the code object is kept alive from its first sighting.
+bool frame_id(PyCodeObject* code, int line, uint32_t* out) {
+  PyObject* key = reinterpret_cast<PyObject*>(code);
+  uint32_t ci;
+  auto c = g_p.code_index.find(key);
+  if (c == g_p.code_index.end()) {
+    if (g_p.frames.size() + g_p.new_frames.size() >= kMaxFrames) return false;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject* name = code->co_qualname;  // Class.method
+#else
+    PyObject* name = code->co_name;
+#endif
+    CodeNames names{string_of(name), string_of(code->co_filename)};
+    Py_INCREF(key);
+    ci = uint32_t(g_p.codes.size());
+    g_p.codes.emplace(key, names);
+    g_p.code_index.emplace(key, ci);
+  } else {
+    ci = c->second;
+  }
+  const uint64_t k = (uint64_t(ci) << 32) | uint32_t(line);
+  auto it = g_p.frame_ids.find(k);
+  if (it != g_p.frame_ids.end()) {
+    *out = it->second;
+    return true;
+  }
+  if (g_p.frames.size() + g_p.new_frames.size() >= kMaxFrames) return false;
+  const CodeNames& names = g_p.codes[key];
+  const uint32_t id = uint32_t(g_p.frames.size() + g_p.new_frames.size());
+  g_p.new_frames.push_back({names.func, names.file, line});
+  g_p.frame_ids.emplace(k, id);
+  *out = id;
+  return true;
+}
+
+uint32_t stack_id(int32_t parent, uint32_t frame) {
+  const uint64_t k = (uint64_t(uint32_t(parent + 1)) << 32) | frame;
+  auto it = g_p.stack_ids.find(k);
+  if (it != g_p.stack_ids.end()) return it->second;
+  const uint32_t id = uint32_t(g_p.stacks.size() + g_p.new_stacks.size());
+  g_p.new_stacks.emplace_back(parent, frame);
+  g_p.stack_ids.emplace(k, id);
+  return id;
+}
+
+// The OS thread id, which the trace's tracks use (threading.get_native_id()).
+uint64_t native_id(PyThreadState* t) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return t->native_thread_id;
+#else
+  // Before 3.11 the thread state does not keep it: ask threading's registry
+  // (a dict of Thread objects by ident; _native_id is a plain attribute), once.
+  const uint64_t key = PyThreadState_GetID(t);
+  auto it = g_p.native_ids.find(key);
+  if (it != g_p.native_ids.end()) return it->second;
+  uint64_t tid = 0;
+  PyObject* modname = PyUnicode_FromString("threading");
+  PyObject* threading = modname ? PyImport_GetModule(modname) : nullptr;
+  Py_XDECREF(modname);
+  if (threading) {
+    if (PyObject* active = PyObject_GetAttrString(threading, "_active")) {
+      PyObject* ident = PyLong_FromUnsignedLong(t->thread_id);
+      PyObject* thread = ident && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident) : nullptr;
+      if (thread) {
+        if (PyObject* n = PyObject_GetAttrString(thread, "_native_id")) {
+          tid = PyLong_Check(n) ? PyLong_AsUnsignedLongLong(n) : 0;
+          Py_DECREF(n);
+        }
+      }
+      Py_XDECREF(ident);
+      Py_DECREF(active);
+    }
+    Py_DECREF(threading);
+  }
+  PyErr_Clear();
+  if (tid == uint64_t(-1)) tid = 0;
+  if (tid == 0) tid = t->thread_id;  // not a threading thread: its ident, at least stable
+  g_p.native_ids.emplace(key, tid);
+  return tid;
+#endif
+}
+
+// One pass with the GIL held: every thread with a Python frame, but ours.
+void walk(PyThreadState* self) {
+  const uint64_t tick = ticks();
+  uint32_t ids[kMaxDepth];
+  for (PyThreadState* t = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(self)); t;
+       t = PyThreadState_Next(t)) {
+    if (t == self) continue;
+    PyFrameObject* f = PyThreadState_GetFrame(t);
+    if (!f) continue;
+    int depth = 0;
+    bool ok = true;
+    while (f) {
+      PyCodeObject* code = PyFrame_GetCode(f);
+      const int line = PyFrame_GetLineNumber(f);
+      if (depth < kMaxDepth && ok) {
+        ok = frame_id(code, line, &ids[depth]);
+        ++depth;
+      }
+      Py_DECREF(code);
+      PyFrameObject* back = PyFrame_GetBack(f);
+      Py_DECREF(f);
+      f = back;
+      if (depth == kMaxDepth) {  // keep the innermost frames: that is where the time goes
+        Py_XDECREF(f);
+        break;
+      }
+    }
+    if (!ok) {
+      ++g_p.pass_dropped;  // the frame table is full
+      continue;
+    }
+    int32_t stack = -1;
+    for (int i = depth - 1; i >= 0; --i) stack = int32_t(stack_id(stack, ids[i]));
+    g_p.new_samples.push_back({tick, native_id(t), uint32_t(stack)});
+  }
+}
+
+void* sampler_main(void*) {
+  pthread_setname_np(pthread_self(), "stepscope-pysmp");
+  if (SS_FINALIZING()) return nullptr;
+  // A thread state of our own, made once: per-sample PyGILState_Ensure/Release
+  // pairs would create and destroy one at every pass.
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyThreadState* self = PyThreadState_Get();
+  PyEval_SaveThread();
+  auto next = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lk(g_p.mu);
+  const auto interval = std::chrono::nanoseconds(1000000000 / g_p.hz);
+  while (!g_p.stop) {
+    lk.unlock();
+    // Never take the GIL once finalization began: a daemon thread that does
+    // is made to exit inside PyEval_RestoreThread (3.9-3.13).
+    if (SS_FINALIZING()) break;
+    const int64_t t0 = mono_ns();
+    PyEval_RestoreThread(self);
+    const int64_t t1 = mono_ns();
+    walk(self);
+    PyEval_SaveThread();
+    const int64_t t2 = mono_ns();
+    {
+      std::lock_guard<std::mutex> dl(g_p.data_mu);
+      for (auto& s : g_p.new_strings) g_p.strings.push_back(std::move(s));
+      g_p.frames.insert(g_p.frames.end(), g_p.new_frames.begin(), g_p.new_frames.end());
+      g_p.stacks.insert(g_p.stacks.end(), g_p.new_stacks.begin(), g_p.new_stacks.end());
+      const size_t room = g_p.samples.size() < kMaxPending ? kMaxPending - g_p.samples.size() : 0;
+      const size_t take = std::min(room, g_p.new_samples.size());
+      g_p.samples.insert(g_p.samples.end(), g_p.new_samples.begin(), g_p.new_samples.begin() + long(take));
+      g_p.dropped += g_p.new_samples.size() - take + g_p.pass_dropped;
+      g_p.pass_dropped = 0;
+      g_p.taken += take;
+      ++g_p.passes;
+      g_p.gil_wait_ns += t1 - t0;
+      g_p.hold_ns += t2 - t1;
+    }
+    g_p.new_strings.clear();
+    g_p.new_frames.clear();
+    g_p.new_stacks.clear();
+    g_p.new_samples.clear();
+    lk.lock();
+    next += interval;
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now;  // fell behind (a long GIL wait): skip, never burst
+    g_p.cv.wait_until(lk, next, [] { return g_p.stop; });
+  }
+  if (lk.owns_lock()) lk.unlock();
+  if (!SS_FINALIZING()) {
+    PyEval_RestoreThread(self);
+    PyGILState_Release(gil);  // deletes our thread state
+  }
+  return nullptr;
+}
+
+// Fork: the sampler thread does not exist in the child; its state is dropped
+// without joining, and the child starts none unless it starts a session of its own.
+void at_fork_prepare() { g_p.data_mu.lock(); }
+void at_fork_parent() { g_p.data_mu.unlock(); }
+void at_fork_child() {
+  new (&g_p.mu) std::mutex();
+  new (&g_p.cv) std::condition_variable();
+  new (&g_p.data_mu) std::mutex();
+  g_p.thread = pthread_t{};
+  g_p.running = false;
+  g_p.stop = false;
+  g_p.samples.clear();  // the parent's samples are the parent's
+  g_p.new_samples.clear();
+  g_p.native_ids.clear();
+  g_p.strings_written = g_p.frames_written = g_p.stacks_written = 0;
+  g_p.taken = g_p.dropped = g_p.passes = g_p.bytes = g_p.pass_dropped = 0;
+  g_p.gil_wait_ns = g_p.hold_ns = 0;
+  g_p.owner = 0;
+}
+
+std::string start(int hz) {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child); });
+  stop_pysampler();
+  if (hz <= 0) return {};
+  {
+    std::lock_guard<std::mutex> dl(g_p.data_mu);
+    g_p.samples.clear();
+    // A new trace file: every string, frame and stack is written into it again.
+    g_p.strings_written = g_p.frames_written = g_p.stacks_written = 0;
+    g_p.taken = g_p.dropped = g_p.passes = g_p.bytes = 0;
+    g_p.gil_wait_ns = g_p.hold_ns = 0;
+  }
+  std::lock_guard<std::mutex> lk(g_p.mu);
+  g_p.hz = hz;
+  g_p.stop = false;
+  g_p.owner = getpid();
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, size_t(1) << 20);
+  const int err = pthread_create(&g_p.thread, &attr, sampler_main, nullptr);
+  pthread_attr_destroy(&attr);
+  if (err != 0) return std::string("cannot start the Python sampler thread: ") + std::strerror(err);
+  g_p.running = true;
+  return {};
+}
+
+// ------------------------------------------------------------ Python API
+
+PyObject* py_start(PyObject*, PyObject* arg) {
+  const long hz = PyLong_AsLong(arg);
+  if (hz == -1 && PyErr_Occurred()) return nullptr;
+  std::string err;
+  Py_BEGIN_ALLOW_THREADS  // stopping a running sampler joins a thread that may wait for the GIL
+  err = start(int(hz));
+  Py_END_ALLOW_THREADS
+  return PyUnicode_FromStringAndSize(err.data(), Py_ssize_t(err.size()));
+}
+
+PyObject* py_stop(PyObject*, PyObject*) {
+  Py_BEGIN_ALLOW_THREADS
+  stop_pysampler();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* py_status(PyObject*, PyObject*) {
+  bool running;
+  int hz;
+  pid_t owner;
+  int64_t cpu_ns = -1;
+  {
+    std::lock_guard<std::mutex> lk(g_p.mu);
+    running = g_p.running;
+    hz = g_p.hz;
+    owner = g_p.owner;
+    clockid_t cid;
+    timespec ts;
+    if (running && pthread_getcpuclockid(g_p.thread, &cid) == 0 && clock_gettime(cid, &ts) == 0)
+      cpu_ns = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+  std::lock_guard<std::mutex> dl(g_p.data_mu);
+  return Py_BuildValue("{s:O,s:i,s:i,s:K,s:K,s:K,s:K,s:L,s:L,s:L,s:n,s:n,s:n}", "running",
+                       running ? Py_True : Py_False, "hz", hz, "pid", int(owner), "samples",
+                       (unsigned long long)g_p.taken, "dropped", (unsigned long long)g_p.dropped, "passes",
+                       (unsigned long long)g_p.passes, "bytes", (unsigned long long)g_p.bytes, "cpu_ns",
+                       (long long)cpu_ns, "gil_wait_ns", (long long)g_p.gil_wait_ns, "hold_ns",
+                       (long long)g_p.hold_ns, "strings", Py_ssize_t(g_p.strings.size()), "frames",
+                       Py_ssize_t(g_p.frames.size()), "stacks", Py_ssize_t(g_p.stacks.size()));
+}
+
+PyMethodDef g_methods[] = {
+    {"pysampler_start", py_start, METH_O,
+     "pysampler_start(hz): samples every thread's Python stack hz times a second; '' or the reason it cannot"},
+    {"pysampler_stop", py_stop, METH_NOARGS, "Stops the Python stack sampler (its samples reach the trace)."},
+    {"pysampler_status", py_status, METH_NOARGS,
+     "The Python sampler's state and counters (samples, dropped, bytes, the thread's CPU time)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+void append_chunk(std::string& out, uint8_t type, const std::string& payload) {
+  char h[kChunkHeader];
+  const uint32_t magic = kChunkMagic, len = uint32_t(payload.size());
+  const uint32_t crc = crc32c(payload.data(), payload.size());
+  std::memcpy(h, &magic, 4);
+  h[4] = char(type);
+  h[5] = h[6] = h[7] = 0;
+  std::memcpy(h + 8, &len, 4);
+  std::memcpy(h + 12, &crc, 4);
+  out.append(h, kChunkHeader);
+  out += payload;
+}
+
+}  // namespace
+
+PyMethodDef* pysampler_methods() { return g_methods; }
+
+void stop_pysampler() {
+  pthread_t thread;
+  {
+    std::lock_guard<std::mutex> lk(g_p.mu);
+    if (!g_p.running) return;
+    g_p.stop = true;
+    g_p.running = false;
+    thread = g_p.thread;
+  }
+  g_p.cv.notify_all();
+  pthread_join(thread, nullptr);
+}
+
+// PYSTACKS: first string id, count, (len, bytes)...; first frame id, count,
+// (function, file, line)...; first stack id, count, (parent + 1, frame)...
+// PYSAMPLES: interval_ns, count, thread count, OS thread ids..., base_ns, then
+// per sample zigzag(time - previous time), thread index, stack id.
+void encode_pysamples(std::string& out) {
+  std::vector<std::string> strings;
+  std::vector<Frame> frames;
+  std::vector<std::pair<int32_t, uint32_t>> stacks;
+  std::vector<Sample> samples;
+  size_t s0, f0, k0;
+  int hz;
+  {
+    std::lock_guard<std::mutex> lk(g_p.mu);
+    hz = g_p.hz;
+  }
+  {
+    std::lock_guard<std::mutex> dl(g_p.data_mu);
+    if (g_p.samples.empty() && g_p.strings_written == g_p.strings.size() &&
+        g_p.frames_written == g_p.frames.size() && g_p.stacks_written == g_p.stacks.size())
+      return;
+    s0 = g_p.strings_written;
+    f0 = g_p.frames_written;
+    k0 = g_p.stacks_written;
+    strings.assign(g_p.strings.begin() + long(s0), g_p.strings.end());
+    frames.assign(g_p.frames.begin() + long(f0), g_p.frames.end());
+    stacks.assign(g_p.stacks.begin() + long(k0), g_p.stacks.end());
+    g_p.strings_written = g_p.strings.size();
+    g_p.frames_written = g_p.frames.size();
+    g_p.stacks_written = g_p.stacks.size();
+    samples.swap(g_p.samples);
+  }
+  const size_t before = out.size();
+  if (!strings.empty() || !frames.empty() || !stacks.empty()) {
+    std::string p;
+    put_varint(p, s0);
+    put_varint(p, strings.size());
+    for (const std::string& s : strings) {
+      put_varint(p, s.size());
+      p += s;
+    }
+    put_varint(p, f0);
+    put_varint(p, frames.size());
+    for (const Frame& f : frames) {
+      put_varint(p, f.func);
+      put_varint(p, f.file);
+      put_varint(p, zigzag(f.line));
+    }
+    put_varint(p, k0);
+    put_varint(p, stacks.size());
+    for (const auto& [parent, frame] : stacks) {
+      put_varint(p, uint64_t(int64_t(parent) + 1));
+      put_varint(p, frame);
+    }
+    append_chunk(out, kChunkPyStacks, p);
+  }
+  if (!samples.empty()) {
+    std::vector<uint64_t> tids;
+    std::unordered_map<uint64_t, uint32_t> index;
+    for (const Sample& s : samples)
+      if (index.emplace(s.tid, uint32_t(tids.size())).second) tids.push_back(s.tid);
+    std::string p;
+    p.reserve(samples.size() * 5 + tids.size() * 4 + 32);
+    put_varint(p, uint64_t(1000000000 / (hz > 0 ? hz : 100)));
+    put_varint(p, samples.size());
+    put_varint(p, tids.size());
+    for (uint64_t t : tids) put_varint(p, t);
+    int64_t prev = converter().to_ns(samples[0].tick);
+    put_varint(p, zigzag(prev));
+    for (const Sample& s : samples) {
+      const int64_t ns = converter().to_ns(s.tick);
+      put_varint(p, zigzag(ns - prev));
+      prev = ns;
+      put_varint(p, index[s.tid]);
+      put_varint(p, s.stack);
+    }
+    append_chunk(out, kChunkPySamples, p);
+  }
+  std::lock_guard<std::mutex> dl(g_p.data_mu);
+  g_p.bytes += out.size() - before;
+}
+
+}  // namespace stepscope

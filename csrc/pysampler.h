@@ -1,0 +1,18 @@
+// The Python stack sampler (see pysampler.cc): a native thread that takes the
+// GIL at a fixed rate, reads every thread's Python frames and queues interned
+// stacks for the writer (PYSTACKS and PYSAMPLES chunks, docs/format.md).
+#pragma once
+#include <string>
+
+struct PyMethodDef;  // Python.h stays out of the writer's includes
+
+namespace stepscope {
+
+// pysampler_start(hz) -> '' or the reason, pysampler_stop(), pysampler_status() -> dict.
+PyMethodDef* pysampler_methods();
+// Writer thread, every flush: new strings, frames and stacks, then the queued samples.
+void encode_pysamples(std::string& out);
+// Stops and joins the sampler thread; the caller must not hold the GIL.
+void stop_pysampler();
+
+}  // namespace stepscope

@@ -1,0 +1,190 @@
+"""The Python stack sampler (csrc/pysampler.cc): real CPU torch training under STEPSCOPE=1,
+samples in the loop's thread with the user's functions, phases by time, both exports,
+STEPSCOPE_PYSAMPLE_HZ=0, and forked children."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+from stepscope.analysis.export import export  # noqa: E402
+from stepscope.core import _native  # noqa: E402
+from stepscope.core.config import ConfigError, resolve  # noqa: E402
+
+STEPS, SLEEP_S = 24, 0.03
+
+TRAIN = textwrap.dedent(f"""
+    import json, sys, threading, time
+    import torch
+    from torch import nn
+
+    def slow_part(x):
+        time.sleep({SLEEP_S})  # inside Forward: the sampler must find it there
+        return x
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(slow_part(x))))
+
+    def train_loop():
+        torch.manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn({STEPS} * 16, 32), torch.randint(0, 4, ({STEPS} * 16,)))
+        loader = torch.utils.data.DataLoader(data, batch_size=16)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+
+    t0 = time.perf_counter()
+    train_loop()
+    print(json.dumps({{"tid": threading.get_native_id(), "seconds": time.perf_counter() - t0}}))
+""")
+
+
+def _train(tmp_path, name, **env):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    full.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN=name, **env)
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=full, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stepscope:" not in r.stderr, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), stepscope.load(tmp_path / "runs" / name, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("pysampler"), "run")
+
+
+def test_samples_in_the_loop_thread_with_user_functions(trained):
+    info, run = trained
+    s = run.samples
+    assert len(run.steps[run.steps["mode"] == "train"]) == STEPS
+    mine = s[s["tid"] == info["tid"]]
+    # ~100 Hz over the loop, which takes at least STEPS * SLEEP_S seconds
+    assert len(mine) >= 0.5 * 100 * STEPS * SLEEP_S, len(mine)
+    assert set(s["interval_ns"]) == {10_000_000}
+    names = set(run.stacks["function"])
+    for f in ("train_loop", "slow_part", "Net.forward", "<module>"):
+        assert f in names, f
+    leaf = mine[mine["function"] == "slow_part"]
+    assert len(leaf) > 0 and all(f.endswith("train.py") for f in leaf["file"])
+    # the loop's stacks run from the script down through train_loop
+    paths = run.stacks.set_index("stack")
+    st = int(leaf["stack"].iloc[0])
+    chain = []
+    while st >= 0:
+        chain.append(paths.loc[st, "function"])
+        st = int(paths.loc[st, "parent"])
+    assert chain[::-1][:3] == ["<module>", "train_loop", "Module._wrapped_call_impl"][:3] or \
+        chain[::-1][:2] == ["<module>", "train_loop"], chain
+
+
+def test_a_sleep_in_forward_is_attributed_to_forward(trained):
+    info, run = trained
+    s = run.samples
+    mine = s[s["tid"] == info["tid"]]
+    leaf = mine[mine["function"] == "slow_part"]
+    # nearly all of them in Forward, with their step and mode
+    assert (leaf["phase"] == "Forward").mean() >= 0.9, leaf["phase"].value_counts()
+    assert (leaf["mode"] == "train").mean() >= 0.9
+    assert leaf["step"].between(0, STEPS - 1).mean() >= 0.9
+    expected = STEPS * SLEEP_S * 100  # seconds slept x samples per second
+    assert 0.6 * expected <= (leaf["phase"] == "Forward").sum() <= 1.4 * expected, (len(leaf), expected)
+    funcs = run.sample_functions
+    row = funcs[(funcs["phase"] == "Forward") & (funcs["function"] == "slow_part")].iloc[0]
+    assert 0.6 * STEPS * SLEEP_S <= row["self_s"] <= 1.4 * STEPS * SLEEP_S
+    assert row["total_samples"] >= row["self_samples"] > 0
+    fwd = funcs[(funcs["phase"] == "Forward") & (funcs["function"] == "Net.forward")].iloc[0]
+    assert fwd["self_samples"] < fwd["total_samples"] and fwd["total_samples"] >= row["total_samples"]
+    # the top self function of Forward in the loop thread is the sleeping one
+    top = funcs[funcs["phase"] == "Forward"].sort_values("self_samples", ascending=False).iloc[0]
+    assert top["function"] == "slow_part"
+
+
+def test_exports_parse(trained, tmp_path):
+    _, run = trained
+    n = len(run.samples)
+    folded = export(run, "collapsed", str(tmp_path / "a.txt"))
+    lines = open(folded).read().splitlines()
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) == n
+    assert any(line.split(";")[0].startswith("<module>") for line in lines)
+    assert any("slow_part (" in line.rsplit(" ", 1)[0].split(";")[-1] for line in lines)
+    by_phase = export(run, "collapsed", str(tmp_path / "b.txt"), by_phase=True)
+    roots = {line.split(";")[0] for line in open(by_phase).read().splitlines()}
+    assert "Forward" in roots and roots <= {"GetNext", "Forward", "Loss", "Backward", "Optimizer", "Other", "-"}
+    doc = json.load(open(export(run, "speedscope", str(tmp_path / "s.json"))))
+    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
+    frames = doc["shared"]["frames"]
+    assert {"name", "file", "line"} <= set(frames[0])
+    assert sum(len(p["samples"]) for p in doc["profiles"]) == n
+    for p in doc["profiles"]:
+        assert p["type"] == "sampled" and p["unit"] == "nanoseconds"
+        assert len(p["samples"]) == len(p["weights"]) and p["endValue"] > p["startValue"]
+        assert all(0 <= i < len(frames) for st in p["samples"] for i in st)
+    main = max(doc["profiles"], key=lambda p: len(p["samples"]))
+    roots = [frames[st[0]]["name"] for st in main["samples"]]
+    assert max(set(roots), key=roots.count) == "<module>"  # root first (the script's top level)
+    # the CLI writes the same
+    out = tmp_path / "c.txt"
+    r = subprocess.run([sys.executable, "-m", "stepscope", "export", run.path, "--format", "collapsed", "-o",
+                        str(out), "--by-phase"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in out.read_text().splitlines()) == n
+
+
+def test_rate_zero_writes_no_samples(tmp_path):
+    _, run = _train(tmp_path, "off", STEPSCOPE_PYSAMPLE_HZ="0")
+    assert len(run.steps) == STEPS and len(run.samples) == 0 and len(run.stacks) == 0
+    with pytest.raises(ConfigError, match="STEPSCOPE_PYSAMPLE_HZ"):
+        resolve(env={"STEPSCOPE_PYSAMPLE_HZ": "fast"})
+    with pytest.raises(ConfigError, match="STEPSCOPE_PYSAMPLE_HZ"):
+        resolve(env={"STEPSCOPE_PYSAMPLE_HZ": "5000"})
+    assert resolve(env={"STEPSCOPE_PYSAMPLE_HZ": "250"}).pysample_hz == 250
+
+
+def test_a_forked_child_does_not_inherit_the_sampler(tmp_path):
+    code = textwrap.dedent("""
+        import os, sys, time, stepscope
+        from stepscope.core import _native
+        def spin(t):
+            end = time.time() + t
+            while time.time() < end:
+                pass
+        s = stepscope.start(dir=sys.argv[1], name="fork", pysample_hz=200)
+        assert _native.pysampler_status()["running"]
+        spin(0.2)
+        pid = os.fork()
+        if pid == 0:
+            st = _native.pysampler_status()
+            spin(0.2)  # a child that runs Python: no sampler thread takes its GIL
+            os._exit(0 if not st["running"] and st["samples"] == 0 and st["pid"] != os.getpid() else 3)
+        _, status = os.waitpid(pid, 0)
+        spin(0.2)
+        st = _native.pysampler_status()
+        s.stop()
+        print(os.waitstatus_to_exitcode(status), st["running"], st["samples"], os.getpid())
+    """)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
+                       timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+    assert r.returncode == 0, r.stderr
+    child, running, taken, pid = r.stdout.split()
+    assert child == "0" and running == "True" and int(taken) >= 40  # the parent sampled through the fork
+    run = stepscope.load(tmp_path / "runs" / "fork", quiet=True)
+    assert set(run.samples["pid"]) == {int(pid)}
+    assert not _native.pysampler_status()["running"]  # this process never started one

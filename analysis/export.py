@@ -108,12 +108,17 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
     step, value = ev["step"].to_numpy(), ev["value"].to_numpy()
     name_codes, name_cats = ev["name"].cat.codes.to_numpy(), ev["name"].cat.categories
     n = len(ev)
+    op_args = _op_args(ev)
     for i in range(n):
         name = name_cats[name_codes[i]]
         cat = cats[i]
         if kinds[i] == 0:
+            # an op's recorded step is the one its window closed in: torch's keys instead
+            args = op_args.get(i, {}) if cat == "op" else {"step": int(step[i])}
             yield dumps({"ph": "X", "cat": CPU_CATS.get(cat, cat), "name": name, "pid": int(pid[i]),
-                         "tid": int(tid[i]), "ts": float(ts[i]), "dur": float(dur[i]), "args": {"step": int(step[i])}})
+                         "tid": int(tid[i]), "ts": float(ts[i]), "dur": float(dur[i]), "args": args})
+        elif cat == "op":
+            continue  # an op's input dims: in its span's args
         elif kinds[i] == 1:
             if cat == "step":
                 continue  # the ProfilerStep ranges show them
@@ -126,6 +131,30 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
         if progress is not None and i % 200_000 == 0:
             progress(i, n)
     yield from _gpu_events(run, processes, base)
+
+
+def _op_args(ev: pd.DataFrame) -> dict:
+    """Row position -> PyTorch profiler's args of an op span: "Input Dims", "Sequence number"."""
+    from stepscope.analysis import ops, tables
+
+    rows = tables._rows_of(ev, "op", "span")
+    if not len(rows):
+        return {}
+    arg = np.maximum(ev["arg"].to_numpy()[rows], 0)
+    shapes = ops._shapes(ev, ev["process"].to_numpy()[rows], arg >> 32)
+    parsed: dict = {}
+    out = {}
+    for i, seq, dims in zip(rows.tolist(), ((arg & 0xFFFFFFFF) - 1).tolist(), shapes):
+        a = {"Sequence number": seq} if seq >= 0 else {}
+        if dims is not None:
+            if dims not in parsed:
+                try:
+                    parsed[dims] = json.loads(dims)
+                except ValueError:  # cut at its length limit
+                    parsed[dims] = dims
+            a["Input Dims"] = parsed[dims]
+        out[i] = a
+    return out
 
 
 def _gpu_events(run: Run, processes, base: int) -> Iterator[str]:

@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import GETNEXT, TRAIN
+from stepscope.core.vocabulary import GETNEXT, PHASES, TRAIN
 
 GETNEXT_BINS = 60
 MAX_BOXES = 32  # workers or GPUs per box plot
@@ -301,3 +301,27 @@ def gpu_boxes(run):
         memory.add_trace(box_trace(have, "GPU memory used", 3, marker_color="#54a24b"))
         memory.update_layout(title="GPU memory used per GPU (whiskers: min and max)", yaxis_title="GiB")
     return [f for f in (batch, memory) if f.data]
+
+
+# --- operators (operator windows, analysis/ops.py) ---------------------------------------------
+def operators_html(run, esc, top: int = 10) -> str:
+    """Per phase, the operators with the most self time in the sampled steps; empty
+    when the run has no operator windows."""
+    ops = run.ops
+    if not len(ops):
+        return ""
+    table = run.op_summary(top=top)
+    steps = int(table["steps"].max()) if len(table) else 0
+    out = [f"<p class='muted'>Operators of the {steps} sampled step(s) (torch's profiler in short windows); "
+           "self time excludes nested operators; share is of the phase's time in those steps.</p>"]
+    order = {p: i for i, p in enumerate((*PHASES, "Other"))}
+    for phase, t in sorted(table.groupby("phase", sort=False), key=lambda kv: order.get(kv[0], 99)):
+        rows = "".join(
+            f"<tr><td>{esc(r.name)}</td><td>{r.count / max(r.steps, 1):,.1f}</td>"
+            f"<td>{r.self_ns_per_step / 1e6:,.3f}</td><td>{r.total_ns / max(r.steps, 1) / 1e6:,.3f}</td>"
+            f"<td>{'' if r.share != r.share else f'{100 * r.share:.1f}%'}</td></tr>"
+            for r in t.itertuples(index=False))
+        out.append(f"<h3>{esc(phase)}: top operators</h3><table class='grid ops' data-phase='{esc(phase)}'>"
+                   "<tr><th>operator</th><th>calls/step</th><th>self ms/step</th><th>total ms/step</th>"
+                   "<th>share of phase</th></tr>" + rows + "</table>")
+    return "".join(out)

@@ -26,6 +26,7 @@ from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 CACHE_VERSION = 4  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples
 GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
+TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)
 TABLES = (*TABLES, "samples", "stacks")  # Python stack samples (analysis/samples.py)
 PY_CACHE = ("pysamples.parquet", "pystacks.parquet")
 
@@ -90,6 +91,21 @@ class Run:
     def phases(self) -> pd.DataFrame:
         self._steps_and_phases()
         return self._tables["phases"]
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        """Operator events of the sampled steps, with phase, self time, shapes (analysis/ops.py)."""
+        if "ops" not in self._tables:
+            from stepscope.analysis.ops import ops_frame
+
+            self._tables["ops"] = ops_frame(self.events, self.steps, self.phases)
+        return self._tables["ops"]
+
+    def op_summary(self, top: int = 0) -> pd.DataFrame:
+        """Per phase and operator over the sampled steps: count, self/total time, share of the phase."""
+        from stepscope.analysis.ops import op_summary
+
+        return op_summary(self.ops, self.steps, top)
 
     @property
     def system(self) -> pd.DataFrame:

@@ -248,7 +248,9 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     for node in b.nodes:
         row_process[node["rows"]] = node["process"]
         row_device[node["rows"]] = node["kind"] == "stream"
-    chosen = choose_steps(steps, findings, steps_asked)
+    ops = getattr(run, "ops", ())  # the steps of operator windows show their ops in detail
+    sampled = ops.loc[ops["step"] >= 0, ["mode", "step"]].drop_duplicates().itertuples(index=False) if len(ops) else ()
+    chosen = choose_steps(steps, findings, steps_asked, sampled)
     detail_cap = REQUESTED_ITEMS if steps_asked else DETAIL_ITEMS
     (row, start, end, name, cat, arg, count, fill), done = reduce_items(
         (row, start, end, name, cat, arg), row_process, row_device, _process_steps(b, steps, base), chosen,

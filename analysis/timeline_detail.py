@@ -55,8 +55,9 @@ def _finding_steps(evidence) -> list:
     return list(dict.fromkeys(found))
 
 
-def choose_steps(steps: pd.DataFrame, findings=(), requested=None) -> list:
-    """[{"mode", "step", "why"}] in mode and step order. A step's time is its slowest process's."""
+def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -> list:
+    """[{"mode", "step", "why"}] in mode and step order. A step's time is its slowest process's.
+    sampled: (mode, step) of the steps with operator events (their ops show in detail)."""
     if steps.empty:
         return []
     chosen: dict = {}
@@ -93,6 +94,10 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None) -> list:
         for lo, hi in requested or ():
             for n in nums[(nums >= lo) & (nums <= hi)]:
                 add(mode, n, "asked for")
+    known = set(zip(modes, steps["step"].astype(int)))
+    for mode, n in sampled:
+        if (str(mode), int(n)) in known:
+            add(mode, n, "operators sampled")
     return [{"mode": m, "step": n, "why": ", ".join(w)} for (m, n), w in sorted(chosen.items())]
 
 
@@ -106,7 +111,8 @@ def _window_of(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     return np.where((i >= 0) & (x < reach[np.maximum(i, 0)]), i, -1)
 
 
-PRIORITY = ("asked for", "slowest", "named by", "median step", "first steps after warm-up", "first step")
+PRIORITY = ("asked for", "slowest", "named by", "operators sampled", "median step", "first steps after warm-up",
+            "first step")
 
 
 def _priority(why: str) -> int:

@@ -127,9 +127,16 @@ def pause_activity_tracing() -> None:
         _paused_at = time.time()
 
 
-def resume_activity_tracing(owner: str = "another profiler", reason: Optional[str] = None) -> None:
+def activity_tracing() -> bool:
+    """Whether stepscope's CUPTI activity tracing runs now."""
+    return bool(_tracing) and _paused_at is None
+
+
+def resume_activity_tracing(owner: str = "another profiler", reason: Optional[str] = None,
+                            record_note: bool = True) -> None:
     """Takes CUPTI back and notes the gap in run.json (``reason``: why it was paused, when
-    not for another profiler)."""
+    not for another profiler; ``record_note=False``: a gap the run explains itself, an operator
+    window's)."""
     global _paused_at, _tracing
     if _paused_at is None:
         return
@@ -140,7 +147,7 @@ def resume_activity_tracing(owner: str = "another profiler", reason: Optional[st
             + (f"; not resumed: {err}" if err else ""))
     if err:
         _tracing = False
-    if _run_json:
+    if _run_json and (record_note or err):
         try:
             runinfo.update_json_locked(_run_json, lambda info: info.setdefault("notes", []).append(note))
         except Exception:  # noqa: BLE001

@@ -32,6 +32,12 @@ GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER, RECOMPUTE = (_native.intern(p) for 
 
 
 class StepTracker:
+    # Operator windows (integrations/torch/_ops.py): ops_step(tracker, step, at) runs when a
+    # train step's number reaches ops_due; 0 while a window is open (then also step -1 where
+    # an eval step begins or a loop ends). One comparison per step otherwise.
+    ops_due = 1 << 62
+    ops_step = None
+
     def __init__(self, on_new_step=None, may_begin=None):
         # on_new_step(previous_had_forward): lets an integration adapt its hooks
         self.on_new_step = on_new_step
@@ -82,9 +88,13 @@ class StepTracker:
             self.suspended = True
         if not self.suspended:
             if mode == "train":
-                _native.begin_step(mode, at)
+                n = _native.begin_step(mode, at)
+                if n >= StepTracker.ops_due:
+                    StepTracker.ops_step(self, n, at)
             else:  # written when the step's mode is settled (see phase_start)
                 self.mark = (mode, at)
+                if not StepTracker.ops_due:
+                    StepTracker.ops_step(self, -1, at)
         self.mode = mode
         self.done = False
         self.fed = False
@@ -109,6 +119,8 @@ class StepTracker:
             return
         self._flush_mark()
         _native.end_step(at)
+        if not StepTracker.ops_due:
+            StepTracker.ops_step(self, -1, at or _native.now())
 
     def _drop_unworked(self) -> bool:
         """A thread that only reads batches (prefetching for another thread's loop):

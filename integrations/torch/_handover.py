@@ -8,6 +8,7 @@ activity tracing (``core.gpu``), then resumes it and notes the gap in run.json.
 from __future__ import annotations
 
 from stepscope.core import gpu
+from stepscope.integrations.torch import _ops
 
 
 def install(inst) -> None:
@@ -20,6 +21,7 @@ def install(inst) -> None:
 
     def wrap_prepare(original):
         def _prepare_trace(self, *args, **kwargs):
+            _ops.user_profiler_starting()  # stepscope's operator window gives the profiler up
             gpu.pause_activity_tracing()
             return original(self, *args, **kwargs)
 

@@ -26,7 +26,7 @@ import weakref
 from stepscope.core import _native, runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
-from stepscope.integrations.torch import _fetch, _handover, _workers
+from stepscope.integrations.torch import _fetch, _handover, _ops, _workers
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
 from stepscope.integrations.torch._loops import LoopState, Loops
@@ -109,6 +109,7 @@ class TorchInstrumentor(Instrumentor):
         if hasattr(torch, "compile"):
             self.patch(torch, "compile", functools.partial(wrap_compile, self))
         _handover.install(self)
+        _ops.install(self, torch)
         patch_init_process_group(self, torch)
         for name in ("trace", "trace_module"):  # tracing runs the model: no steps, no phases
             self.patch(torch.jit, name, self.hiding)
@@ -126,6 +127,7 @@ class TorchInstrumentor(Instrumentor):
     def _uninstrument(self) -> None:
         if self.loops is not None:
             self.loops.close_all()
+        _ops.uninstall()
         if self.roots is not None:
             self.roots.release()
         for handle in self.hook_handles:

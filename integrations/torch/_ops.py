@@ -1,0 +1,446 @@
+"""Operator windows: torch's own profiler, for a few sampled train steps.
+
+For the steps of a window, torch's profiler (Kineto, CPU activity, input
+shapes) records every operator; when the window closes its events are written
+into the run as ``op`` spans on the thread that ran them, at their real times,
+so they nest in their phase and step (docs/format.md, "Operator spans").
+
+Policy (``Windows.plan_next``):
+
+* without ``STEPSCOPE_STEPS``: train steps 5..7 (after warm-up), then a window
+  of 2 steps every N steps, N widened so that the windows' measured cost
+  (their steps' extra time plus opening, closing and writing) stays within 1%
+  of the run's time since its first window, and at least ``MIN_GAP`` steps.
+  A run shorter than a few hundred times one window's cost pays more than
+  1% for the first window.
+* with ``STEPSCOPE_STEPS=a-b``: exactly train steps a..b, one window.
+
+Hook: the step tracker calls ``at_step`` when a train step begins whose number
+reaches ``StepTracker.ops_due`` (one comparison per step), and when an eval step
+begins or a loop ends while a window is open (``ops_due == 0``). The window
+closes where the step after its last one begins: the close costs ~1-5 ms and
+falls in that step, inside the phase that began it, as the
+``stepscope.op_window`` framework span.
+
+Torch allows one profiler: while the user's ``torch.profiler.profile`` is
+started (even in its schedule's wait) or the autograd profiler runs, no window
+opens; a user profiler starting during a window ends the window first (its ops
+are dropped) with one stderr line, and the user's trace is complete.
+
+With CUDA (untested: built without a GPU), Kineto owns CUPTI for the window:
+stepscope's own activity tracing is paused, and the window's kernels, copies,
+memsets and runtime calls are written back as GPU records with Kineto's
+correlation ids, the runtime calls on the thread of the operator that
+launched them, so ``analysis/ops.py`` links kernels to operators.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import List, Optional, Tuple
+
+from stepscope.core import _native, gpu, safety
+from stepscope.core.quiet import native_logs_dropped
+from stepscope.integrations._steps import StepTracker
+
+OP = _native.CATEGORIES.index("op")
+FRAMEWORK = _native.CATEGORIES.index("framework")
+WINDOW_NAME = _native.intern("stepscope.op_window")
+SYNC_NAME = "stepscope.op_sync"
+NEVER = 1 << 62
+
+EARLY = (5, 3)  # first window: train steps 5..7
+CALIBRATE = 2  # the step whose begin times the steps before the first window
+LENGTH = 2  # steps of every later window
+BUDGET = 0.01  # windows' share of the run's time
+MIN_GAP = 50  # steps between windows, at least
+SHAPES_LIMIT = 300  # characters of an op's input dims kept
+
+# Kineto logs its session's start and stop on stderr, which is the job's.
+KINETO_LOGS = re.compile(rb"^(?:USDT|STAGE|INFO|WARNING):\S* \S+ \d+:\d+ \S*ActivityProfiler\S*\.cpp")
+YIELD_MESSAGE = ("stepscope: the program started torch's profiler; stepscope ends its operator window and "
+                 "opens none while it runs, the program continues unaffected")
+
+
+def pack_arg(seq: int, index: int) -> int:
+    """An op span's argument: sequence number + 1 in bits 0-31 (0: none), the op's
+    index in its process (from 1) in bits 32-62; its input dims are an op counter
+    named by them whose argument is that index (docs/format.md)."""
+    return ((seq + 1) & 0xFFFFFFFF if seq >= 0 else 0) | (index & 0x7FFFFFFF) << 32
+
+
+class Window:
+    """One open Kineto session."""
+
+    def __init__(self, owner: "Windows", tracker: StepTracker, first: int, last: int, opened: int):
+        self.tracker = tracker
+        self.first, self.last = first, last
+        self.opened = opened  # tick: the open began (cost accounting)
+        self.thread = threading.get_ident()
+        self.cuda = False
+
+
+class Windows:
+    """Plans, opens and closes operator windows along the train steps."""
+
+    def __init__(self, torch, steps_range: Optional[Tuple[int, int]]):
+        self.torch = torch
+        self.steps_range = steps_range
+        self.window: Optional[Window] = None
+        self.user_profilers = 0  # torch.profiler.profile objects started by the program
+        self.cost_ticks = 0  # every window's cost so far
+        self.first_tick = 0  # the first window's open: the run time the budget is a share of
+        self.last_close = None  # (step, tick) of the previous window's close
+        self.windows = 0
+        self.stats: List[dict] = []  # per window: steps, ops, cost (bench, tests)
+        self.shape_ids: dict = {}  # input dims -> interned id
+        self.name_ids: dict = {}  # op name -> interned id
+        self.index = 0  # ops written by this process
+        self.ticks_per_ns = _native.clock_info()["ticks_per_ns"]
+        from torch._C import _autograd, _profiler
+
+        self._autograd, self._profiler = _autograd, _profiler
+
+    # --- hook --------------------------------------------------------------------------
+    def install(self) -> None:
+        StepTracker.ops_step = self.at_step
+        StepTracker.ops_due = self.steps_range[0] if self.steps_range else CALIBRATE
+
+    def uninstall(self) -> None:
+        StepTracker.ops_due = NEVER
+        StepTracker.ops_step = None
+        if self.window is not None and self.window.thread == threading.get_ident():
+            self.abandon()
+
+    def at_step(self, tracker: StepTracker, step: int, at: int) -> None:
+        """A train step ``step`` began at tick ``at`` (step -1: an eval step began or
+        the loop ended). Never raises: a failure turns the windows off."""
+        try:
+            w = self.window
+            if w is not None:
+                if w.tracker is not tracker or w.thread != threading.get_ident():
+                    return  # another thread's loop: the window is its opener's
+                if step < 0 or step > w.last:
+                    self.close(at, step)
+                return
+            if step < 0:
+                return
+            if self.steps_range is None and step < EARLY[0]:
+                self.last_close = (step, _native.now())  # the step time before the first window
+                StepTracker.ops_due = EARLY[0]
+                return
+            self.maybe_open(tracker, step)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        StepTracker.ops_due = NEVER
+        w, self.window = self.window, None
+        if w is not None:
+            try:
+                self._stop_kineto()
+            except Exception:  # noqa: BLE001
+                pass
+            self._resume_gpu(w)
+        safety.warn_once("torch-ops", f"stepscope: operator windows failed ({type(exc).__name__}: {exc}); "
+                                      "they are turned off, the program continues unaffected")
+
+    # --- policy ------------------------------------------------------------------------
+    def user_profiler_running(self) -> bool:
+        return self.user_profilers > 0 or self._autograd._profiler_enabled()
+
+    def maybe_open(self, tracker: StepTracker, step: int) -> None:
+        if self.steps_range is not None:
+            lo, hi = self.steps_range
+            if step > hi:
+                StepTracker.ops_due = NEVER
+                return
+            first, last = step, hi
+        else:
+            first, last = step, step + (EARLY[1] if not self.windows else LENGTH) - 1
+        if self.user_profiler_running():
+            StepTracker.ops_due = NEVER if self.steps_range else step + MIN_GAP
+            return
+        now = _native.now()
+        if self.steps_range is None and self.windows and not self.within_budget(step, now):
+            return
+        self.open(tracker, first, last, now)
+
+    def within_budget(self, step: int, now: int) -> bool:
+        """Whether another window keeps the windows' cost within BUDGET of the run's
+        time so far (the last window's cost standing for the next one's)."""
+        spent = now - self.first_tick
+        last_cost = self.stats[-1]["cost_ticks"] if self.stats else 0
+        if self.cost_ticks + last_cost <= BUDGET * spent:
+            return True
+        self.plan_next(step, now)
+        return False
+
+    def plan_next(self, step: int, now: int) -> None:
+        """The next window's first step: where the budget will allow it, at the step
+        time seen since the last window, and at least MIN_GAP steps on."""
+        if self.steps_range is not None:
+            StepTracker.ops_due = NEVER
+            return
+        per_step = self.step_ticks(step, now)
+        last_cost = self.stats[-1]["cost_ticks"] if self.stats else 0
+        need = (self.cost_ticks + last_cost) / BUDGET - (now - self.first_tick)
+        gap = MIN_GAP if per_step <= 0 else max(MIN_GAP, int(need / per_step) + 1)
+        StepTracker.ops_due = step + gap
+
+    def step_ticks(self, step: int, now: int) -> float:
+        """Ticks per step since the last window closed (no window's cost in it)."""
+        if self.last_close is None:
+            return 0.0
+        s0, t0 = self.last_close
+        return (now - t0) / (step - s0) if step > s0 else 0.0
+
+    # --- open / close ------------------------------------------------------------------
+    def _config(self):
+        p = self._profiler
+        return p.ProfilerConfig(p.ProfilerState.KINETO, True, False, False, False, False,
+                                p._ExperimentalConfig(), "")
+
+    def open(self, tracker: StepTracker, first: int, last: int, now: int) -> None:
+        w = Window(self, tracker, first, last, now)
+        activities = {self._profiler.ProfilerActivity.CPU}
+        # Kineto with CUDA registers CUPTI's callbacks: stepscope's own tracing stands aside.
+        if gpu.activity_tracing() and self._profiler.ProfilerActivity.CUDA in self._profiler._supported_activities():
+            activities.add(self._profiler.ProfilerActivity.CUDA)
+            gpu.pause_activity_tracing()
+            w.cuda = True
+        self.window = w
+        StepTracker.ops_due = 0  # every step begin comes here until the window closes
+        try:
+            config = self._config()
+            with native_logs_dropped(KINETO_LOGS):
+                self._autograd._prepare_profiler(config, activities)
+                self._autograd._enable_profiler(config, activities)
+        except Exception:
+            self.window = None
+            self._resume_gpu(w)
+            raise
+        self._set_enabled(True)
+        w.sync_open = self._sync()
+        if not self.windows:
+            self.first_tick = now
+        self.windows += 1
+
+    def _set_enabled(self, on: bool) -> None:
+        # what torch.autograd.profiler's own start/stop do: record_function checks it
+        from torch.autograd import profiler
+
+        setter = getattr(profiler, "_set_is_profiler_enabled", None)
+        if setter is not None:
+            setter(on)
+
+    def _sync(self) -> Tuple[float, float, int]:
+        """A marker op between two clock reads: (its midpoint in Kineto's ns, the
+        reads' midpoint in ticks, monotonic ns then)."""
+        rf = self._profiler._RecordFunctionFast(SYNC_NAME)
+        t_a = _native.now()
+        rf.__enter__()
+        rf.__exit__(None, None, None)
+        t_b = _native.now()
+        return (t_a + t_b) / 2, time.monotonic_ns(), t_b - t_a
+
+    def _stop_kineto(self):
+        with native_logs_dropped(KINETO_LOGS):
+            result = self._autograd._disable_profiler()
+        self._set_enabled(False)
+        return result
+
+    def _resume_gpu(self, w: Window) -> None:
+        if w.cuda:
+            gpu.resume_activity_tracing("stepscope's operator window", record_note=False)
+
+    def abandon(self) -> None:
+        """The program's own profiler is starting: give the profiler to it."""
+        w, self.window = self.window, None
+        if w is None:
+            return
+        safety.warn_once("torch-ops-yield", YIELD_MESSAGE)
+        try:
+            self._stop_kineto()
+        finally:
+            self._resume_gpu(w)
+            StepTracker.ops_due = NEVER if self.steps_range else w.last + MIN_GAP
+
+    def close(self, end: int, step: int) -> None:
+        """Ends the window whose last step ended at tick ``end``; writes its ops."""
+        w, self.window = self.window, None
+        t0 = _native.now()
+        try:
+            sync_close = self._sync()
+            result = self._stop_kineto()
+        finally:
+            self._resume_gpu(w)
+        n = self.write(result, w, sync_close, end)
+        t1 = _native.now()
+        _native.span(FRAMEWORK, WINDOW_NAME, t0, t1)
+        # cost: the window's wall time less what its steps would have taken unprofiled
+        per_step = self.step_ticks(w.first, w.opened)
+        steps = w.last - w.first + 1 if step < 0 else step - w.first
+        cost = max((t1 - w.opened) - steps * per_step, t1 - t0)
+        self.cost_ticks += cost
+        self.stats.append({"first": w.first, "last": w.last, "ops": n, "cost_ticks": cost,
+                           "close_ticks": t1 - t0, "window_ticks": t1 - w.opened})
+        self.last_close = (step if step >= 0 else w.last + 1, t1)
+        if step >= 0:
+            self.plan_next(step, t1)
+        else:  # a loop ended or an eval loop began: the next train step decides
+            StepTracker.ops_due = NEVER if self.steps_range else w.last + 1 + MIN_GAP
+
+    # --- writing -----------------------------------------------------------------------
+    def write(self, result, w: Window, sync_close, end: int) -> int:
+        """Writes the window's ops (those that began before ``end``) as op spans;
+        returns their number."""
+        events = result.events()
+        sync = [e for e in events if e.name() == SYNC_NAME]
+        if len(sync) < 2:
+            return 0
+        (a0, m0, _), (a1, _, _) = w.sync_open, sync_close
+        x0 = (sync[0].start_ns() + sync[0].end_ns()) / 2
+        x1 = (sync[-1].start_ns() + sync[-1].end_ns()) / 2
+        # Kineto's clock (ns) to ticks: the line through the two markers
+        scale = (a1 - a0) / (x1 - x0) if x1 > x0 else self.ticks_per_ns
+        main_tid = sync[0].start_thread_id()
+        lo, hi = x0 + (w.opened - a0) / scale, x0 + (end - a0) / scale  # the window's steps, Kineto's ns
+        span, counter, intern = _native.span, _native.counter, _native.intern
+        shape_ids, name_ids = self.shape_ids, self.name_ids
+        cpu = getattr(self._autograd, "DeviceType", None)
+        cpu = cpu.CPU if w.cuda and cpu is not None else None
+        mine, foreign, device = 0, {}, []
+        for e in events:
+            if cpu is not None and e.device_type() != cpu:
+                device.append(e)
+                continue
+            start = e.start_ns()
+            if start < lo or start >= hi or e.is_async():
+                continue
+            name = e.name()
+            nid = name_ids.get(name)
+            if nid is None:
+                if name == SYNC_NAME:
+                    continue
+                nid = name_ids[name] = intern(name)
+            shapes = e.shapes()
+            sid = -1
+            if shapes and any(shapes):
+                key = str(shapes)
+                sid = shape_ids.get(key)
+                if sid is None:
+                    sid = shape_ids[key] = intern(key[:SHAPES_LIMIT])
+            t0 = int(a0 + (start - x0) * scale)
+            self.index += 1
+            record = (OP, nid, t0, max(int(a0 + (e.end_ns() - x0) * scale), t0),
+                      pack_arg(e.sequence_nr(), self.index), sid, self.index)
+            thread = e.start_thread_id()
+            if thread == main_tid:
+                span(*record[:5])
+                if sid >= 0:
+                    counter(OP, sid, 0.0, self.index, t0)
+                mine += 1
+            else:  # an autograd device thread: a track of its own keeps nesting true
+                foreign.setdefault(thread, []).append(record)
+        for records in foreign.values():
+            helper = threading.Thread(target=_write_all, args=(records,), name="stepscope-ops", daemon=True)
+            helper.start()
+            helper.join()
+            mine += len(records)
+        if device:
+            ns_per_kineto_ns = scale / self.ticks_per_ns  # m0: monotonic ns at the open marker
+            _write_device(device, lambda x: int(m0 + (x - x0) * ns_per_kineto_ns))
+        return mine
+
+
+def _write_all(records) -> None:
+    span, counter = _native.span, _native.counter
+    for record in records:
+        span(*record[:5])
+        if record[5] >= 0:
+            counter(OP, record[5], 0.0, record[6], record[2])
+
+
+def _write_device(events, to_mono) -> None:
+    """Kineto's GPU activity of a window as stepscope GPU records (untested: no GPU
+    where this was written). Runtime calls go on the calling thread's track id."""
+    from stepscope.core import gpu_records
+
+    tid = threading.get_native_id()
+    for e in events:
+        kind = str(e.activity_type())
+        t0, t1 = to_mono(e.start_ns()), to_mono(e.end_ns())
+        corr = e.correlation_id()
+        if "kernel" in kind:
+            gpu_records.kernel(e.name(), t0, t1, corr, device=e.device_index(), stream=e.device_resource_id())
+        elif "memcpy" in kind:
+            gpu_records.memcpy("HtoD", 0, t0, t1, corr, device=e.device_index(), stream=e.device_resource_id())
+        elif "memset" in kind:
+            gpu_records.memset(0, t0, t1, corr, device=e.device_index(), stream=e.device_resource_id())
+        elif "runtime" in kind:
+            gpu_records.api(e.name(), t0, t1, corr, thread=tid)
+
+
+_windows: Optional[Windows] = None
+
+
+def install(inst, torch) -> None:
+    """Starts the windows for the instrumentor's session (patches through its registry)."""
+    global _windows
+    from stepscope.core import session
+
+    current = session.current()
+    _windows = Windows(torch, current.config.steps if current is not None else None)
+    _windows.install()
+    try:
+        from torch.profiler import profiler as tp
+    except ImportError:  # pragma: no cover - torch without torch.profiler
+        return
+
+    def wrap_start(original):
+        def start(self, *args, **kwargs):
+            user_profiler_starting()
+            if _windows is not None:
+                _windows.user_profilers += 1
+            return original(self, *args, **kwargs)
+
+        return start
+
+    def wrap_stop(original):
+        def stop(self, *args, **kwargs):
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if _windows is not None:
+                    _windows.user_profilers = max(0, _windows.user_profilers - 1)
+
+        return stop
+
+    inst.patch(tp.profile, "start", wrap_start)
+    inst.patch(tp.profile, "stop", wrap_stop)
+
+
+def uninstall() -> None:
+    global _windows
+    if _windows is not None:
+        _windows.uninstall()
+        _windows = None
+
+
+def user_profiler_starting() -> None:
+    """The program's profiler is about to start: an open window ends first."""
+    w = _windows
+    if w is not None and w.window is not None:
+        try:
+            w.abandon()
+        except Exception as exc:  # noqa: BLE001
+            w.fail(exc)
+
+
+def windows() -> Optional[Windows]:
+    return _windows
+
+

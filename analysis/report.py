@@ -193,6 +193,11 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     boxes = sections_.gpu_boxes(run)
     if boxes:  # only with NVML samples
         figure_sections.append(("gpu-usage", "GPU utilization and memory", "", boxes))
+    from stepscope.analysis.flame import flame_section
+
+    flames = flame_section(run, _esc)
+    if flames is not None:  # only where Python stacks were sampled in steps
+        figure_sections.append(("flame", "Python flame graphs", *flames))
     for key, title, head, figs in figure_sections:
         parts = [head] + [_figure_html(fig, f"{key}-plot{i}") for i, fig in enumerate(figs)]
         sections.append((key, title, "\n".join(p for p in parts if p) or "<p class='muted'>No data.</p>"))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -188,3 +189,28 @@ def test_a_forked_child_does_not_inherit_the_sampler(tmp_path):
     run = stepscope.load(tmp_path / "runs" / "fork", quiet=True)
     assert set(run.samples["pid"]) == {int(pid)}
     assert not _native.pysampler_status()["running"]  # this process never started one
+
+
+def test_report_has_a_flame_graph_per_phase(trained, tmp_path):
+    from stepscope.analysis.flame import MAX_NODES, flame_figures, flame_nodes
+    from stepscope.analysis.report import write_report
+
+    _, run = trained
+    figs, note = flame_figures(run)
+    assert len(figs) == 1 and "left out" in note
+    names = [t.name for t in figs[0].data]
+    assert names[0] == "whole steps" and "Forward" in names and "Backward" in names
+    fwd = figs[0].data[names.index("Forward")]
+    total = int(fwd.x[np.asarray(fwd.y) == 0].sum())  # the roots cover the phase's samples
+    s = run.samples
+    assert total == int((s["phase"] == "Forward").sum())
+    slow = [w for w, t in zip(fwd.x, fwd.text) if t.startswith("slow_part (")]
+    assert sum(slow) >= 0.7 * total  # the sleep is most of Forward (its paths: the first steps go through discovery hooks)
+    html = open(write_report(run, str(tmp_path / "r.html"))).read()
+    assert 'id="flame"' in html and "slow_part (train.py)" in html
+    # bounded: thousands of distinct stacks still give at most MAX_NODES nodes
+    paths = [(i,) for i in range(3000)] + [(0, 3000 + i) for i in range(3000)]
+    labels = [f"f{i}" for i in range(6000)]
+    nodes, left_out = flame_nodes({i: 1 + i % 7 for i in range(6000)}, paths, labels, min_share=0)
+    assert len(nodes) == MAX_NODES and left_out == 6000 - MAX_NODES
+    assert (nodes.groupby("depth")["samples"].sum().diff().dropna() <= 0).all()

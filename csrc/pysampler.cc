@@ -310,6 +310,10 @@ void at_fork_child() {
 }
 
 std::string start(int hz) {
+#ifdef Py_GIL_DISABLED
+  // Without a GIL, holding "the GIL" does not stop the other threads: their frames could change mid-walk.
+  if (hz > 0) return "not supported on a free-threaded (no GIL) Python build";
+#endif
   static std::once_flag once;
   std::call_once(once, [] { pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child); });
   stop_pysampler();

@@ -214,3 +214,27 @@ def test_report_has_a_flame_graph_per_phase(trained, tmp_path):
     nodes, left_out = flame_nodes({i: 1 + i % 7 for i in range(6000)}, paths, labels, min_share=0)
     assert len(nodes) == MAX_NODES and left_out == 6000 - MAX_NODES
     assert (nodes.groupby("depth")["samples"].sum().diff().dropna() <= 0).all()
+
+
+def test_interpreter_exit_with_the_sampler_running(tmp_path):
+    code = textwrap.dedent("""
+        import sys, threading, time, stepscope
+        def spin():
+            while True:
+                sum(range(1000))
+        stepscope.start(dir=sys.argv[1], name="exit", pysample_hz=500)
+        threading.Thread(target=spin, daemon=True, name="spinner").start()
+        time.sleep(0.3)
+        # no stop(): the atexit stop ends the sampler before the interpreter finalizes,
+        # while a daemon thread still runs Python
+    """)
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
+                           timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    run = stepscope.load(tmp_path / "runs" / "exit", quiet=True)
+    assert run.processes["clean_close"].all() and len(run.processes) == 3
+    s = run.samples
+    assert s.groupby("process", observed=True)["tid"].nunique().min() == 2  # main and the spinner
+    # a thread running pure Python hands the GIL over at its 5 ms switch interval: ~200 passes a second at most
+    assert (s["function"] == "spin").groupby(s["process"], observed=True).sum().min() >= 20

@@ -48,7 +48,8 @@ from stepscope.integrations._steps import StepTracker
 OP = _native.CATEGORIES.index("op")
 FRAMEWORK = _native.CATEGORIES.index("framework")
 WINDOW_NAME = _native.intern("stepscope.op_window")
-SYNC_NAME = "stepscope.op_sync"
+SYNC_NAME = "aten::neg"  # the clock markers: tiny ops the window runs first and last
+SYNC_OPS = 4
 NEVER = 1 << 62
 
 EARLY = (5, 3)  # first window: train steps 5..7
@@ -102,6 +103,7 @@ class Windows:
         from torch._C import _autograd, _profiler
 
         self._autograd, self._profiler = _autograd, _profiler
+        self._sync_tensor = torch.zeros(1)
 
     # --- hook --------------------------------------------------------------------------
     def install(self) -> None:
@@ -178,15 +180,17 @@ class Windows:
         self.plan_next(step, now)
         return False
 
-    def plan_next(self, step: int, now: int) -> None:
+    def plan_next(self, step: int, now: int, per_step: float = 0.0) -> None:
         """The next window's first step: where the budget will allow it, at the step
         time seen since the last window, and at least MIN_GAP steps on."""
         if self.steps_range is not None:
             StepTracker.ops_due = NEVER
             return
-        per_step = self.step_ticks(step, now)
+        per_step = per_step or self.step_ticks(step, now)
         last_cost = self.stats[-1]["cost_ticks"] if self.stats else 0
-        need = (self.cost_ticks + last_cost) / BUDGET - (now - self.first_tick)
+        # the run so far must pay for every window and the next; and each window for itself,
+        # so windows stay evenly spread once the first one's cost is paid for
+        need = max((self.cost_ticks + last_cost) / BUDGET - (now - self.first_tick), last_cost / BUDGET)
         gap = MIN_GAP if per_step <= 0 else max(MIN_GAP, int(need / per_step) + 1)
         StepTracker.ops_due = step + gap
 
@@ -236,15 +240,17 @@ class Windows:
         if setter is not None:
             setter(on)
 
-    def _sync(self) -> Tuple[float, float, int]:
-        """A marker op between two clock reads: (its midpoint in Kineto's ns, the
-        reads' midpoint in ticks, monotonic ns then)."""
-        rf = self._profiler._RecordFunctionFast(SYNC_NAME)
-        t_a = _native.now()
-        rf.__enter__()
-        rf.__exit__(None, None, None)
-        t_b = _native.now()
-        return (t_a + t_b) / 2, time.monotonic_ns(), t_b - t_a
+    def _sync(self):
+        """A few tiny ops, each between two clock reads: where Kineto's clock sits on ours
+        (each op starts after its first read and ends before its second). Returns the
+        reads, the monotonic ns right after, and the tick after the last op."""
+        now, neg, t = _native.now, self.torch.neg, self._sync_tensor
+        pairs = []
+        for _ in range(SYNC_OPS):
+            a = now()
+            neg(t)
+            pairs.append((a, now()))
+        return pairs, time.monotonic_ns(), now()
 
     def _stop_kineto(self):
         with native_logs_dropped(KINETO_LOGS):
@@ -289,25 +295,53 @@ class Windows:
                            "close_ticks": t1 - t0, "window_ticks": t1 - w.opened})
         self.last_close = (step if step >= 0 else w.last + 1, t1)
         if step >= 0:
-            self.plan_next(step, t1)
+            self.plan_next(step, t1, per_step)
         else:  # a loop ended or an eval loop began: the next train step decides
             StepTracker.ops_due = NEVER if self.steps_range else w.last + 1 + MIN_GAP
 
     # --- writing -----------------------------------------------------------------------
+    def _clock_map(self, events, sync_open, sync_close):
+        """(x_base, to_tick, from_tick): Kineto's ns (less x_base) to ticks and back, the
+        line through the open and close markers, each placed within its clock reads."""
+        markers = sorted((e for e in events if e.name() == SYNC_NAME), key=lambda e: e.start_ns())
+        if len(markers) < 2 * SYNC_OPS:
+            return None
+        self._main_tid = markers[0].start_thread_id()
+        x_base = markers[0].start_ns()
+        tpn = self.ticks_per_ns
+
+        def anchor(pairs, evs):
+            """(x, ns offset): a marker's Kineto start and T - x where T = ticks / tpn,
+            between the tightest bounds all markers give."""
+            t_base = pairs[0][0]
+            low = max((a - t_base) / tpn - (e.start_ns() - x_base) for (a, _), e in zip(pairs, evs))
+            high = min((b - t_base) / tpn - (e.end_ns() - x_base) for (_, b), e in zip(pairs, evs))
+            return evs[0].start_ns() - x_base, t_base, (low + high) / 2
+
+        x0, t0, c0 = anchor(sync_open[0], markers[:SYNC_OPS])
+        x1, t1, c1 = anchor(sync_close[0], markers[-SYNC_OPS:])
+        # T(x) - t0/tpn = x + c(x), c linear between the anchors (the two clocks' rates differ slightly)
+        c1 += (t1 - t0) / tpn
+        slope = (c1 - c0) / (x1 - x0) if x1 > x0 else 0.0
+
+        def to_tick(x):
+            return int(t0 + (x + c0 + (x - x0) * slope) * tpn)
+
+        def from_tick(tick):
+            return ((tick - t0) / tpn - c0 + x0 * slope) / (1 + slope)
+
+        return x_base, to_tick, from_tick
+
     def write(self, result, w: Window, sync_close, end: int) -> int:
         """Writes the window's ops (those that began before ``end``) as op spans;
         returns their number."""
         events = result.events()
-        sync = [e for e in events if e.name() == SYNC_NAME]
-        if len(sync) < 2:
+        to_tick = self._clock_map(events, w.sync_open, sync_close)
+        if to_tick is None:
             return 0
-        (a0, m0, _), (a1, _, _) = w.sync_open, sync_close
-        x0 = (sync[0].start_ns() + sync[0].end_ns()) / 2
-        x1 = (sync[-1].start_ns() + sync[-1].end_ns()) / 2
-        # Kineto's clock (ns) to ticks: the line through the two markers
-        scale = (a1 - a0) / (x1 - x0) if x1 > x0 else self.ticks_per_ns
-        main_tid = sync[0].start_thread_id()
-        lo, hi = x0 + (w.opened - a0) / scale, x0 + (end - a0) / scale  # the window's steps, Kineto's ns
+        x_base, to_tick, from_tick = to_tick
+        main_tid = self._main_tid
+        lo, hi = from_tick(w.sync_open[2]), from_tick(end)  # the window's steps, on Kineto's clock less x_base
         span, counter, intern = _native.span, _native.counter, _native.intern
         shape_ids, name_ids = self.shape_ids, self.name_ids
         cpu = getattr(self._autograd, "DeviceType", None)
@@ -317,14 +351,12 @@ class Windows:
             if cpu is not None and e.device_type() != cpu:
                 device.append(e)
                 continue
-            start = e.start_ns()
+            start = e.start_ns() - x_base
             if start < lo or start >= hi or e.is_async():
                 continue
             name = e.name()
             nid = name_ids.get(name)
             if nid is None:
-                if name == SYNC_NAME:
-                    continue
                 nid = name_ids[name] = intern(name)
             shapes = e.shapes()
             sid = -1
@@ -333,9 +365,9 @@ class Windows:
                 sid = shape_ids.get(key)
                 if sid is None:
                     sid = shape_ids[key] = intern(key[:SHAPES_LIMIT])
-            t0 = int(a0 + (start - x0) * scale)
+            t0 = to_tick(start)
             self.index += 1
-            record = (OP, nid, t0, max(int(a0 + (e.end_ns() - x0) * scale), t0),
+            record = (OP, nid, t0, max(to_tick(e.end_ns() - x_base), t0),
                       pack_arg(e.sequence_nr(), self.index), sid, self.index)
             thread = e.start_thread_id()
             if thread == main_tid:
@@ -350,9 +382,9 @@ class Windows:
             helper.start()
             helper.join()
             mine += len(records)
-        if device:
-            ns_per_kineto_ns = scale / self.ticks_per_ns  # m0: monotonic ns at the open marker
-            _write_device(device, lambda x: int(m0 + (x - x0) * ns_per_kineto_ns))
+        if device:  # monotonic ns: the open markers' reads were taken just before w.sync_open[1]
+            t_ref, m_ref = w.sync_open[0][-1][1], w.sync_open[1]
+            _write_device(device, lambda x: int(m_ref + (to_tick(x - x_base) - t_ref) / self.ticks_per_ns))
         return mine
 
 

@@ -1,0 +1,184 @@
+"""Operator windows (integrations/torch/_ops.py): real CPU training under STEPSCOPE=1,
+torch's own profiler in the sampled steps, ops nested in their phases and steps."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+
+TRAIN = """
+import sys, time, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+lossf = nn.CrossEntropyLoss()
+n = int(sys.argv[1])
+data = DataLoader(TensorDataset(torch.randn(16 * n, 32), torch.randint(0, 4, (16 * n,))), batch_size=16)
+t0 = time.monotonic_ns()
+for x, y in data:
+    opt.zero_grad(); loss = lossf(model(x), y); loss.backward(); opt.step()
+print("LOOP", t0, time.monotonic_ns())
+"""
+
+FORWARD_OPS = {"aten::linear", "aten::addmm", "aten::relu"}
+BACKWARD_OPS = {"aten::mm", "autograd::engine::evaluate_function: AddmmBackward0"}
+OPTIMIZER_OPS = {"aten::add_", "aten::mul_", "aten::sqrt"}  # Adam's update
+LOSS_OPS = {"aten::cross_entropy_loss", "aten::nll_loss"}
+
+
+def profiled(tmp_path, source, *args, name="run", **env_extra):
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update({"STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path / "runs"), "STEPSCOPE_RUN": name}, **env_extra)
+    r = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, stepscope.load(tmp_path / "runs" / name)
+
+
+def sampled_steps(ops):
+    return sorted(set(ops["step"].tolist()))
+
+
+def test_ops_in_sampled_steps_nest_in_their_phases(tmp_path):
+    r, run = profiled(tmp_path, TRAIN, 40)
+    assert "stepscope:" not in r.stderr and "USDT" not in r.stderr, r.stderr[-2000:]  # Kineto's logs dropped
+    ops, phases, steps = run.ops, run.phases, run.steps
+    assert len(steps) == 40
+    assert sampled_steps(ops) == [5, 6, 7]  # the early window; 40 short steps leave no budget for another
+    assert set(ops["mode"]) == {"train"}
+    names = set(ops["name"])
+    assert FORWARD_OPS | BACKWARD_OPS | OPTIMIZER_OPS | LOSS_OPS <= names
+    # known operators fall in their phase, and inside that phase's span
+    for phase, known in (("Forward", FORWARD_OPS), ("Backward", BACKWARD_OPS), ("Optimizer", OPTIMIZER_OPS),
+                         ("Loss", LOSS_OPS)):
+        mine = ops[ops["name"].isin(known)]
+        assert (mine["phase"] == phase).all(), mine.groupby(["name", "phase"]).size()
+        spans = phases[phases["name"] == phase]
+        for o in mine.itertuples():
+            inside = spans[(spans["start_ns"] <= o.start_ns) & (spans["end_ns"] >= o.end_ns)]
+            assert len(inside) == 1 and int(inside["step"].iloc[0]) == o.step, (o.name, o.step)
+    # every sampled step runs the same ops in each phase (GetNext and Other: the first step's
+    # fetch and zero_grad came before its window opened, where the step was recognised)
+    per_step = ops[~ops["phase"].isin(["GetNext", "Other"])].groupby(["phase", "step"]).size().unstack()
+    assert (per_step.nunique(axis=1) == 1).all(), per_step
+    assert per_step.loc["Forward"].iloc[0] == 22  # 2 x (linear, t, transpose, as_strided, addmm, ...) + relu
+    # self time: torch's definition (minus nested ops); never above the op's own time
+    assert (ops["self_ns"] <= ops["duration_ns"]).all() and (ops["self_ns"] >= 0).all()
+    for step, o in ops.groupby("step"):
+        assert o["self_ns"].sum() <= int(steps.loc[steps["step"] == step, "duration_ns"].iloc[0])
+    # input dims and sequence numbers: backward ops link to their forward
+    addmm = ops[ops["name"] == "aten::addmm"]
+    assert set(addmm["shapes"]) == {"[[64], [16, 32], [32, 64], [], []]", "[[4], [16, 64], [64, 4], [], []]"}
+    for step, o in ops.groupby("step"):
+        forward = set(o.loc[o["name"] == "aten::addmm", "sequence_nr"])
+        backward = set(o.loc[o["name"] == "autograd::engine::evaluate_function: AddmmBackward0", "sequence_nr"])
+        assert len(forward) == 2 and forward == backward, (step, forward, backward)
+    # the aggregate: per phase and operator
+    summary = run.op_summary()
+    fwd = summary[summary["phase"] == "Forward"].set_index("name")
+    assert fwd.loc["aten::addmm", "count"] == 6 and (fwd["steps"] == 3).all()
+    assert fwd.loc["aten::addmm", "self_ns"] == addmm["self_ns"].sum()
+    assert 0 < fwd["share"].sum() <= 1.0
+    assert (summary.groupby("phase")["share"].sum() <= 1.0 + 1e-9).all()
+    top = run.op_summary(top=3)
+    assert top.groupby("phase").size().max() <= 3
+
+
+def test_report_and_chrome_export_carry_the_ops(tmp_path):
+    _, run = profiled(tmp_path, TRAIN, 12)
+    from stepscope.analysis.export import export
+    from stepscope.analysis.report import render
+    from stepscope.analysis.timeline import timeline_data
+
+    html = render(run)
+    assert "<h3>Forward: top operators</h3>" in html and "aten::addmm" in html
+    detail = {(c["mode"], c["step"]) for c in timeline_data(run)["meta"]["detail_steps"]}
+    assert {("train", 5), ("train", 6), ("train", 7)} <= detail
+    folder = export(run, "chrome")
+    (trace,) = [os.path.join(folder, f) for f in os.listdir(folder)]
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    addmm = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]
+    assert len(addmm) == 6
+    assert addmm[0]["args"]["Input Dims"] == [[64], [16, 32], [32, 64], [], []]
+    assert isinstance(addmm[0]["args"]["Sequence number"], int)
+    assert not [e for e in events if e.get("ph") == "C" and e.get("cat") == "op"]
+
+
+def test_stepscope_steps_selects_exactly_those_steps(tmp_path):
+    _, run = profiled(tmp_path, TRAIN, 30, STEPSCOPE_STEPS="10-13")
+    ops = run.ops
+    assert sampled_steps(ops) == [10, 11, 12, 13]
+    per_step = ops[ops["phase"].isin(["Forward", "Backward", "Optimizer"])].groupby("step").size()
+    assert per_step.nunique() == 1
+
+
+USER_PROFILER = """
+import json, sys, torch, torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+torch.manual_seed(0); torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(8, 8), torch.randn(8, 1)
+def step():
+    opt.zero_grad(); nn.functional.mse_loss(model(x), y).backward(); opt.step()
+start = int(sys.argv[1])
+for i in range(start):
+    step()
+with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    for i in range(4):
+        step()
+prof.export_chrome_trace("trace.json")
+for i in range(10):
+    step()
+with open("trace.json") as f:
+    names = [e.get("name") for e in json.load(f)["traceEvents"]]
+print("addmm", names.count("aten::addmm"), "sgd", names.count("Optimizer.step#SGD.step"))
+"""
+
+
+@pytest.mark.parametrize("start,window_open", [(0, False), (6, True)])
+def test_user_profiler_gets_its_trace_and_no_window_runs_meanwhile(tmp_path, start, window_open):
+    """The user's profiler runs from the first step (no window opens while it runs), or
+    starts at step 6, inside stepscope's window of steps 5-7 (which yields, one line)."""
+    r, run = profiled(tmp_path, USER_PROFILER, start)
+    assert "addmm 8 sgd 4" in r.stdout  # the user's trace: 4 steps of 2 linears, complete
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("stepscope:")]
+    assert len(lines) == (1 if window_open else 0), r.stderr
+    ops = run.ops
+    assert len(run.steps) == start + 14
+    if window_open:
+        assert "torch's profiler" in lines[0]
+    user = run.steps[(run.steps["step"] >= start) & (run.steps["step"] < start + 4)]
+    inside = ops[(ops["start_ns"] >= user["start_ns"].min()) & (ops["start_ns"] < user["end_ns"].max())]
+    assert inside.empty  # nothing of stepscope's while the user's profiler ran
+    if not window_open:  # the user's profiler ended at step 3: stepscope's window opens at 5
+        assert sampled_steps(ops) == [5, 6, 7]
+    else:  # the yielded window's ops are dropped
+        assert ops.empty
+
+
+def test_window_cost_stays_small_on_a_longer_run(tmp_path):
+    r, run = profiled(tmp_path, TRAIN, 20000)
+    t0, t1 = map(int, r.stdout.split("LOOP")[1].split())
+    steps, ops, ev = run.steps, run.ops, run.events
+    sampled = sorted(set(ops["step"]))
+    windows = ev[ev["name"] == "stepscope.op_window"]
+    assert len(windows) >= 2 and sampled[:3] == [5, 6, 7]
+    # cost: the sampled steps' time over the median step, plus closing and writing each window
+    d = steps.set_index("step")["duration_ns"]
+    median = float(np.median(d.to_numpy()))
+    extra = float((d.loc[sampled] - median).clip(lower=0).sum()) + float(windows["duration_ns"].sum())
+    share = extra / (t1 - t0)
+    print(f"windows {len(windows)}, sampled steps {len(sampled)}, cost {extra / 1e6:.1f} ms, {100 * share:.2f}% of the run")
+    assert share < 0.02

@@ -14,6 +14,7 @@ Policy (``Windows.plan_next``):
   A run shorter than a few hundred times one window's cost pays more than
   1% for the first window.
 * with ``STEPSCOPE_STEPS=a-b``: exactly train steps a..b, one window.
+* ``STEPSCOPE_OPS=0``: no windows.
 
 Hook: the step tracker calls ``at_step`` when a train step begins whose number
 reaches ``StepTracker.ops_due`` (one comparison per step), and when an eval step
@@ -36,6 +37,7 @@ launched them, so ``analysis/ops.py`` links kernels to operators.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -420,9 +422,13 @@ _windows: Optional[Windows] = None
 
 
 def install(inst, torch) -> None:
-    """Starts the windows for the instrumentor's session (patches through its registry)."""
+    """Starts the windows for the instrumentor's session (patches through its registry).
+    ``STEPSCOPE_OPS=0`` turns them off."""
     global _windows
     from stepscope.core import session
+
+    if os.environ.get("STEPSCOPE_OPS", "").strip().lower() in ("0", "off", "false", "no"):
+        return
 
     current = session.current()
     _windows = Windows(torch, current.config.steps if current is not None else None)

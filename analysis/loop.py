@@ -146,14 +146,11 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
 
 def run_loop_notes(run) -> List[dict]:
     """``loop_notes`` of a loaded run."""
-    events = run.events
-    if len(events):
-        # grouped on the column itself (categorical codes), not on 10 M strings
-        spans = events.groupby("process", observed=True, sort=False).agg(start=("start_ns", "min"),
-                                                                           end=("end_ns", "max"))
-        profiled = {str(p): int(r.end - r.start) for p, r in spans.iterrows()}
-        recorded = int((~events["category"].isin(["system", "internal"])).sum())
-        duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
+    extents = run.extents()
+    if len(extents):
+        profiled = {str(p): int(r.end_ns - r.start_ns) for p, r in extents.iterrows()}
+        recorded = int(extents["recorded"].sum())
+        duration_s = (int(extents["end_ns"].max()) - int(extents["start_ns"].min())) / 1e9
     else:
         profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)
     ended = bool(run.info.get("end_time")) or not run.info

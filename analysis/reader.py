@@ -73,7 +73,7 @@ def resolve_run_path(run) -> str:
     raise RunFormatError(f"no run at {path!r} (nor {candidate!r})")
 
 
-def _read_process(folder: str) -> ProcessTrace:
+def read_process(folder: str) -> ProcessTrace:
     meta = {}
     notes = []
     try:
@@ -103,22 +103,27 @@ def _read_process(folder: str) -> ProcessTrace:
 PROGRESS_BYTES = 64 << 20  # show a progress bar when decoding more than this
 
 
-def read_processes(run_path: str) -> List[ProcessTrace]:
-    folders = sorted(
+def process_folders(run_path: str) -> List[str]:
+    """The run's process folders (those with a trace or a process.json), sorted."""
+    return sorted(
         os.path.join(run_path, d) for d in os.listdir(run_path)
         if os.path.isdir(os.path.join(run_path, d))
         and (os.path.exists(os.path.join(run_path, d, TRACE_FILE))
              or os.path.exists(os.path.join(run_path, d, PROCESS_JSON))))
+
+
+def read_processes(run_path: str) -> List[ProcessTrace]:
+    folders = process_folders(run_path)
     sizes = [os.path.getsize(os.path.join(f, TRACE_FILE)) if os.path.exists(os.path.join(f, TRACE_FILE)) else 0
              for f in folders]
     if sum(sizes) < PROGRESS_BYTES or not sys.stderr.isatty():
-        return [_read_process(f) for f in folders]
+        return [read_process(f) for f in folders]
     from tqdm import tqdm
 
     out = []
     with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="stepscope: reading traces", leave=False) as bar:
         for folder, size in zip(folders, sizes):
-            out.append(_read_process(folder))
+            out.append(read_process(folder))
             bar.update(size)
     return out
 

@@ -9,12 +9,17 @@ loads too: whatever has been flushed so far.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 import threading
+import weakref
 import warnings as _warnings
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, samples as pysamples, tables
@@ -24,6 +29,8 @@ from stepscope.core import runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
 CACHE_VERSION = 4  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples
+# Traces larger than this (about 15-20 M events) are read through the dataset, a process at a time
+LARGE_BYTES = 256 << 20
 GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
 TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)
@@ -47,13 +54,15 @@ class Run:
     ``warnings`` (damage found while reading) and ``notes`` (what was not measured).
     """
 
-    def __init__(self, path, quiet: bool = False, cache: bool = True):
+    def __init__(self, path, quiet: bool = False, cache: bool = True, dataset: Optional[bool] = None):
         self.path = resolve_run_path(path)
         self.name = os.path.basename(os.path.normpath(self.path))
         self.info = runinfo.read_json(os.path.join(self.path, RUN_JSON))
         self._cache_ok = cache
+        self._want_dataset = dataset  # None: when the traces hold more than LARGE_BYTES
         self._manifest = {"version": CACHE_VERSION, "traces": _trace_files(self.path)}
-        self._procs = self._cached_processes() or read_processes(self.path)
+        self._data = None  # the run's Parquet dataset (analysis/dataset.py), when read from one
+        self._procs = self._dataset_processes() or self._cached_processes() or read_processes(self.path)
         if not self._procs and not self.info:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
         self.warnings = [w for p in self._procs for w in p.warnings]
@@ -74,12 +83,73 @@ class Run:
     # --- tables ---------------------------------------------------------------------
     @property
     def events(self) -> pd.DataFrame:
+        """Every event. A large run (read from its dataset) builds this table only when
+        asked: analysis itself reads what it needs through ``select``."""
         if "events" not in self._tables:
-            self._tables["events"] = self._cached_events()
+            if self._data is not None:
+                self._tables["events"] = self._data.table("events")
+            else:
+                self._tables["events"] = self._cached_events()
         return self._tables["events"]
+
+    @property
+    def large(self) -> bool:
+        """Too many events to hold at once: read from the dataset, a selection at a time."""
+        return self._data is not None and self._data.large and "events" not in self._tables
+
+    def select(self, categories=None, kinds=None, names=None, processes=None, columns=None) -> pd.DataFrame:
+        """The events of these categories, kinds, names and processes (each a list, or
+        None for all), without building the events table of a large run."""
+        if self.large:
+            return self._data.select(categories, kinds, names, processes, columns)
+        ev = self.events
+        mask = np.ones(len(ev), dtype=bool)
+        for column, wanted in (("category", categories), ("kind", kinds), ("name", names),
+                               ("process", processes)):
+            if wanted is not None:
+                mask &= ev[column].isin(list(wanted)).to_numpy()
+        out = ev[mask] if not mask.all() else ev
+        return out if columns is None else out[[c for c in columns if c in out.columns]]
+
+    def event_names(self, containing: Optional[str] = None) -> list:
+        """The names events of this run carry (``containing``: only those with this text)."""
+        if self._data is not None:
+            names = self._data.names()
+        else:
+            names = [str(n) for n in self.events["name"].cat.categories]
+        return [n for n in names if containing is None or containing in n]
+
+    def ranks_with_events(self) -> int:
+        """How many ranks recorded events (1 for a job that is not distributed)."""
+        if self._data is not None:
+            ranks = set()
+            for p in self._procs:
+                rank = p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank")
+                if rank is not None and p.events:
+                    ranks.add(int(rank))
+            return max(1, len(ranks))
+        ev = self.events
+        return int(max(1, ev["rank"].nunique())) if len(ev) else 1
+
+    def extents(self) -> pd.DataFrame:
+        """Per process: first event start, last event end (wall-clock ns), events, and
+        those recorded by the job's work (not system samples or stepscope's own)."""
+        if self._data is not None:
+            return self._data.extents()
+        ev = self.events
+        if not len(ev):
+            return pd.DataFrame(columns=["start_ns", "end_ns", "events", "recorded"])
+        work = ~ev["category"].isin(["system", "internal"])
+        return pd.DataFrame({"start_ns": ev.groupby("process", observed=True, sort=False)["start_ns"].min(),
+                             "end_ns": ev.groupby("process", observed=True, sort=False)["end_ns"].max(),
+                             "events": ev.groupby("process", observed=True, sort=False).size(),
+                             "recorded": work.groupby(ev["process"], observed=True, sort=False).sum()})
 
     def _steps_and_phases(self):
         if "steps" not in self._tables:
+            if self._data is not None:
+                self._tables["steps"], self._tables["phases"] = self._data.table("steps"), self._data.table("phases")
+                return
             self._tables["steps"], self._tables["phases"] = tables.steps_and_phases(self.events)
 
     @property
@@ -98,7 +168,7 @@ class Run:
         if "ops" not in self._tables:
             from stepscope.analysis.ops import ops_frame
 
-            self._tables["ops"] = ops_frame(self.events, self.steps, self.phases)
+            self._tables["ops"] = ops_frame(self.select(categories=["op"]), self.steps, self.phases)
         return self._tables["ops"]
 
     def op_summary(self, top: int = 0) -> pd.DataFrame:
@@ -112,10 +182,13 @@ class Run:
         if "system" not in self._tables:
             from stepscope.analysis.system import system_frame
 
-            self._tables["system"] = system_frame(self.events)
+            self._tables["system"] = self._data.table("system") if self._data is not None \
+                else system_frame(self.events)
         return self._tables["system"]
 
     def _gpu(self, name: str) -> pd.DataFrame:
+        if name not in self._tables and self._data is not None:
+            self._tables[name] = self._data.table(name)
         if name not in self._tables:
             self.events  # decodes the traces (or reads the cache), GPU records included
             self._tables.update(gpu.gpu_tables(self._gpu_raw, self.steps, self.phases))
@@ -146,10 +219,12 @@ class Run:
     def samples(self) -> pd.DataFrame:
         """Python stack samples with their leaf frame, step, mode and phase (analysis/samples.py)."""
         if "samples" not in self._tables:
-            self.events  # decodes the traces (or reads the cache), samples included
+            if self._data is None:
+                self.events  # decodes the traces (or reads the cache), samples included
             raw = getattr(self, "_py_raw", None)
-            if raw is None:  # read from elsewhere (a dataset): decode the traces' samples
-                raw = pysamples.raw_frames(read_processes(self.path))
+            if raw is None:
+                raw = self._data.py_raw() if self._data is not None \
+                    else pysamples.raw_frames(read_processes(self.path))
             self._tables["stacks"] = raw[1]
             self._tables["samples"] = pysamples.samples_frame(raw[0], raw[1], self.steps, self.phases)
         return self._tables["samples"]
@@ -206,8 +281,10 @@ class Run:
 
         if self._db is None:
             self._db = duckdb.connect()
+            # a large run's tables are views over its dataset: DuckDB reads what the query needs
+            self._views = dataset_views(self._db, self._data) if self._data is not None and self.large else set()
         for name in TABLES:
-            if name.lower() in query.lower():
+            if name.lower() in query.lower() and name not in self._views:
                 self._db.register(name, getattr(self, name))
         return self._db.execute(query).df()
 
@@ -267,6 +344,75 @@ class Run:
                              name="stepscope-parquet-cache").start()
         return events
 
+    # --- the dataset (analysis/dataset.py) --------------------------------------------
+    def _dataset_processes(self):
+        """Reads the run from its Parquet dataset when one is cached, or builds one when
+        the run is too large to decode at once (``dataset=True``: always); returns the
+        processes, or None for the in-memory path."""
+        from stepscope.analysis import dataset
+
+        key = hashlib.sha1(json.dumps(self._manifest, sort_keys=True).encode()).hexdigest()[:16]
+        cache_root = os.path.join(self.path, CACHE_DIR, f"dataset-{key}")
+        entries = _read_manifest(cache_root) if self._cache_ok else None
+        if entries is None:
+            want = self._want_dataset
+            if want is None:
+                want = sum(size for size, _ in self._manifest["traces"].values()) >= LARGE_BYTES
+            if not want:
+                return None
+            entries, root = self._build_dataset(cache_root)
+            if entries is None:
+                return None
+        else:
+            root = cache_root
+        self._data = dataset.Dataset(root, entries)
+        procs = []
+        for e in entries:
+            p = ProcessTrace(e["folder"], e["meta"], None, e["warnings"])
+            p.readable, p.events, p.dropped, p.clean_close = e["readable"], e["events"], e["dropped"], e["clean_close"]
+            procs.append(p)
+        return procs
+
+    def _build_dataset(self, cache_root: str):
+        """Builds the dataset beside the run (reused by the next load when the run is
+        complete), or in a private temporary folder (the run folder is read-only, the
+        cache is off, or the run is still being written)."""
+        from stepscope.analysis import dataset
+        from stepscope.analysis.reader import process_folders
+
+        folders = process_folders(self.path)
+        if not folders:
+            return None, None
+        tmp_parent = os.path.join(self.path, CACHE_DIR)
+        try:
+            if not self._cache_ok:
+                raise OSError("cache off")
+            os.makedirs(tmp_parent, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix="building-", dir=tmp_parent)
+        except OSError:
+            tmp = tempfile.mkdtemp(prefix="stepscope-dataset-")
+            tmp_parent = None
+        entries = dataset.build(folders, tmp)
+        complete = all(e["readable"] and e["clean_close"] for e in entries)
+        if tmp_parent is not None and complete:
+            runinfo.write_json_atomic(os.path.join(tmp, "manifest.json"),
+                                      {"version": CACHE_VERSION, "processes": entries})
+            try:
+                os.rename(tmp, cache_root)
+                for old in os.listdir(tmp_parent):  # datasets of earlier states of the traces
+                    if old.startswith("dataset-") and old != os.path.basename(cache_root):
+                        shutil.rmtree(os.path.join(tmp_parent, old), ignore_errors=True)
+                return entries, cache_root
+            except OSError:  # another process cached the same state first
+                shutil.rmtree(tmp, ignore_errors=True)
+                found = _read_manifest(cache_root)
+                if found is not None:
+                    return found, cache_root
+                tmp = tempfile.mkdtemp(prefix="stepscope-dataset-")
+                entries = dataset.build(folders, tmp)
+        weakref.finalize(self, shutil.rmtree, tmp, True)  # private: goes with this Run
+        return entries, tmp
+
     def _release_columns(self) -> None:
         for p in self._procs:  # the events table holds everything now
             p.release()
@@ -283,6 +429,22 @@ class Run:
             runinfo.write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
         except Exception:  # noqa: BLE001 - a read-only run folder just means no cache
             pass
+
+
+def dataset_views(con, data) -> set:
+    """DuckDB views over the dataset's tables that have files; the others stay pandas."""
+    from stepscope.analysis import dataset
+
+    return set(dataset.duckdb_views(con, data.root))
+
+
+def _read_manifest(root: str):
+    try:
+        with open(os.path.join(root, "manifest.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved.get("processes") if saved.get("version") == CACHE_VERSION else None
 
 
 def _read_parquet(path: str) -> pd.DataFrame:
@@ -322,9 +484,10 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def load(run, quiet: bool = False, cache: bool = True) -> Run:
-    """Loads a run folder (or a run name under STEPSCOPE_DIR)."""
-    return Run(run, quiet=quiet, cache=cache)
+def load(run, quiet: bool = False, cache: bool = True, dataset: Optional[bool] = None) -> Run:
+    """Loads a run folder (or a run name under STEPSCOPE_DIR). ``dataset``: read it
+    through its partitioned Parquet dataset (None: when it is large)."""
+    return Run(run, quiet=quiet, cache=cache, dataset=dataset)
 
 
 def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:

@@ -16,14 +16,14 @@ def summarize(run, params=None) -> dict:
     from stepscope.analysis.rules import evaluate
 
     r = run if isinstance(run, Run) else load(run, quiet=True)
-    events, steps = r.events, r.steps
-    if len(events):
-        duration_s = (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
+    steps, extents = r.steps, r.extents()
+    if len(extents):
+        duration_s = (int(extents["end_ns"].max()) - int(extents["start_ns"].min())) / 1e9
     else:
         duration_s = float(r.info.get("duration_s") or 0.0)
     out = {
         "run": r.name,
-        "ranks": int(max(1, events["rank"].nunique())) if len(events) else 1,
+        "ranks": r.ranks_with_events(),
         "duration_s": round(duration_s, 3),
         "steps": {},
         "phases": {},

@@ -26,6 +26,10 @@ class _Run:
         names = ["GetNext", KERAS_PROFILER_WINDOW] if window else ["GetNext"]
         self.events = pd.DataFrame({"name": pd.Categorical(names)})
 
+    def select(self, names=None, columns=None, **_):  # stepscope.Run.select, on this table
+        ev = self.events
+        return ev[ev["name"].isin(names)] if names is not None else ev
+
 
 @pytest.mark.parametrize("imported,window,expected", [
     (["torch"], False, TORCH),

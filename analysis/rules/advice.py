@@ -41,13 +41,9 @@ def framework_of(run) -> str:
 
 def _has_keras_window(run) -> bool:
     try:
-        names = run.events["name"]
+        return bool(len(run.select(names=[KERAS_PROFILER_WINDOW], columns=["name"])))
     except Exception:  # noqa: BLE001 - no events table
         return False
-    cats = getattr(names, "cat", None)
-    if cats is not None and KERAS_PROFILER_WINDOW not in set(cats.categories):
-        return False
-    return bool((names == KERAS_PROFILER_WINDOW).any())
 
 
 # --- the texts ------------------------------------------------------------------------------

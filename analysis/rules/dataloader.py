@@ -49,10 +49,9 @@ def worker_fetches(run, process) -> dict:
     """Per worker id, the fetch spans recorded by ``process`` or by its workers' own
     folders (``DataLoader.fetch``, integrations/torch/_workers.py: name with ``DataLoader``,
     ``arg`` the worker id): count, median and p95 in ms. Empty when none were recorded."""
-    ev = run.events
-    mine = ev["process"].astype(str).isin([str(process), *_children(run, process)])
-    spans = ev[mine & (ev["kind"] == "span") & (ev["category"] != "phase")
-               & ev["name"].astype(str).str.contains("DataLoader", regex=False) & (ev["arg"] >= 0)]
+    ev = run.select(kinds=["span"], names=run.event_names(containing="DataLoader"),
+                    processes=[str(process), *_children(run, process)])
+    spans = ev[(ev["category"] != "phase") & (ev["arg"] >= 0)]
     out = {}
     for worker, g in spans.groupby("arg"):
         d = (g["end_ns"] - g["start_ns"]).to_numpy(dtype=float) / 1e6
@@ -65,18 +64,14 @@ def configured_workers(run, process) -> int:
     """The most ``num_workers`` of ``process``'s loaders (``DataLoader.num_workers``, recorded
     at each pass by the torch integration), 0 when not recorded: the sampler can miss
     short-lived workers."""
-    ev = run.events
-    marks = ev[(ev["process"].astype(str) == str(process)) & (ev["kind"] == "instant")
-               & (ev["name"].astype(str) == "DataLoader.num_workers")]
+    marks = run.select(kinds=["instant"], names=["DataLoader.num_workers"], processes=[str(process)])
     return int(marks["arg"].max()) if len(marks) else 0
 
 
 def pin_memory(run, process):
     """Whether ``process``'s multi-process loaders pin memory (the last pass's setting,
     ``DataLoader.pin_memory``), or None when not recorded."""
-    ev = run.events
-    marks = ev[(ev["process"].astype(str) == str(process)) & (ev["kind"] == "instant")
-               & (ev["name"].astype(str) == "DataLoader.pin_memory")]
+    marks = run.select(kinds=["instant"], names=["DataLoader.pin_memory"], processes=[str(process)])
     return bool(marks["arg"].iloc[-1]) if len(marks) else None
 
 

@@ -52,7 +52,7 @@ class GetNextBottleneck(Rule):
             epoch = None
             if framework == TORCH:
                 if starts is None:
-                    starts = loop_starts(run.events, steps)
+                    starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), steps)
                 mine = steps[steps["process"] == process]
                 epoch = epoch_start_wait(mine, starts, p["epoch_start_s"])
             stats = step_stats(s)

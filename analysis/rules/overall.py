@@ -89,8 +89,7 @@ class OverallFrameworkMetrics(Rule):
                               "phases": {**shares, OTHER: {"total_ms": round(other / 1e6, 3),
                                                            "share": round(other / total, 4) if total else 0.0}},
                               "spans": {}}
-        ev = run.events
-        spans = ev[(ev["kind"] == "span") & ev["category"].isin(SPAN_CATEGORIES)]
+        spans = run.select(categories=SPAN_CATEGORIES, kinds=["span"])
         if len(spans) and len(steps):
             spans = spans.assign(mode=_span_modes(spans, steps)).dropna(subset=["mode"])
             agg = spans.groupby(["mode", "category", "name"], observed=True)["duration_ns"].agg(["count", "sum"])

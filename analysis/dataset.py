@@ -1,0 +1,355 @@
+"""The run as a partitioned Parquet dataset: what analysis reads when a run is large.
+
+Layout (docs/format.md, a contract DuckDB, Spark and Trino read as it is)::
+
+    <root>/<table>/process=<process folder>/part-0.parquet
+
+Tables: ``events`` (the decoded trace, times on the wall clock), ``steps``,
+``phases``, ``system`` and the GPU tables (``kernels``, ``memcpy``, ``memset``,
+``sync``, ``cuda_api``), the same columns as ``stepscope.load(RUN).<table>``
+except ``process``, which is the Hive partition key. Events are written in row
+groups of ``ROW_GROUP`` rows, sorted by start time within each process.
+
+Every table of a process is derived from that process's trace alone (steps
+belong to a process's threads, GPU records to the process that saw them), so
+the dataset is built one process at a time (in parallel when there are
+several): the memory needed is that of the largest process, not of the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+import pandas as pd
+
+PARTITION = "process"
+COLUMNS_KEY = b"stepscope.columns"
+ROW_GROUP = 1 << 20
+DERIVED = ("steps", "phases", "system", "kernels", "memcpy", "memset", "sync", "cuda_api")
+# Python stack samples (analysis/samples.py) as recorded: each process's stack ids are its own
+PY_TABLES = ("pysamples", "pystacks")
+TABLES = ("events", *DERIVED, *PY_TABLES)
+# Columns that are categorical in the in-memory tables (kept categorical on read).
+_CATEGORICAL_PROCESS = {"events", "steps", "phases"}
+PARALLEL_BYTES = 32 << 20  # processes are built in parallel above this much trace data
+
+
+def partition_dir(root: str, table: str, process: str) -> str:
+    return os.path.join(root, table, f"{PARTITION}={process}")
+
+
+def _safe(process: str) -> str:
+    # Process folders are "<host>-<rank or pid>"; anything a path or a Hive key cannot hold is replaced.
+    return re.sub(r"[^A-Za-z0-9._+@-]", "_", process)
+
+
+# --- writing ------------------------------------------------------------------------------
+def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
+    """One Parquet file, a row group at a time (Arrow holds one group, not a copy of the table)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # where the partition column goes back on read, and its dtype there
+    order = json.dumps(list(frame.columns) + [str(frame[PARTITION].dtype) if PARTITION in frame else ""])
+    frame = frame.drop(columns=[PARTITION], errors="ignore")
+    schema = pa.Schema.from_pandas(frame.iloc[:0], preserve_index=False)
+    schema = schema.with_metadata({**(schema.metadata or {}), COLUMNS_KEY: order.encode()})
+    tmp = f"{path}.tmp{os.getpid()}"
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for at in range(0, max(len(frame), 1), row_group):
+            writer.write_table(pa.Table.from_pandas(frame.iloc[at:at + row_group], schema=schema,
+                                                    preserve_index=False))
+    os.replace(tmp, path)
+
+
+def build_process(folder: str, root: str) -> dict:
+    """Decodes one process folder and writes its partition of every table; returns
+    what the run needs to know of it without reading it again (metadata, counts,
+    warnings)."""
+    from stepscope.analysis import gpu, samples, tables
+    from stepscope.analysis.reader import events_frame, read_process
+    from stepscope.analysis.system import system_frame
+
+    p = read_process(folder)
+    name = os.path.basename(folder)
+    entry = {"folder": folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
+             "dropped": p.dropped, "clean_close": p.clean_close, "readable": p.readable,
+             "partition": _safe(name)}
+    gpu_raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
+    py_raw = samples.raw_frames([p])
+    events = events_frame([p])
+    steps, phases = tables.steps_and_phases(events)
+    out = {"events": events, "steps": steps, "phases": phases, "system": system_frame(events)}
+    out.update(gpu.gpu_tables(gpu_raw, steps, phases))
+    out["pysamples"], out["pystacks"] = py_raw
+    del gpu_raw, py_raw
+    if len(events):
+        work = ~events["category"].isin(["system", "internal"]).to_numpy()
+        entry["names"] = [str(n) for n in events["name"].cat.categories]
+        entry["extent"] = {"start_ns": int(events["start_ns"].min()), "end_ns": int(events["end_ns"].max()),
+                           "events": int(len(events)), "recorded": int(work.sum())}
+    entry["rows"] = {}
+    for table in TABLES:
+        frame = out.pop(table)
+        if len(frame):  # a table this process has no rows of has no partition
+            d = partition_dir(root, table, entry["partition"])
+            os.makedirs(d, exist_ok=True)
+            _write(frame, os.path.join(d, "part-0.parquet"))
+        entry["rows"][table] = int(len(frame))
+        del frame
+    return entry
+
+
+def build(folders: List[str], root: str, progress: Optional[bool] = None) -> List[dict]:
+    """Writes the dataset of these process folders under ``root`` (replacing what was
+    there); returns one entry per process, in folder order."""
+    if os.path.isdir(root):
+        shutil.rmtree(root)
+    os.makedirs(root)
+    sizes = [_trace_bytes(f) for f in folders]
+    parallel = len(folders) > 1 and sum(sizes) >= PARALLEL_BYTES and (os.cpu_count() or 1) > 1
+    bar = _progress(sum(sizes), progress)
+    try:
+        if not parallel:
+            entries = []
+            for folder, size in zip(folders, sizes):
+                entries.append(build_process(folder, root))
+                bar.update(size)
+            return entries
+        import multiprocessing
+
+        # spawn: a fork of the caller (maybe a notebook with threads running) could deadlock
+        workers = min(len(folders), os.cpu_count() or 1, 8)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(build_process, f, root) for f in folders]
+            entries = []
+            for future, size in zip(futures, sizes):
+                entries.append(future.result())
+                bar.update(size)
+            return entries
+    finally:
+        bar.close()
+
+
+def _trace_bytes(folder: str) -> int:
+    from stepscope.core.vocabulary import TRACE_FILE
+
+    try:
+        return os.path.getsize(os.path.join(folder, TRACE_FILE))
+    except OSError:
+        return 0
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, progress: Optional[bool]):
+    from stepscope.analysis.reader import PROGRESS_BYTES
+
+    if progress is None:
+        progress = total >= PROGRESS_BYTES and sys.stderr.isatty()
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="stepscope: building the run's dataset", leave=False)
+
+
+# --- reading --------------------------------------------------------------------------------
+def files_of(root: str, table: str, partitions: Iterable[str]) -> List[tuple]:
+    """(partition, file) of a table's files, in the given process order."""
+    out = []
+    for part in partitions:
+        d = partition_dir(root, table, part)
+        if os.path.isdir(d):
+            out.extend((part, os.path.join(d, f)) for f in sorted(os.listdir(d)) if f.endswith(".parquet"))
+    return out
+
+
+def read_table(root: str, table: str, processes: List[str], partitions: List[str],
+               filter=None, columns: Optional[List[str]] = None) -> Optional[pd.DataFrame]:
+    """A table as pandas (``processes``: folder names, in the run's order;
+    ``partitions``: their partition names). ``filter``: a pyarrow compute
+    expression applied while reading (row groups it excludes are skipped).
+    None when no process has rows in it."""
+    import pyarrow.dataset as ds
+
+    by_partition = dict(zip(partitions, processes))
+    parts = []
+    for part, path in files_of(root, table, partitions):
+        data = ds.dataset(path, format="parquet")
+        names = data.schema.names if columns is None else [c for c in columns if c in data.schema.names]
+        frame = data.to_table(columns=names, filter=filter).to_pandas()
+        if filter is not None and not len(frame):
+            continue
+        order = json.loads((data.schema.metadata or {}).get(COLUMNS_KEY, b"[]")) or [""]
+        dtype = order.pop()
+        if columns is None or PARTITION in columns:
+            at = order.index(PARTITION) if PARTITION in order else 0
+            frame.insert(min(at, len(frame.columns)), PARTITION, by_partition[part])
+        parts.append(frame)
+    if not parts:
+        return None
+    frame = parts[0] if len(parts) == 1 else _concat(parts)
+    if PARTITION not in frame.columns:
+        pass
+    elif table in _CATEGORICAL_PROCESS:
+        frame[PARTITION] = pd.Categorical(frame[PARTITION], categories=[p for p in processes
+                                                                        if p in set(frame[PARTITION])])
+    elif dtype and dtype != "category":  # the dtype the in-memory table has (object or str)
+        frame[PARTITION] = frame[PARTITION].astype(dtype)
+    return frame
+
+
+def _concat(parts: List[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenates, keeping categorical columns categorical (categories in order of
+    appearance, process by process, as the in-memory tables have them)."""
+    from pandas.api.types import union_categoricals
+
+    cats = {c for part in parts for c in part.columns if isinstance(part[c].dtype, pd.CategoricalDtype)}
+    frame = pd.concat(parts, ignore_index=True)
+    for c in cats:
+        if not isinstance(frame[c].dtype, pd.CategoricalDtype):
+            frame[c] = union_categoricals([pd.Categorical(part[c]) for part in parts], ignore_order=True)
+    return frame
+
+
+def duckdb_views(con, root: str) -> Dict[str, str]:
+    """Creates one DuckDB view per table over the dataset (nothing is loaded); returns
+    {table: view SQL}."""
+    out = {}
+    for table in TABLES:
+        d = os.path.join(root, table)
+        if not os.path.isdir(d) or not any(True for _ in os.scandir(d)):
+            continue
+        glob = os.path.join(d, "*", "*.parquet").replace("'", "''")
+        sql = (f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet('{glob}', "
+               f"hive_partitioning = true, union_by_name = true)")
+        con.execute(sql)
+        out[table] = sql
+    return out
+
+
+
+# --- a run read from its dataset ---------------------------------------------------------------
+LARGE_EVENTS = 20_000_000  # above this, the events table is never built implicitly
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_tables() -> Dict[str, pd.DataFrame]:
+    """Each table with no rows, as the in-memory builders make it (same columns and dtypes)."""
+    from stepscope.analysis import gpu, tables
+    from stepscope.analysis.reader import _empty_events
+    from stepscope.analysis.system import system_frame
+
+    events = _empty_events()
+    steps, phases = tables.steps_and_phases(events)
+    out = {"events": events, "steps": steps, "phases": phases, "system": system_frame(events)}
+    out.update(gpu.gpu_tables(gpu.empty_raw(), steps, phases))
+    return out
+
+
+class Dataset:
+    """A run's dataset, read a table (or a selection of events) at a time."""
+
+    def __init__(self, root: str, entries: List[dict]):
+        self.root = root
+        self.entries = entries
+        with_events = [e for e in entries if e.get("rows", {}).get("events")]
+        self.processes = [os.path.basename(e["folder"]) for e in with_events]
+        self.partitions = [e["partition"] for e in with_events]
+        self.events = sum(e.get("rows", {}).get("events", 0) for e in entries)
+        self.large = self.events > LARGE_EVENTS
+
+    def table(self, name: str, filter=None, columns=None) -> pd.DataFrame:
+        frame = read_table(self.root, name, self.processes, self.partitions, filter, columns)
+        return self._empty(name, columns) if frame is None else frame
+
+    def select(self, categories=None, kinds=None, names=None, processes=None, columns=None) -> pd.DataFrame:
+        """Events matching every given list, read with the filter pushed into the scan."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        wanted_lists = (("category", categories), ("kind", kinds), ("name", names), ("process", processes))
+        if any(wanted is not None and not len(wanted) for _, wanted in wanted_lists):
+            return self._empty("events", columns)
+        conditions = [ds.field(column).isin([str(w) for w in wanted]) for column, wanted in wanted_lists[:3]
+                      if wanted is not None]
+        expr = None
+        for c in conditions:
+            expr = c if expr is None else (expr & c)
+        keep = None if processes is None else {str(p) for p in processes}
+        procs = [(p, part) for p, part in zip(self.processes, self.partitions) if keep is None or p in keep]
+        frame = read_table(self.root, "events", [p for p, _ in procs], [part for _, part in procs],
+                           expr if expr is not None else pc.scalar(True), columns)
+        return self._empty("events", columns) if frame is None else frame
+
+    @staticmethod
+    def _empty(name: str, columns=None) -> pd.DataFrame:
+        frame = _empty_tables()[name]
+        return frame if columns is None else frame[[c for c in columns if c in frame.columns]]
+
+    def py_raw(self):
+        """(raw samples, stacks) as ``samples.raw_frames`` gives them for the whole run:
+        each process's stacks re-interned onto run-wide ids (same frames, same id)."""
+        from stepscope.analysis import samples
+
+        ids, rows, parts = {}, [], []
+        for process, part in zip(self.processes, self.partitions):
+            files = dict(files_of(self.root, "pystacks", [part]))
+            if part not in files:
+                continue
+            stacks = pd.read_parquet(files[part])
+            raw = read_table(self.root, "pysamples", [process], [part])
+            local = np.empty(len(stacks), dtype=np.int64)
+            for i, (parent, function, file, line) in enumerate(zip(
+                    stacks["parent"].to_numpy(), stacks["function"], stacks["file"], stacks["line"].to_numpy())):
+                gparent = int(local[parent]) if parent >= 0 else -1  # parents come first
+                key = (gparent, function, file, int(line))
+                if key not in ids:
+                    ids[key] = len(ids)
+                    rows.append(key)
+                local[i] = ids[key]
+            if raw is not None:
+                raw["stack"] = local[raw["stack"].to_numpy()]
+                parts.append(raw)
+        if not parts:
+            return samples.raw_frames([])
+        depth = []
+        for parent, *_ in rows:
+            depth.append(depth[parent] + 1 if parent >= 0 else 0)
+        stacks = pd.DataFrame({
+            "stack": np.arange(len(rows), dtype=np.int64), "parent": np.array([r[0] for r in rows], dtype=np.int64),
+            "depth": np.array(depth, dtype=np.int64), "function": [r[1] for r in rows],
+            "file": [r[2] for r in rows], "line": np.array([r[3] for r in rows], dtype=np.int64)},
+            columns=samples.STACK_COLUMNS)
+        raw = pd.concat(parts, ignore_index=True)
+        raw["process"] = raw["process"].astype(str).astype("category")
+        return raw, stacks
+
+    def names(self) -> list:
+        seen = {}
+        for e in self.entries:
+            for n in e.get("names", []):
+                seen.setdefault(n, None)
+        return list(seen)
+
+    def extents(self) -> pd.DataFrame:
+        rows = {os.path.basename(e["folder"]): e["extent"] for e in self.entries if e.get("extent")}
+        frame = pd.DataFrame.from_dict(rows, orient="index",
+                                       columns=["start_ns", "end_ns", "events", "recorded"]).astype("int64")
+        frame.index.name = PARTITION
+        return frame

@@ -1,0 +1,154 @@
+"""A run read through its partitioned Parquet dataset (analysis/dataset.py) gives the
+same tables, summary and findings as one decoded in memory, without building the
+events table; the layout is the documented Hive one that DuckDB reads."""
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+
+from test_torch import SCRIPTS, run_script
+
+torch = pytest.importorskip("torch")
+
+import stepscope  # noqa: E402
+from stepscope.analysis import dataset  # noqa: E402
+from stepscope.analysis.run import GPU_TABLES, Run  # noqa: E402
+from stepscope.analysis.summary import summarize  # noqa: E402
+from stepscope.core.vocabulary import CACHE_DIR, TRACE_FILE  # noqa: E402
+
+TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, "ops", "samples", "stacks")
+
+
+@pytest.fixture(scope="module")
+def worker_run(tmp_path_factory):
+    """A torch run with two forked DataLoader workers: three process folders."""
+    tmp = tmp_path_factory.mktemp("workers")
+    run_script(tmp, os.path.join(SCRIPTS, "slow_worker.py"), "fork", name="fork")
+    return tmp / "runs" / "fork"
+
+
+@pytest.fixture
+def gpu_run(run_dir):
+    from test_gpu import _synthetic_training
+
+    s = stepscope.start(name="gpu", gpu="off")
+    _synthetic_training(steps=4, latency_ns=1_000_000)
+    s.stop()
+    return s.path
+
+
+def _copy(src, tmp_path, name):
+    dest = tmp_path / name
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(CACHE_DIR))
+    return dest
+
+
+class _EventsTrap(Run):
+    """Fails when analysis builds the events table of a large run."""
+
+    @property
+    def events(self):
+        if self.large:
+            raise AssertionError("the events table of a large run was built")
+        return super().events
+
+
+def _same(a: Run, b: Run):
+    for table in TABLES:
+        x, y = getattr(a, table), getattr(b, table)
+        assert list(x.columns) == list(y.columns) and len(x) == len(y), table
+        if not len(x):
+            continue  # (the in-memory builders' empty frames differ among themselves in dtypes)
+        assert dict(x.dtypes.astype(str)) == dict(y.dtypes.astype(str)), table
+        pd.testing.assert_frame_equal(x.reset_index(drop=True), y.reset_index(drop=True), check_categorical=False,
+                                      obj=table)
+    sa, sb = summarize(a), summarize(b)
+    assert json.dumps(sa, sort_keys=True, default=str) == json.dumps(sb, sort_keys=True, default=str)
+    return sa
+
+
+@pytest.mark.parametrize("source", ["worker_run", "gpu_run"])
+def test_the_dataset_gives_the_same_tables_and_findings(source, request, tmp_path, monkeypatch):
+    path = _copy(request.getfixturevalue(source), tmp_path, "run")
+    memory = stepscope.load(path, cache=False)
+    through = stepscope.load(path, dataset=True)
+    assert through._data is not None and memory._data is None
+    summary = _same(memory, through)
+    assert summary["steps"]["train"]["count"] > 0
+    if source == "worker_run":
+        assert len(through.samples) > 10 and len(through.ops) > 10  # the stack sampler and an op window
+        assert len(memory.processes) == 3 and any(f["rule"] == "Dataloader" for f in
+                                                   summary["findings"] + summary["related_findings"])
+    else:
+        assert len(through.kernels) == 13  # 4 steps x 3 phases, and an orphan kernel
+
+    # Large: every table, the summary and every rule without the events table.
+    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    large = _EventsTrap(path, dataset=True)
+    assert large.large
+    assert json.dumps(summarize(large), sort_keys=True, default=str) == json.dumps(summary, sort_keys=True,
+                                                                                   default=str)
+    assert "events" not in large._tables
+    # SQL over a large run reads the dataset's files through DuckDB views
+    n = large.sql("select count(*) as n from events where category = 'phase'")["n"].iloc[0]
+    assert n == int((memory.events["category"] == "phase").sum()) and "events" not in large._tables
+
+
+def test_layout_is_hive_partitioned_and_cached(worker_run, tmp_path):
+    import duckdb
+
+    path = _copy(worker_run, tmp_path, "run")
+    run = stepscope.load(path, dataset=True)
+    root = run._data.root
+    assert os.path.dirname(root) == str(path / CACHE_DIR)
+    processes = sorted(run.processes["process"])
+    assert sorted(os.listdir(os.path.join(root, "events"))) == [f"process={p}" for p in processes]
+    con = duckdb.connect()
+    glob = os.path.join(root, "steps", "*", "*.parquet")
+    got = con.execute(f"select process, count(*) from read_parquet('{glob}', hive_partitioning = true) "
+                      f"group by process").fetchall()
+    assert dict(got) == run.steps.groupby("process", observed=True).size().to_dict()
+
+    # The next load reads the cached dataset (no decoding); a changed trace makes a new one.
+    manifest = os.path.join(root, "manifest.json")
+    mtime = os.stat(manifest).st_mtime_ns
+    again = stepscope.load(path, dataset=True)
+    assert again._data.root == root and os.stat(manifest).st_mtime_ns == mtime
+    assert len(again.steps) == len(run.steps)
+    trace = path / processes[0] / TRACE_FILE
+    os.utime(trace, ns=(mtime + 10**9, mtime + 10**9))
+    third = stepscope.load(path, dataset=True)
+    assert third._data.root != root and not os.path.exists(root)
+
+
+def test_parallel_build_and_a_read_only_run(worker_run, tmp_path, monkeypatch):
+    path = _copy(worker_run, tmp_path, "run")
+    monkeypatch.setattr(dataset, "PARALLEL_BYTES", 0)  # one spawned worker per process folder
+    parallel = stepscope.load(path, dataset=True)
+    memory = stepscope.load(path, cache=False)
+    _same(memory, parallel)
+    # No cache (as for a run folder that cannot be written): a private dataset, removed with the Run.
+    private = stepscope.load(path, dataset=True, cache=False)
+    root = private._data.root
+    assert not root.startswith(str(path)) and len(private.steps) == len(memory.steps)
+    del private
+    assert not os.path.exists(root)
+
+
+def test_a_damaged_trace_keeps_what_is_readable(worker_run, tmp_path):
+    path = _copy(worker_run, tmp_path, "run")
+    main = stepscope.load(path, cache=False).processes
+    main = main[main["origin"] == "main"]["process"].iloc[0]
+    trace = path / main / TRACE_FILE
+    size = os.path.getsize(trace)
+    with open(trace, "r+b") as f:
+        f.truncate(size * 2 // 3)
+    with pytest.warns(UserWarning, match=TRACE_FILE):
+        memory = stepscope.load(path, cache=False)
+    with pytest.warns(UserWarning, match=TRACE_FILE):
+        through = stepscope.load(path, dataset=True)
+    assert 0 < len(through.events) == len(memory.events) and len(through.steps) == len(memory.steps)
+    assert through.warnings == memory.warnings

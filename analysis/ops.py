@@ -6,9 +6,9 @@
   nested in it on its thread, as torch's profiler counts "self CPU"), input
   shapes (torch's "Input Dims", a string) and sequence number (-1: none; a
   backward op carries its forward op's number).
-* ``op_summary``: per phase and operator over the sampled steps: count, self
-  and total time, self time per sampled step, and the share of the phase's
-  time in those steps (self time / the phase's exclusive time).
+* ``op_summary``: per phase and operator over the sampled steps with ops in
+  that phase: count, self and total time, self time per step, and the share
+  of the phase's time in those steps (self time / the phase's exclusive time).
 * ``kernel_ops``: each GPU kernel's launching operator (CUDA, written without
   a GPU: untested on real traces).
 
@@ -85,14 +85,19 @@ def op_summary(ops: pd.DataFrame, steps: pd.DataFrame, top: int = 0) -> pd.DataF
     sampled = ops[ops["step"] >= 0]
     if not len(sampled):
         return _empty(SUMMARY_COLUMNS)
-    keys = sampled[["process", "mode", "step"]].drop_duplicates()
-    chosen = steps.merge(keys, on=["process", "mode", "step"])
-    phase_time = {p: int(chosen[p].sum()) for p in (*PHASES, OTHER) if p in chosen}
+    # per phase, the sampled steps that have ops in it (a window's first step has no GetNext ops:
+    # the window opened after its fetch) and that phase's time in them
+    keys = sampled[["process", "mode", "step", "phase"]].drop_duplicates()
+    cols = [p for p in (*PHASES, OTHER) if p in steps]
+    chosen = keys.merge(steps[["process", "mode", "step", *cols]], on=["process", "mode", "step"])
+    phase_time, phase_steps = {}, {}
+    for phase, rows in chosen.groupby("phase"):
+        phase_time[phase] = int(rows[phase].sum()) if phase in rows else 0
+        phase_steps[phase] = len(rows)
     agg = sampled.groupby(["phase", "name"], observed=True).agg(
         count=("self_ns", "size"), self_ns=("self_ns", "sum"), total_ns=("duration_ns", "sum")).reset_index()
-    n = max(len(keys), 1)
-    agg["steps"] = len(keys)
-    agg["self_ns_per_step"] = agg["self_ns"] / n
+    agg["steps"] = [phase_steps.get(p, 0) for p in agg["phase"]]
+    agg["self_ns_per_step"] = agg["self_ns"] / agg["steps"].clip(lower=1)
     agg["share"] = [s / phase_time[p] if phase_time.get(p) else np.nan for p, s in zip(agg["phase"], agg["self_ns"])]
     agg = agg.sort_values(["phase", "self_ns"], ascending=[True, False], kind="stable", ignore_index=True)
     if top:

@@ -182,3 +182,20 @@ def test_window_cost_stays_small_on_a_longer_run(tmp_path):
     share = extra / (t1 - t0)
     print(f"windows {len(windows)}, sampled steps {len(sampled)}, cost {extra / 1e6:.1f} ms, {100 * share:.2f}% of the run")
     assert share < 0.02
+
+
+def test_kernels_link_to_the_op_running_at_their_launch():
+    """analysis/ops.kernel_ops over plain tables (the CUDA path itself is untested here:
+    no GPU): a kernel's launch call lies in the innermost op of its thread."""
+    import pandas as pd
+
+    from stepscope.analysis.ops import kernel_ops
+
+    ops = pd.DataFrame({"process": ["p"] * 3, "tid": [7, 7, 8], "name": ["aten::linear", "aten::addmm", "aten::mm"],
+                        "start_ns": [100, 110, 100], "end_ns": [200, 190, 300]})
+    api = pd.DataFrame({"process": ["p"] * 4, "correlation": [1, 2, 3, 4], "thread": [7, 7, 8, 9],
+                        "start_ns": [120, 195, 150, 150]})
+    kernels = pd.DataFrame({"process": ["p"] * 4, "correlation": [1, 2, 3, 4], "name": ["gemm", "bias", "mm", "x"],
+                            "start_ns": [300, 310, 320, 330], "duration_ns": [5] * 4})
+    linked = kernel_ops(kernels, api, ops).set_index("name")["op"].to_dict()
+    assert linked == {"gemm": "aten::addmm", "bias": "aten::linear", "mm": "aten::mm"}

@@ -105,7 +105,7 @@ class Windows:
         from torch._C import _autograd, _profiler
 
         self._autograd, self._profiler = _autograd, _profiler
-        self._sync_tensor = torch.zeros(1)
+        self._sync_tensor = torch.zeros(1, device="cpu")  # whatever the program's default device
 
     # --- hook --------------------------------------------------------------------------
     def install(self) -> None:
@@ -346,13 +346,16 @@ class Windows:
         lo, hi = from_tick(w.sync_open[2]), from_tick(end)  # the window's steps, on Kineto's clock less x_base
         span, counter, intern = _native.span, _native.counter, _native.intern
         shape_ids, name_ids = self.shape_ids, self.name_ids
-        cpu = getattr(self._autograd, "DeviceType", None)
-        cpu = cpu.CPU if w.cuda and cpu is not None else None
-        mine, foreign, device = 0, {}, []
+        mine, foreign, device, calls, thread_of_op = 0, {}, [], [], {}
         for e in events:
-            if cpu is not None and e.device_type() != cpu:
-                device.append(e)
-                continue
+            if w.cuda:  # Kineto's CUDA activity: written back as GPU records below
+                kind = e.activity_type()
+                if kind in DEVICE_KINDS:
+                    device.append(e)
+                    continue
+                if kind in CALL_KINDS:
+                    calls.append(e)
+                    continue
             start = e.start_ns() - x_base
             if start < lo or start >= hi or e.is_async():
                 continue
@@ -372,6 +375,8 @@ class Windows:
             record = (OP, nid, t0, max(to_tick(e.end_ns() - x_base), t0),
                       pack_arg(e.sequence_nr(), self.index), sid, self.index)
             thread = e.start_thread_id()
+            if w.cuda:
+                thread_of_op[e.correlation_id()] = thread
             if thread == main_tid:
                 span(*record[:5])
                 if sid >= 0:
@@ -379,43 +384,84 @@ class Windows:
                 mine += 1
             else:  # an autograd device thread: a track of its own keeps nesting true
                 foreign.setdefault(thread, []).append(record)
-        for records in foreign.values():
-            helper = threading.Thread(target=_write_all, args=(records,), name="stepscope-ops", daemon=True)
+        mono = _monotonic(w, to_tick, x_base, self.ticks_per_ns) if w.cuda else None
+        # each CUDA call goes with the thread of the op that made it (Kineto links them)
+        by_thread: dict = {}
+        for c in calls:
+            by_thread.setdefault(thread_of_op.get(c.linked_correlation_id(), main_tid), []).append(c)
+        if mono is not None:
+            _write_calls(by_thread.pop(main_tid, []), mono)
+        for thread, records in foreign.items():
+            helper = threading.Thread(target=_write_all, args=(records, by_thread.pop(thread, []), mono),
+                                      name="stepscope-ops", daemon=True)
             helper.start()
             helper.join()
             mine += len(records)
-        if device:  # monotonic ns: the open markers' reads were taken just before w.sync_open[1]
-            t_ref, m_ref = w.sync_open[0][-1][1], w.sync_open[1]
-            _write_device(device, lambda x: int(m_ref + (to_tick(x - x_base) - t_ref) / self.ticks_per_ns))
+        if mono is not None:
+            for rest in by_thread.values():  # calls of a thread with no op in the window
+                _write_calls(rest, mono)
+            _write_device(device, mono)
         return mine
 
 
-def _write_all(records) -> None:
+DEVICE_KINDS = {"kernel", "gpu_memcpy", "gpu_memset"}  # Kineto's activity names
+CALL_KINDS = {"cuda_runtime", "cuda_driver"}
+MEMCPY = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
+MEMORY = {"Pageable": "pageable", "Pinned": "pinned", "Device": "device", "Managed": "managed"}
+
+
+def _monotonic(w: Window, to_tick, x_base: int, tpn: float):
+    """Kineto's ns to monotonic ns (GPU records' clock): the open markers' last read
+    came just before ``w.sync_open[1]``."""
+    t_ref, m_ref = w.sync_open[0][-1][1], w.sync_open[1]
+
+    def mono(x):
+        return int(m_ref + (to_tick(x - x_base) - t_ref) / tpn)
+
+    return mono
+
+
+def _write_all(records, calls=(), mono=None) -> None:
+    """A foreign thread's ops (and its CUDA calls), written from a thread of their own."""
     span, counter = _native.span, _native.counter
     for record in records:
         span(*record[:5])
         if record[5] >= 0:
             counter(OP, record[5], 0.0, record[6], record[2])
+    if calls and mono is not None:
+        _write_calls(calls, mono)
 
 
-def _write_device(events, to_mono) -> None:
-    """Kineto's GPU activity of a window as stepscope GPU records (untested: no GPU
-    where this was written). Runtime calls go on the calling thread's track id."""
+def _write_calls(calls, mono) -> None:
+    """CUDA runtime/driver calls as stepscope's, on the writing thread's id, so that the
+    ops written on that thread contain them (untested: no GPU where this was written)."""
     from stepscope.core import gpu_records
 
     tid = threading.get_native_id()
+    for c in calls:
+        gpu_records.api(c.name(), mono(c.start_ns()), mono(c.end_ns()), c.correlation_id(), thread=tid,
+                        driver=c.activity_type() == "cuda_driver")
+
+
+def _write_device(events, mono) -> None:
+    """Kineto's kernels, copies and memsets of a window as stepscope GPU records, with
+    Kineto's (CUPTI's) correlation ids (untested: no GPU where this was written)."""
+    from stepscope.core import gpu_records
+
     for e in events:
-        kind = str(e.activity_type())
-        t0, t1 = to_mono(e.start_ns()), to_mono(e.end_ns())
-        corr = e.correlation_id()
-        if "kernel" in kind:
-            gpu_records.kernel(e.name(), t0, t1, corr, device=e.device_index(), stream=e.device_resource_id())
-        elif "memcpy" in kind:
-            gpu_records.memcpy("HtoD", 0, t0, t1, corr, device=e.device_index(), stream=e.device_resource_id())
-        elif "memset" in kind:
-            gpu_records.memset(0, t0, t1, corr, device=e.device_index(), stream=e.device_resource_id())
-        elif "runtime" in kind:
-            gpu_records.api(e.name(), t0, t1, corr, thread=tid)
+        kind, t0, t1, corr = e.activity_type(), mono(e.start_ns()), mono(e.end_ns()), e.correlation_id()
+        where = {"device": e.device_index(), "stream": e.device_resource_id()}
+        nbytes = int(getattr(e, "nbytes", lambda: 0)() or 0)
+        if kind == "kernel":
+            gpu_records.kernel(e.name(), t0, t1, corr, **where)
+        elif kind == "gpu_memcpy":
+            m = MEMCPY.search(e.name())
+            copy = m.group(1) if m and m.group(1) in gpu_records.COPY_KINDS else "HtoD"
+            src = MEMORY.get(m.group(2), "pageable") if m else "pageable"
+            dst = MEMORY.get(m.group(3), "device") if m else "device"
+            gpu_records.memcpy(copy, nbytes, t0, t1, corr, src=src, dst=dst, **where)
+        else:
+            gpu_records.memset(nbytes, t0, t1, corr, **where)
 
 
 _windows: Optional[Windows] = None
@@ -433,6 +479,7 @@ def install(inst, torch) -> None:
     current = session.current()
     _windows = Windows(torch, current.config.steps if current is not None else None)
     _windows.install()
+    session.on_stop(_session_stopping)
     try:
         from torch.profiler import profiler as tp
     except ImportError:  # pragma: no cover - torch without torch.profiler
@@ -441,9 +488,10 @@ def install(inst, torch) -> None:
     def wrap_start(original):
         def start(self, *args, **kwargs):
             user_profiler_starting()
-            if _windows is not None:
+            out = original(self, *args, **kwargs)
+            if _windows is not None:  # counted once started: its stop() uncounts it
                 _windows.user_profilers += 1
-            return original(self, *args, **kwargs)
+            return out
 
         return start
 
@@ -459,6 +507,13 @@ def install(inst, torch) -> None:
 
     inst.patch(tp.profile, "start", wrap_start)
     inst.patch(tp.profile, "stop", wrap_stop)
+
+
+def _session_stopping() -> None:
+    """A window still open when the session stops (its loop never ended) closes now."""
+    w = _windows
+    if w is not None and w.window is not None and w.window.thread == threading.get_ident():
+        w.at_step(w.window.tracker, -1, _native.now())
 
 
 def uninstall() -> None:

@@ -271,3 +271,20 @@ def test_interpreter_exit_with_the_sampler_running(tmp_path):
     assert s.groupby("process", observed=True)["tid"].nunique().min() == 2  # main and the spinner
     # a thread running pure Python hands the GIL over at its 5 ms switch interval: ~200 passes a second at most
     assert (s["function"] == "spin").groupby(s["process"], observed=True).sum().min() >= 20
+
+
+def test_samples_survive_the_parquet_cache(trained):
+    import threading
+
+    _, run = trained
+    a = run.samples
+    for t in threading.enumerate():  # the first load writes the cache in the background
+        if t.name == "stepscope-parquet-cache":
+            t.join()
+    cached = stepscope.load(run.path, quiet=True)
+    assert getattr(cached, "_from_cache", False)
+    b = cached.samples
+    assert len(b) == len(a) > 0
+    assert (a["stack"].to_numpy() == b["stack"].to_numpy()).all() and (a["time_ns"] == b["time_ns"]).all()
+    assert a["phase"].fillna("-").tolist() == b["phase"].fillna("-").tolist()
+    assert cached.stacks["function"].tolist() == run.stacks["function"].tolist()

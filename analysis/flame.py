@@ -109,7 +109,7 @@ def flame_figures(run) -> Tuple[list, str]:
             fig.add_trace(go.Bar(
                 orientation="h", base=nodes["x0"], x=nodes["samples"], y=nodes["depth"], width=0.95,
                 text=nodes["label"], textposition="inside", insidetextanchor="start", textfont={"size": 11},
-                marker={"color": [_color(lbl) for lbl in nodes["label"]], "line": {"width": 0}},
+                marker={"color": [_color(lbl) for lbl in nodes["label"]], "line": {"width": 1, "color": "white"}},
                 customdata=np.column_stack([np.round(nodes["samples"] * interval, 3),
                                             np.round(100 * nodes["samples"] / max(total, 1), 1)]),
                 hovertemplate="%{text}<br>%{x} samples, %{customdata[0]} s, %{customdata[1]}% of "
@@ -122,7 +122,7 @@ def flame_figures(run) -> Tuple[list, str]:
         first_depth = int(fig.data[0].y.max()) + 1 if len(fig.data[0].y) else 1
         fig.update_layout(
             title=f"Python stacks of {proc} (root at the top; drag to zoom, double-click to reset)",
-            height=min(900, 160 + 18 * max(first_depth, 8)), bargap=0, uniformtext={"minsize": 8, "mode": "hide"},
+            height=min(1000, 170 + 24 * max(first_depth, 8)), bargap=0,
             updatemenus=[{"buttons": buttons, "x": 0, "xanchor": "left", "y": 1.12, "yanchor": "bottom"}],
             xaxis={"title": "samples", "zeroline": False},
             yaxis={"autorange": False, "range": [first_depth - 0.5, -0.5], "fixedrange": True,

@@ -14,6 +14,9 @@
 // all again. Code objects seen are kept alive (one reference each) so their
 // addresses stay unique keys.
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>  // PyFrame_GetBack: Python.h declares it only from 3.11
+#endif
 
 #include "pysampler.h"
 

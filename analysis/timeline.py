@@ -99,6 +99,11 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
     names = ev["name"].cat.codes.to_numpy()[rows_ev]
     cats = ev["category"].cat.codes.to_numpy()[rows_ev]
     args = ev["arg"].to_numpy()[rows_ev]
+    if "op" in ev["category"].cat.categories:  # an op span's arg packs two numbers: show torch's sequence number
+        is_op = cats == ev["category"].cat.categories.get_loc("op")
+        if is_op.any():
+            args = args.copy()
+            args[is_op] = (np.maximum(args[is_op], 0) & 0xFFFFFFFF) - 1
     thread_of, threads = pd.factorize((pcode << 32) | (tid & U32_MAX))
     depth = _depths(thread_of, start, end)
     max_depth = pd.Series(depth).groupby(thread_of).max().reindex(range(len(threads)), fill_value=0).to_numpy()

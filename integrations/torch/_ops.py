@@ -164,7 +164,9 @@ class Windows:
             first, last = step, hi
         else:
             first, last = step, step + (EARLY[1] if not self.windows else LENGTH) - 1
-        if self.user_profiler_running():
+        if self.user_profiler_running() or threading.current_thread() is not threading.main_thread():
+            # Kineto starts only on the thread that registered it (torch's import: the main
+            # thread); elsewhere it says so on stderr, and crashed with two loops in two threads
             StepTracker.ops_due = NEVER if self.steps_range else step + MIN_GAP
             return
         now = _native.now()

@@ -87,6 +87,7 @@ struct State {
   std::unordered_map<std::string, uint32_t> string_ids;
   std::unordered_map<PyObject*, CodeNames> codes;  // holds a reference to each key
   std::unordered_map<uint64_t, uint32_t> frame_ids;  // code index << 32 | line
+  std::unordered_map<uint64_t, uint32_t> offset_ids;  // code index << 32 | instruction offset
   std::unordered_map<PyObject*, uint32_t> code_index;
   std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
   std::unordered_map<uint64_t, uint64_t> native_ids;  // PyThreadState id -> OS thread id (before 3.11)
@@ -119,7 +120,9 @@ uint32_t string_of(PyObject* o) {
 }
 
 // The frame id of (code, line); the code object is kept alive from its first sighting.
-bool frame_id(PyCodeObject* code, int line, uint32_t* out) {
+// Lines are found through the instruction offset: PyFrame_GetLineNumber scans the
+// code's line table, so it runs once per distinct (code, offset), not per sample.
+bool frame_id(PyCodeObject* code, PyFrameObject* f, uint32_t* out) {
   PyObject* key = reinterpret_cast<PyObject*>(code);
   uint32_t ci;
   auto c = g_p.code_index.find(key);
@@ -138,10 +141,23 @@ bool frame_id(PyCodeObject* code, int line, uint32_t* out) {
   } else {
     ci = c->second;
   }
+#if PY_VERSION_HEX >= 0x030B0000
+  const int lasti = PyFrame_GetLasti(f);
+#else
+  const int lasti = f->f_lasti;
+#endif
+  const uint64_t at = (uint64_t(ci) << 32) | uint32_t(lasti);
+  auto hit = g_p.offset_ids.find(at);
+  if (hit != g_p.offset_ids.end()) {
+    *out = hit->second;
+    return true;
+  }
+  const int line = PyFrame_GetLineNumber(f);
   const uint64_t k = (uint64_t(ci) << 32) | uint32_t(line);
   auto it = g_p.frame_ids.find(k);
   if (it != g_p.frame_ids.end()) {
     *out = it->second;
+    g_p.offset_ids.emplace(at, it->second);
     return true;
   }
   if (g_p.frames.size() + g_p.new_frames.size() >= kMaxFrames) return false;
@@ -149,6 +165,7 @@ bool frame_id(PyCodeObject* code, int line, uint32_t* out) {
   const uint32_t id = uint32_t(g_p.frames.size() + g_p.new_frames.size());
   g_p.new_frames.push_back({names.func, names.file, line});
   g_p.frame_ids.emplace(k, id);
+  g_p.offset_ids.emplace(at, id);
   *out = id;
   return true;
 }
@@ -213,9 +230,8 @@ void walk(PyThreadState* self) {
     bool ok = true;
     while (f) {
       PyCodeObject* code = PyFrame_GetCode(f);
-      const int line = PyFrame_GetLineNumber(f);
       if (depth < kMaxDepth && ok) {
-        ok = frame_id(code, line, &ids[depth]);
+        ok = frame_id(code, f, &ids[depth]);
         ++depth;
       }
       Py_DECREF(code);

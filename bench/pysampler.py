@@ -16,7 +16,9 @@ thread's own CPU time, which other processes on a shared machine disturb less); 
 (its thread CPU clock, the scheduler's nanosecond count) as a share of one
 core over the session; the time it held the GIL and waited for it per pass;
 and the bytes its chunks (PYSTACKS with the strings, frames and stacks, and
-PYSAMPLES) took in the trace file per sample, over one longer session.
+PYSAMPLES) took in the trace file per sample, over one longer session. Then
+the cost of threads that only wait: N threads blocked D calls deep while the
+main thread sleeps, 3 s each (every pass walks every thread).
 """
 
 from __future__ import annotations
@@ -80,6 +82,29 @@ def session(loop, steps: int, hz: int, tmp: str) -> dict:
             "trace_bytes": os.path.getsize(trace) if os.path.exists(trace) else 0}
 
 
+def idle_threads(n: int, depth: int, tmp: str, hz: int, seconds: float = 3.0) -> dict:
+    import threading
+
+    ev = threading.Event()
+
+    def deep(k):
+        ev.wait() if k == 0 else deep(k - 1)
+
+    threads = [threading.Thread(target=deep, args=(depth,), daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    run = stepscope.start(dir=tmp, name=f"idle-{n}-{depth}-{time.time_ns()}", pysample_hz=hz)
+    time.sleep(seconds)
+    st = _native.pysampler_status()
+    wall = time.time() - run._start_wall
+    ev.set()
+    run.stop()
+    for t in threads:
+        t.join()
+    return {"hold_us": st["hold_ns"] / max(st["passes"], 1) / 1e3, "cpu": st["cpu_ns"] / 1e9 / wall,
+            "samples": st["samples"]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -124,6 +149,13 @@ def main():
     print(f"| bytes per sample on disk (tables included) | {after['bytes'] / max(after['samples'], 1):.2f} B |")
     print(f"| trace file of that session | {long['trace_bytes'] / 1e3:.0f} kB, of which samples "
           f"{after['bytes'] / 1e3:.0f} kB |")
+    print()
+    print("| waiting threads x depth | GIL held per pass | sampler CPU (one core) |")
+    print("| --- | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, depth in ((1, 10), (30, 10), (30, 100)):
+            r = idle_threads(n, depth, tmp, args.hz)
+            print(f"| {n} x {depth} | {r['hold_us']:.1f} us | {100 * r['cpu']:.2f}% |", flush=True)
 
 
 if __name__ == "__main__":

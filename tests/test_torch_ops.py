@@ -203,39 +203,52 @@ def test_kernels_link_to_the_op_running_at_their_launch():
 
 AGREE = """
 import json, sys, torch, torch.nn as nn
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 torch.manual_seed(0); torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
 def step():
     opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
-for i in range(20):
-    step()
-per_step, counts = [], {}
-for i in range(10):  # one step a session: the least disturbed step is compared
+def profiled_steps():
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        step()
-    aten = [e for e in prof.events() if e.device_type.name == "CPU" and e.name.startswith("aten::")]
-    per_step.append(sum(e.self_cpu_time_total for e in aten))
-    counts = {n: sum(1 for e in aten if e.name == n) for n in ("aten::addmm", "aten::mm", "aten::relu", "aten::add_")}
-for i in range(5):
+        for i in range(30):
+            with record_function("STEP"):
+                step()
+    events = [e for e in prof.events() if e.device_type.name == "CPU"]
+    marks = [e.time_range for e in events if e.name == "STEP"]
+    aten = [e for e in events if e.name.startswith("aten::")]
+    per_step = [sum(e.self_cpu_time_total for e in aten if m.start <= e.time_range.start < m.end) for m in marks]
+    counts = {n: sum(1 for e in aten if e.name == n) // 30 for n in ("aten::addmm", "aten::mm", "aten::relu", "aten::add_")}
+    return min(per_step), counts
+for i in range(10):
     step()
-print("TORCH", json.dumps({"self_us": min(per_step), "counts": counts}))
+before, counts = profiled_steps()  # steps 10-39
+for i in range(50):  # stepscope's window: 50-79
+    step()
+after, _ = profiled_steps()  # steps 90-119
+print("TORCH", json.dumps({"self_us": (before + after) / 2, "counts": counts}))
 """
 
 
 def test_per_step_totals_agree_with_torch_profiler(tmp_path):
-    """stepscope's window over steps 5-14 and the program's own torch.profiler over steps
-    20-29 of the same loop: the same ops per step, and the aten ops' self time of the
-    least disturbed step within 10% (record_function ranges left out: the optimizer's
-    contains its step hooks, stepscope's among them; this VM is shared)."""
-    r, run = profiled(tmp_path, AGREE, STEPSCOPE_STEPS="5-14")
-    theirs = json.loads(r.stdout.split("TORCH", 1)[1])
-    ops = run.ops
-    assert sampled_steps(ops) == list(range(5, 15))
-    ours = {n: int((ops["name"] == n).sum()) // 10 for n in theirs["counts"]}
-    assert ours == theirs["counts"]
-    aten = ops[ops["name"].str.startswith("aten::")]
-    per_step = aten.groupby("step")["self_ns"].sum() / 1e3
-    assert abs(per_step.min() - theirs["self_us"]) <= 0.1 * theirs["self_us"], (per_step.tolist(), theirs)
+    """stepscope's window over steps 50-79 between two of the program's own torch.profiler
+    sessions (steps 10-39, 90-119) of the same loop: the same ops per step, and the aten
+    ops' self time of the least disturbed step within 10% of torch's (the mean of its two) (record_function ranges left out: the optimizer's
+    contains its step hooks, stepscope's among them). This VM is shared: a burst of
+    load can slow one window as a whole, so the job runs up to three times."""
+    seen = []
+    for attempt in range(3):
+        r, run = profiled(tmp_path, AGREE, name=f"agree{attempt}", STEPSCOPE_STEPS="50-79")
+        theirs = json.loads(r.stdout.split("TORCH", 1)[1])
+        ops = run.ops
+        assert sampled_steps(ops) == list(range(50, 80))
+        ours = {n: int((ops["name"] == n).sum()) // 30 for n in theirs["counts"]}
+        assert ours == theirs["counts"]
+        aten = ops[ops["name"].str.startswith("aten::")]
+        mine = float((aten.groupby("step")["self_ns"].sum() / 1e3).min())
+        seen.append((round(mine), round(theirs["self_us"])))
+        print(f"aten self time per step: stepscope {mine:.0f} us, torch.profiler {theirs['self_us']:.0f} us")
+        if abs(mine - theirs["self_us"]) <= 0.1 * theirs["self_us"]:
+            return
+    pytest.fail(f"per-step aten self time (stepscope, torch.profiler) in us: {seen}")

@@ -248,10 +248,6 @@ def _write_samples(run: Run, fmt: str, out: str, by_phase: bool) -> str:
         with open(out, "w") as f:
             f.write("".join(line + "\n" for line in lines))
         return out
-    threads = {}
-    for p in run._procs:  # thread names the process recorded at its end
-        for tid, name in (p.meta.get("threads") or {}).items():
-            threads[(os.path.basename(p.folder), int(tid))] = name
     with open(out, "w") as f:
-        json.dump(pysamples.speedscope(run.samples, run.stacks, run.name, threads), f, separators=(",", ":"))
+        json.dump(pysamples.speedscope(run.samples, run.stacks, run.name), f, separators=(",", ":"))
     return out

@@ -3,7 +3,8 @@
 * ``stacks``: one row per distinct stack of the run (stacks of every process
   interned together): ``stack``, ``parent`` (-1 at the root), ``depth`` and its
   leaf frame's ``function``, ``file``, ``line``. A stack is its parent plus one frame.
-* ``samples``: one row per sample: process, pid, rank, tid, time_ns (epoch ns),
+* ``samples``: one row per sample: process, pid, rank, tid, thread (its name, as
+  the process recorded it at its end; empty for a thread gone by then), time_ns (epoch ns),
   interval_ns (the sampling interval: what one sample stands for), stack, the
   leaf's function/file/line, and the step, mode and phase it fell in. The step
   is found by time (per thread where loops ran in several threads); the phase
@@ -25,7 +26,7 @@ import pandas as pd
 
 from stepscope.core.vocabulary import OTHER
 
-SAMPLE_COLUMNS = ["process", "pid", "rank", "tid", "time_ns", "interval_ns", "stack", "function", "file", "line",
+SAMPLE_COLUMNS = ["process", "pid", "rank", "tid", "thread", "time_ns", "interval_ns", "stack", "function", "file", "line",
                   "step", "mode", "phase"]
 STACK_COLUMNS = ["stack", "parent", "depth", "function", "file", "line"]
 FUNCTION_COLUMNS = ["phase", "function", "file", "self_samples", "total_samples", "self_s", "total_s",
@@ -66,10 +67,12 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
         meta = p.meta
         rank = meta.get("rank") if meta.get("rank") is not None else meta.get("parent_rank")
         n = len(py["time"])
+        tids = py["tid"].astype(np.int64)
+        names = {int(k): str(v) for k, v in (meta.get("threads") or {}).items() if str(k).isdigit()}
         parts.append(pd.DataFrame({
             "process": os.path.basename(p.folder), "pid": int(meta.get("pid", -1)),
             "rank": pd.array([rank] * n, dtype="Int64"),
-            "tid": py["tid"].astype(np.int64), "time_ns": py["time"].astype(np.int64) + wall_offset(meta),
+            "tid": tids, "thread": pd.Series(tids).map(names).fillna("").to_numpy(dtype=object), "time_ns": py["time"].astype(np.int64) + wall_offset(meta),
             "interval_ns": np.int64(py["interval_ns"] or 10_000_000),
             "stack": local[py["stack"].astype(np.int64)]}))
     stacks = pd.DataFrame({
@@ -79,9 +82,10 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
         "line": np.array([ln for _, _, ln in st_leaf], dtype=np.int64)}, columns=STACK_COLUMNS)
     raw = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {c: pd.Series(dtype=t) for c, t in [("process", "object"), ("pid", "int64"), ("rank", "Int64"),
-                                             ("tid", "int64"), ("time_ns", "int64"), ("interval_ns", "int64"),
+                                             ("tid", "int64"), ("thread", "object"), ("time_ns", "int64"), ("interval_ns", "int64"),
                                              ("stack", "int64")]})
     raw["process"] = raw["process"].astype("category")
+    raw["thread"] = raw["thread"].astype("category")
     return raw, stacks
 
 
@@ -119,7 +123,7 @@ def samples_frame(raw: pd.DataFrame, stacks: pd.DataFrame, steps: pd.DataFrame,
     stack = raw["stack"].to_numpy()
     out = pd.DataFrame({
         "process": raw["process"], "pid": raw["pid"].to_numpy(), "rank": raw["rank"],
-        "tid": raw["tid"].to_numpy(), "time_ns": raw["time_ns"].to_numpy(),
+        "tid": raw["tid"].to_numpy(), "thread": raw["thread"], "time_ns": raw["time_ns"].to_numpy(),
         "interval_ns": raw["interval_ns"].to_numpy(), "stack": stack,
         "function": pd.Categorical(stacks["function"].to_numpy()[stack]) if n else pd.Categorical([]),
         "file": pd.Categorical(stacks["file"].to_numpy()[stack]) if n else pd.Categorical([]),
@@ -226,7 +230,7 @@ def folded(samples: pd.DataFrame, stacks: pd.DataFrame, by_phase: bool = False,
     return out
 
 
-def speedscope(samples: pd.DataFrame, stacks: pd.DataFrame, name: str, threads: Optional[dict] = None) -> dict:
+def speedscope(samples: pd.DataFrame, stacks: pd.DataFrame, name: str) -> dict:
     """speedscope's file format: shared frames, one "sampled" profile per process and thread,
     stacks root first, weights in nanoseconds (each sample's interval)."""
     paths = stack_paths(stacks)
@@ -243,7 +247,6 @@ def speedscope(samples: pd.DataFrame, stacks: pd.DataFrame, name: str, threads: 
         return i
 
     profiles = []
-    threads = threads or {}
     ordered = samples.sort_values(["process", "tid", "time_ns"], kind="stable")
     for (proc, tid), grp in ordered.groupby(["process", "tid"], observed=True, sort=True):
         idx = {}
@@ -255,7 +258,7 @@ def speedscope(samples: pd.DataFrame, stacks: pd.DataFrame, name: str, threads: 
             stacks_out.append(idx[st])
         weights = grp["interval_ns"].to_numpy()
         t0 = int(grp["time_ns"].iloc[0])
-        thread = threads.get((str(proc), int(tid))) or f"thread {int(tid)}"
+        thread = str(grp["thread"].iloc[0]) or "thread"
         profiles.append({"type": "sampled", "name": f"{proc} {thread} ({int(tid)})", "unit": "nanoseconds",
                          "startValue": 0, "endValue": int(grp["time_ns"].iloc[-1] - t0 + weights[-1]),
                          "samples": stacks_out, "weights": [int(w) for w in weights]})

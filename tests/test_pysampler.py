@@ -87,6 +87,7 @@ def test_samples_in_the_loop_thread_with_user_functions(trained):
     # ~100 Hz over the loop, which takes at least STEPS * SLEEP_S seconds
     assert len(mine) >= 0.5 * 100 * STEPS * SLEEP_S, len(mine)
     assert set(s["interval_ns"]) == {10_000_000}
+    assert set(mine["thread"]) == {"MainThread"}  # named as the process recorded its threads
     names = set(run.stacks["function"])
     for f in ("train_loop", "slow_part", "Net.forward", "<module>"):
         assert f in names, f
@@ -164,6 +165,7 @@ def test_exports_parse(trained, tmp_path):
         assert len(p["samples"]) == len(p["weights"]) and p["endValue"] > p["startValue"]
         assert all(0 <= i < len(frames) for st in p["samples"] for i in st)
     main = max(doc["profiles"], key=lambda p: len(p["samples"]))
+    assert "MainThread" in main["name"]
     roots = [frames[st[0]]["name"] for st in main["samples"]]
     assert max(set(roots), key=roots.count) == "<module>"  # root first (the script's top level)
     # the CLI writes the same

@@ -123,7 +123,7 @@ def samples_frame(raw: pd.DataFrame, stacks: pd.DataFrame, steps: pd.DataFrame,
     stack = raw["stack"].to_numpy()
     out = pd.DataFrame({
         "process": raw["process"], "pid": raw["pid"].to_numpy(), "rank": raw["rank"],
-        "tid": raw["tid"].to_numpy(), "thread": raw["thread"], "time_ns": raw["time_ns"].to_numpy(),
+        "tid": raw["tid"].to_numpy(), "thread": raw["thread"] if "thread" in raw else "", "time_ns": raw["time_ns"].to_numpy(),
         "interval_ns": raw["interval_ns"].to_numpy(), "stack": stack,
         "function": pd.Categorical(stacks["function"].to_numpy()[stack]) if n else pd.Categorical([]),
         "file": pd.Categorical(stacks["file"].to_numpy()[stack]) if n else pd.Categorical([]),

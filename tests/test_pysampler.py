@@ -290,3 +290,49 @@ def test_samples_survive_the_parquet_cache(trained):
     assert (a["stack"].to_numpy() == b["stack"].to_numpy()).all() and (a["time_ns"] == b["time_ns"]).all()
     assert a["phase"].fillna("-").tolist() == b["phase"].fillna("-").tolist()
     assert cached.stacks["function"].tolist() == run.stacks["function"].tolist()
+
+
+def test_threads_coming_and_going_generators_and_coroutines(tmp_path):
+    # 1000 passes a second while threads start and end, generators resume and coroutines
+    # switch: thread states and frames come and go between passes, never during one
+    code = textwrap.dedent("""
+        import asyncio, sys, threading, time, stepscope
+        from stepscope.core import _native
+        def gen(n):
+            for i in range(n):  # a loop: the GIL can change hands inside the generator
+                yield i
+        def work():
+            sum(gen(100000))  # a few ms inside the generator, resumed many times
+            time.sleep(0.001)
+        async def co():
+            await asyncio.sleep(0.001)
+            return sum(gen(20000))
+        def loop_async():
+            async def main():
+                for _ in range(20):
+                    await asyncio.gather(*(co() for _ in range(20)))
+            asyncio.run(main())
+        s = stepscope.start(dir=sys.argv[1], name="churn", pysample_hz=1000)
+        a = threading.Thread(target=loop_async)
+        a.start()
+        started, end = 0, time.time() + 1.5
+        while time.time() < end:
+            ts = [threading.Thread(target=work) for _ in range(8)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            started += 8
+        a.join()
+        st = _native.pysampler_status()
+        s.stop()
+        print(started, st["passes"], st["dropped"])
+    """)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+    assert r.returncode == 0, r.stderr
+    started, passes, dropped = map(int, r.stdout.split())
+    assert started >= 40 and passes >= 300 and dropped == 0
+    run = stepscope.load(tmp_path / "runs" / "churn", quiet=True)
+    assert run.samples["tid"].nunique() >= 50
+    assert {"work", "co", "gen", "loop_async"} <= set(run.stacks["function"])

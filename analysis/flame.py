@@ -32,7 +32,7 @@ def _label(function: str, file: str) -> str:
 
 def flame_nodes(counts: Dict[int, int], paths, labels, max_nodes: int = MAX_NODES,
                 min_share: float = MIN_SHARE) -> Tuple[pd.DataFrame, int]:
-    """counts: samples per stack id. Returns (nodes: label, depth, x0, width, samples; the
+    """counts: samples per stack id. Returns (nodes: label, depth, x0, samples (the width); the
     number of nodes left out). Children are laid out widest first (left-heavy)."""
     total = sum(counts.values())
     node_of: Dict[Tuple[int, str], int] = {}

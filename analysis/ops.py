@@ -35,8 +35,17 @@ def _empty(columns) -> pd.DataFrame:
                                       else "int64") for c in columns})
 
 
+def _rows(events: pd.DataFrame, category: str, kind: str) -> np.ndarray:
+    if isinstance(events["category"].dtype, pd.CategoricalDtype) and isinstance(events["kind"].dtype,
+                                                                                 pd.CategoricalDtype):
+        return tables._rows_of(events, category, kind)
+    return np.flatnonzero((events["category"].astype(str) == category).to_numpy()
+                          & (events["kind"].astype(str) == kind).to_numpy())
+
+
 def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
-    rows = tables._rows_of(events, "op", "span")
+    """``events``: the run's events, or only its ``op`` ones (``Run.select``)."""
+    rows = _rows(events, "op", "span")
     if not len(rows):
         return _empty(OP_COLUMNS)
     process = events["process"].to_numpy()[rows]
@@ -47,7 +56,7 @@ def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -
     index = arg >> 32
     seq = (arg & 0xFFFFFFFF) - 1
     self_ns = np.empty(len(rows), dtype=np.int64)
-    codes = events["process"].cat.codes.to_numpy()[rows]
+    codes = pd.factorize(process)[0]
     for code in np.unique(codes):
         mine = np.flatnonzero(codes == code)
         self_ns[mine] = tables.exclusive_durations(start[mine], end[mine], tid[mine])
@@ -65,7 +74,7 @@ def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -
 def _shapes(events: pd.DataFrame, process: np.ndarray, index: np.ndarray) -> np.ndarray:
     """Each op's input dims, from the op counters that carry its index (None: none)."""
     out = np.full(len(index), None, dtype=object)
-    rows = tables._rows_of(events, "op", "counter")
+    rows = _rows(events, "op", "counter")
     if not len(rows):
         return out
     dims = pd.Series(events["name"].iloc[rows].astype(str).to_numpy(),

@@ -70,34 +70,73 @@ def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
     os.replace(tmp, path)
 
 
+PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)
+# What the derived tables are built from: a small share of a large trace's events.
+_DERIVED_FROM = ("step", "phase", "system")
+
+
 def build_process(folder: str, root: str) -> dict:
     """Decodes one process folder and writes its partition of every table; returns
     what the run needs to know of it without reading it again (metadata, counts,
-    warnings)."""
+    warnings, extent). A trace over ``PART_BYTES`` is decoded a part at a time: its
+    events go to one file per part, and the derived tables are built from the step,
+    phase and system events kept from every part."""
     from stepscope.analysis import gpu, samples, tables
-    from stepscope.analysis.reader import events_frame, read_process
+    from stepscope.analysis.reader import _start_order, events_frame, read_process
     from stepscope.analysis.system import system_frame
 
-    p = read_process(folder)
     name = os.path.basename(folder)
-    entry = {"folder": folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
-             "dropped": p.dropped, "clean_close": p.clean_close, "readable": p.readable,
-             "partition": _safe(name)}
-    gpu_raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
-    py_raw = samples.raw_frames([p])
-    events = events_frame([p])
-    steps, phases = tables.steps_and_phases(events)
-    out = {"events": events, "steps": steps, "phases": phases, "system": system_frame(events)}
+    parts = max(1, -(-_trace_bytes(folder) // PART_BYTES))
+    entry = {"folder": folder, "partition": _safe(name), "events": 0, "rows": {"events": 0}}
+    kept, gpu_parts, py_raw, extent = [], [], None, None
+    for i in range(parts):
+        p = read_process(folder, i, parts)
+        if i == 0:  # what every part carries: metadata, warnings, counts, names, stacks
+            entry.update(meta=p.meta, warnings=p.warnings, dropped=p.dropped, clean_close=p.clean_close,
+                         readable=p.readable)
+            py_raw = samples.raw_frames([p])
+            if p.columns is not None:
+                entry["names"] = [str(n) for n in p.columns["names"]]
+        gpu_parts.append(gpu.raw_frame([p]))  # first: events_frame releases the decoded columns
+        entry["events"] += p.events
+        events = events_frame([p])
+        del p
+        if not len(events):
+            continue
+        work = int((~events["category"].isin(["system", "internal"])).sum())
+        here = (int(events["start_ns"].min()), int(events["end_ns"].max()), len(events), work)
+        extent = here if extent is None else (min(extent[0], here[0]), max(extent[1], here[1]),
+                                              extent[2] + here[2], extent[3] + here[3])
+        if parts == 1:
+            kept.append(events)
+        else:
+            # the process's last event end closes its last step: keep that event too
+            keep = events["category"].isin(_DERIVED_FROM).to_numpy().copy()
+            keep[int(events["end_ns"].to_numpy().argmax())] = True
+            kept.append(events[keep])
+        d = partition_dir(root, "events", entry["partition"])
+        os.makedirs(d, exist_ok=True)
+        _write(events, os.path.join(d, f"part-{i}.parquet"))
+        entry["rows"]["events"] += int(len(events))
+        del events
+    if extent is not None:
+        entry["extent"] = dict(zip(("start_ns", "end_ns", "events", "recorded"), extent))
+    if len(kept) > 1:
+        kept = pd.concat(kept, ignore_index=True)
+        kept = kept.iloc[_start_order(kept["start_ns"].to_numpy(), kept["end_ns"].to_numpy())] \
+            .reset_index(drop=True)
+    else:
+        kept = kept[0] if kept else _empty_tables()["events"]
+    steps, phases = tables.steps_and_phases(kept)
+    out = {"steps": steps, "phases": phases, "system": system_frame(kept)}
+    del kept
+    gpu_raw = gpu_parts[0] if len(gpu_parts) == 1 else pd.concat(gpu_parts, ignore_index=True) \
+        .sort_values("start_ns", kind="stable", ignore_index=True)
+    del gpu_parts
     out.update(gpu.gpu_tables(gpu_raw, steps, phases))
-    out["pysamples"], out["pystacks"] = py_raw
+    out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
     del gpu_raw, py_raw
-    if len(events):
-        work = ~events["category"].isin(["system", "internal"]).to_numpy()
-        entry["names"] = [str(n) for n in events["name"].cat.categories]
-        entry["extent"] = {"start_ns": int(events["start_ns"].min()), "end_ns": int(events["end_ns"].max()),
-                           "events": int(len(events)), "recorded": int(work.sum())}
-    entry["rows"] = {}
-    for table in TABLES:
+    for table in TABLES[1:]:
         frame = out.pop(table)
         if len(frame):  # a table this process has no rows of has no partition
             d = partition_dir(root, table, entry["partition"])
@@ -188,8 +227,8 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
     import pyarrow.dataset as ds
 
     by_partition = dict(zip(partitions, processes))
-    parts = []
-    for part, path in files_of(root, table, partitions):
+    parts, files = [], files_of(root, table, partitions)
+    for part, path in files:
         data = ds.dataset(path, format="parquet")
         names = data.schema.names if columns is None else [c for c in columns if c in data.schema.names]
         frame = data.to_table(columns=names, filter=filter).to_pandas()
@@ -204,14 +243,30 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
     if not parts:
         return None
     frame = parts[0] if len(parts) == 1 else _concat(parts)
+    if table == "events" and len(files) > len({part for part, _ in files}) \
+            and {PARTITION, "start_ns", "end_ns"} <= set(frame.columns):
+        # a process decoded in parts: its events in start order again, as when decoded at once
+        from stepscope.analysis.reader import _start_order
+
+        frame = frame.iloc[_order_within(frame, _start_order)].reset_index(drop=True)
     if PARTITION not in frame.columns:
         pass
-    elif table in _CATEGORICAL_PROCESS:
+    elif table in _CATEGORICAL_PROCESS or dtype == "category":
         frame[PARTITION] = pd.Categorical(frame[PARTITION], categories=[p for p in processes
                                                                         if p in set(frame[PARTITION])])
     elif dtype and dtype != "category":  # the dtype the in-memory table has (object or str)
         frame[PARTITION] = frame[PARTITION].astype(dtype)
     return frame
+
+
+def _order_within(frame: pd.DataFrame, order_of) -> np.ndarray:
+    """Row order: process blocks as they are, each block in ``order_of``'s order."""
+    process = frame[PARTITION].to_numpy()
+    bounds = np.flatnonzero(np.append(True, process[1:] != process[:-1]))
+    out = []
+    for a, b in zip(bounds, np.append(bounds[1:], len(frame))):
+        out.append(a + order_of(frame["start_ns"].to_numpy()[a:b], frame["end_ns"].to_numpy()[a:b]))
+    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
 
 def _concat(parts: List[pd.DataFrame]) -> pd.DataFrame:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pandas as pd
@@ -153,11 +153,36 @@ def _demangle(names: pd.Series) -> pd.Series:
 # --- attribution --------------------------------------------------------------------
 def _innermost_segments(start: np.ndarray, end: np.ndarray):
     """Phase spans (of one process) as non-overlapping segments naming the innermost
-    span that covers them: (seg_start, seg_end, span index)."""
+    span that covers them: (seg_start, seg_end, span index).
+
+    Spans that overlap nothing before them (most phases: one after the other) are
+    their own segment; only groups of overlapping spans (an LBFGS step's Forward
+    inside its Optimizer, clock rounding between neighbours) are walked one by one."""
     order = np.lexsort((start - end, start))  # by start, longer first
     s, e = start[order], end[order]
     if len(s) < 2 or np.all(s[1:] >= e[:-1]):
-        return s, e, order
+        keep = e > s  # an empty span covers no time (and would hide its neighbour from the lookup)
+        return s[keep], e[keep], order[keep]
+    reach = np.maximum.accumulate(e)
+    alone = np.ones(len(s), dtype=bool)  # a group boundary: nothing open when the span starts
+    alone[1:] = s[1:] >= reach[:-1]
+    first = np.flatnonzero(alone)
+    size = np.diff(np.append(first, len(s)))
+    single = first[size == 1]
+    single = single[e[single] > s[single]]
+    seg_s, seg_e, seg_i = [s[single]], [e[single]], [order[single]]
+    for a, n in zip(first[size > 1], size[size > 1]):
+        gs, ge, gi = _walk(s[a:a + n], e[a:a + n], order[a:a + n])
+        seg_s.append(gs)
+        seg_e.append(ge)
+        seg_i.append(gi)
+    seg_s, seg_e, seg_i = np.concatenate(seg_s), np.concatenate(seg_e), np.concatenate(seg_i)
+    by = np.argsort(seg_s, kind="stable")
+    return seg_s[by], seg_e[by], seg_i[by]
+
+
+def _walk(s: np.ndarray, e: np.ndarray, order: np.ndarray):
+    """The segments of one group of overlapping spans (sorted by start, longer first)."""
     seg_s, seg_e, seg_i = [], [], []
     stack: List[int] = []  # open spans, outermost first
     cursor = s[0]
@@ -190,9 +215,36 @@ def _lookup(seg_start, seg_end, times):
     return np.where(ok, safe, -1)
 
 
-def attribute(processes: np.ndarray, times: np.ndarray, steps: pd.DataFrame, phases: pd.DataFrame):
+class Timeline:
+    """Per process, what ``attribute`` looks times up in: steps by start, and the
+    innermost-phase segments (built once per process, for every GPU table)."""
+
+    def __init__(self, steps: pd.DataFrame, phases: pd.DataFrame):
+        self.steps, self.phases = steps, phases
+        self._cache = {}
+
+    def of(self, process):
+        if process not in self._cache:
+            s = self.steps[self.steps["process"] == process]
+            step_index = None
+            if len(s):
+                order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
+                step_index = (s["start_ns"].to_numpy()[order], s["end_ns"].to_numpy()[order],
+                              s["mode"].astype(str).to_numpy()[order], s["step"].to_numpy()[order])
+            p = self.phases[self.phases["process"] == process]
+            phase_index = None
+            if len(p):
+                seg_s, seg_e, idx = _innermost_segments(p["start_ns"].to_numpy(), p["end_ns"].to_numpy())
+                phase_index = (seg_s, seg_e, p["name"].astype(str).to_numpy()[idx])
+            self._cache[process] = (step_index, phase_index)
+        return self._cache[process]
+
+
+def attribute(processes: np.ndarray, times: np.ndarray, steps: pd.DataFrame, phases: pd.DataFrame,
+              timeline: Optional[Timeline] = None):
     """(mode, step, phase) of each (process, host time): the step and the innermost phase
     of that process running at that time; None / -1 / None outside them."""
+    timeline = timeline or Timeline(steps, phases)
     n = len(times)
     mode = np.full(n, None, dtype=object)
     step = np.full(n, -1, dtype=np.int64)
@@ -203,25 +255,22 @@ def attribute(processes: np.ndarray, times: np.ndarray, steps: pd.DataFrame, pha
         if not len(mine):
             continue
         t = times[mine]
-        s = steps[steps["process"] == process]
-        if len(s):
-            order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
-            at = _lookup(s["start_ns"].to_numpy()[order], s["end_ns"].to_numpy()[order], t)
+        step_index, phase_index = timeline.of(process)
+        if step_index is not None:
+            at = _lookup(step_index[0], step_index[1], t)
             hit = at >= 0
-            rows = order[at[hit]]
-            mode[mine[hit]] = s["mode"].astype(str).to_numpy()[rows]
-            step[mine[hit]] = s["step"].to_numpy()[rows]
-        p = phases[phases["process"] == process]
-        if len(p):
-            seg_s, seg_e, idx = _innermost_segments(p["start_ns"].to_numpy(), p["end_ns"].to_numpy())
-            at = _lookup(seg_s, seg_e, t)
+            mode[mine[hit]] = step_index[2][at[hit]]
+            step[mine[hit]] = step_index[3][at[hit]]
+        if phase_index is not None:
+            at = _lookup(phase_index[0], phase_index[1], t)
             hit = at >= 0
-            phase[mine[hit]] = p["name"].astype(str).to_numpy()[idx[at[hit]]]
+            phase[mine[hit]] = phase_index[2][at[hit]]
     return mode, step, phase
 
 
 # --- tables -------------------------------------------------------------------------
-def _with_launch(part: pd.DataFrame, api: pd.DataFrame, steps, phases, own_time: bool = False) -> pd.DataFrame:
+def _with_launch(part: pd.DataFrame, api: pd.DataFrame, steps, phases, own_time: bool = False,
+                 timeline: Optional[Timeline] = None) -> pd.DataFrame:
     """Adds the launching API call (same process and correlation id), launch latency and
     (mode, step, phase): of the launch for device records, of their own start for
     host-side ones (syncs)."""
@@ -238,23 +287,26 @@ def _with_launch(part: pd.DataFrame, api: pd.DataFrame, steps, phases, own_time:
     out["launch_latency_ns"] = pd.arrays.IntegerArray((out["start_ns"].to_numpy() - launch_start).astype(np.int64),
                                                       ~found)
     when = out["start_ns"].to_numpy() if own_time else np.where(found, launch_start, -1)
-    out["mode"], out["step"], out["phase"] = attribute(out["process"].to_numpy(), when, steps, phases)
+    out["mode"], out["step"], out["phase"] = attribute(out["process"].to_numpy(), when, steps, phases, timeline)
     return out
 
 
 def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> dict:
     """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records."""
+    # Repeated strings as categories: row selections of millions of records stay cheap
+    raw = raw.astype({c: "category" for c in ("process", "host", "name") if c in raw.columns})
     api = raw[raw["type"] >= 4].drop_duplicates(["process", "correlation"], keep="first")
     launches = api.reset_index(drop=True)
     out = {}
+    timeline = Timeline(steps, phases)
 
-    k = _with_launch(raw[raw["type"] == 0], launches, steps, phases)
+    k = _with_launch(raw[raw["type"] == 0], launches, steps, phases, timeline=timeline)
     k = k.rename(columns={"name": "mangled"})
     k["name"] = _demangle(k["mangled"])
     k["precision"] = _classify(k["name"])
     out["kernels"] = k[KERNEL_COLUMNS].reset_index(drop=True)
 
-    m = _with_launch(raw[raw["type"] == 1], launches, steps, phases)
+    m = _with_launch(raw[raw["type"] == 1], launches, steps, phases, timeline=timeline)
     m["kind"] = m["sub"].map(COPY_KINDS).fillna("unknown")
     m["src_memory"] = (m["sub2"] & 15).map(MEMORY_KINDS).fillna("unknown")
     m["dst_memory"] = (m["sub2"] // 16).map(MEMORY_KINDS).fillna("unknown")
@@ -267,11 +319,11 @@ def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> 
     m["bytes_per_s"] = np.where(dur > 0, m["bytes"].to_numpy(dtype=float) / np.where(dur > 0, dur, 1) * 1e9, np.nan)
     out["memcpy"] = m[MEMCPY_COLUMNS].reset_index(drop=True)
 
-    s = _with_launch(raw[raw["type"] == 2], launches, steps, phases)
+    s = _with_launch(raw[raw["type"] == 2], launches, steps, phases, timeline=timeline)
     s["memory"] = s["sub"].map(MEMORY_KINDS).fillna("unknown")
     out["memset"] = s[MEMSET_COLUMNS].reset_index(drop=True)
 
-    y = _with_launch(raw[raw["type"] == 3], launches, steps, phases, own_time=True)
+    y = _with_launch(raw[raw["type"] == 3], launches, steps, phases, own_time=True, timeline=timeline)
     y["kind"] = y["sub"].map(SYNC_TYPES).fillna("unknown")
     y["stream"] = y["stream"].where(y["stream"] != CONTEXT_STREAM, -1)
     out["sync"] = y[SYNC_COLUMNS].reset_index(drop=True)
@@ -279,6 +331,7 @@ def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> 
     a = raw[raw["type"] >= 4].copy()
     a["api"] = np.where(a["type"] == 4, "runtime", "driver")
     a["duration_ns"] = a["end_ns"] - a["start_ns"]
-    a["mode"], a["step"], a["phase"] = attribute(a["process"].to_numpy(), a["start_ns"].to_numpy(), steps, phases)
+    a["mode"], a["step"], a["phase"] = attribute(a["process"].to_numpy(), a["start_ns"].to_numpy(), steps, phases,
+                                                 timeline)
     out["cuda_api"] = a[API_COLUMNS].reset_index(drop=True)
     return out

@@ -301,12 +301,12 @@ nb::object to_numpy(std::vector<T>&& v) {
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
 }
 
-nb::dict read_trace_py(const std::string& path) {
+nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts) {
   Columns c;
   {
     nb::gil_scoped_release nogil;
     try {
-      c = read_trace(path);
+      c = read_trace(path, part, parts);
     } catch (const FormatError& e) {
       nb::gil_scoped_acquire gil;
       throw nb::value_error(e.what());
@@ -457,7 +457,8 @@ NB_MODULE(_native, m) {
     nb::gil_scoped_release nogil;
     return sampler_pass_ns(passes);
   }, "Benchmark: ns per sampling pass of the running sampler (-1 if none runs).");
-  m.def("read_trace", &read_trace_py, "Decodes one trace file into numpy columns.");
+  m.def("read_trace", &read_trace_py, nb::arg("path"), nb::arg("part") = 0, nb::arg("parts") = 1,
+        "Decodes one trace file into numpy columns (parts > 1: the part-th group of its event and GPU chunks).");
   m.attr("GPU_TYPES") = nb::make_tuple("kernel", "memcpy", "memset", "sync", "runtime", "driver");
   m.def("launch_config", [](std::vector<uint32_t> grid, std::vector<uint32_t> block, uint32_t registers,
                             uint32_t static_smem, uint32_t dynamic_smem) {

@@ -236,7 +236,8 @@ void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t o
 
 }  // namespace
 
-Columns read_trace(const std::string& path) {
+Columns read_trace(const std::string& path, uint32_t part, uint32_t parts) {
+  if (parts == 0 || part >= parts) throw FormatError("part must be in 0..parts-1");
   Mapped m(path);
   const uint8_t* d = m.data;
   Columns c;
@@ -293,12 +294,27 @@ Columns read_trace(const std::string& path) {
       continue;
     }
     chunks.push_back({type, payload, len});
-    if (type == kChunkEvents) {
-      Cursor cur{d + payload, d + payload + len};
-      cur.varint();
-      events += size_t(cur.varint());
-    }
     off = payload + len;
+  }
+  // A part is a contiguous run of the event chunks and one of the GPU chunks; every
+  // other chunk (names, tracks, configs, stacks, stats) is read by every part.
+  size_t n_events = 0, n_gpu = 0;
+  for (const ChunkRef& ch : chunks) {
+    n_events += ch.type == kChunkEvents;
+    n_gpu += ch.type == kChunkGpu;
+  }
+  std::vector<bool> mine(chunks.size(), true);
+  for (size_t i = 0, ie = 0, ig = 0; i < chunks.size(); ++i) {
+    if (chunks[i].type == kChunkEvents) {
+      mine[i] = ie++ * parts / n_events == part;
+      if (mine[i]) {
+        Cursor cur{d + chunks[i].offset, d + chunks[i].offset + chunks[i].len};
+        cur.varint();
+        events += size_t(cur.varint());
+      }
+    } else if (chunks[i].type == kChunkGpu) {
+      mine[i] = ig++ * parts / n_gpu == part;
+    }
   }
   for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->reserve(events);
   c.kind.reserve(events);
@@ -308,7 +324,9 @@ Columns read_trace(const std::string& path) {
   c.value.reserve(events);
 
   // Pass 2: decode.
-  for (const ChunkRef& ch : chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (!mine[i]) continue;
+    const ChunkRef& ch = chunks[i];
     const uint8_t* p = d + ch.offset;
     Cursor cur{p, p + ch.len};
     switch (ch.type) {

@@ -61,6 +61,8 @@ struct FormatError : std::runtime_error {
 };
 
 // Throws FormatError when the file is not a readable stepscope trace at all.
-Columns read_trace(const std::string& path);
+// parts > 1: only the part-th of parts contiguous groups of the event chunks (and of
+// the GPU chunks) is decoded, so a large trace can be read a piece at a time.
+Columns read_trace(const std::string& path, uint32_t part = 0, uint32_t parts = 1);
 
 }  // namespace stepscope

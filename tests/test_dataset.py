@@ -70,11 +70,16 @@ def _same(a: Run, b: Run):
     return sa
 
 
-@pytest.mark.parametrize("source", ["worker_run", "gpu_run"])
-def test_the_dataset_gives_the_same_tables_and_findings(source, request, tmp_path, monkeypatch):
+@pytest.mark.parametrize("source,parts", [("worker_run", False), ("worker_run", True), ("gpu_run", False)])
+def test_the_dataset_gives_the_same_tables_and_findings(source, parts, request, tmp_path, monkeypatch):
     path = _copy(request.getfixturevalue(source), tmp_path, "run")
+    if parts:  # each trace decoded in pieces of about 8 KB (a large trace's way)
+        monkeypatch.setattr(dataset, "PART_BYTES", 8 << 10)
     memory = stepscope.load(path, cache=False)
     through = stepscope.load(path, dataset=True)
+    if parts:
+        events = os.path.join(through._data.root, "events")
+        assert max(len(os.listdir(os.path.join(events, d))) for d in os.listdir(events)) >= 3
     assert through._data is not None and memory._data is None
     summary = _same(memory, through)
     assert summary["steps"]["train"]["count"] > 0

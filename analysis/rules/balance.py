@@ -122,8 +122,10 @@ def _gpu_loads(run, warmup_steps):
         kn = k[(k["node"] == node) & (k["end_ns"] > t0) & (k["start_ns"] < t1)] if len(k) else k
         if len(kn) and len(kn.groupby(["process", "device"])) > 1:
             label = kn["process"].astype(str) + ":" + kn["device"].astype(str)
-            names = {f"{p}:{d}": (f"GPU {d} of {rank_label(ranks.get(p), p)}" if kn["process"].nunique() > 1
-                                  else f"gpu{d}") for p, d in zip(kn["process"], kn["device"])}
+            pairs = kn[["process", "device"]].drop_duplicates()
+            several = pairs["process"].nunique() > 1
+            names = {f"{p}:{d}": (f"GPU {d} of {rank_label(ranks.get(p), p)}" if several else f"gpu{d}")
+                     for p, d in zip(pairs["process"], pairs["device"])}
             busy = union_busy_ns(label.to_numpy(), kn["start_ns"].clip(t0, t1).to_numpy(),
                                  kn["end_ns"].clip(t0, t1).to_numpy())
             loads = {names[g]: 100 * float(v) / (t1 - t0) for g, v in busy.items()}

@@ -207,9 +207,13 @@ class Windows:
 
     # --- open / close ------------------------------------------------------------------
     def _config(self):
+        # state, input shapes, memory, stack, flops, modules, experimental config (, trace id: torch >= 2.4)
         p = self._profiler
-        return p.ProfilerConfig(p.ProfilerState.KINETO, True, False, False, False, False,
-                                p._ExperimentalConfig(), "")
+        args = (p.ProfilerState.KINETO, True, False, False, False, False, p._ExperimentalConfig())
+        try:
+            return p.ProfilerConfig(*args, "")
+        except TypeError:
+            return p.ProfilerConfig(*args)
 
     def open(self, tracker: StepTracker, first: int, last: int, now: int) -> None:
         w = Window(self, tracker, first, last, now)
@@ -479,12 +483,12 @@ def install(inst, torch) -> None:
         return
 
     current = session.current()
-    _windows = Windows(torch, current.config.steps if current is not None else None)
-    _windows.install()
-    session.on_stop(_session_stopping)
     try:
+        windows = Windows(torch, current.config.steps if current is not None else None)
         from torch.profiler import profiler as tp
-    except ImportError:  # pragma: no cover - torch without torch.profiler
+    except Exception as exc:  # noqa: BLE001 - a torch without these: no windows, phases as ever
+        safety.warn_once("torch-ops", f"stepscope: operator windows are off ({type(exc).__name__}: {exc}); "
+                                      "the program continues unaffected")
         return
 
     def wrap_start(original):
@@ -509,6 +513,9 @@ def install(inst, torch) -> None:
 
     inst.patch(tp.profile, "start", wrap_start)
     inst.patch(tp.profile, "stop", wrap_stop)
+    _windows = windows
+    windows.install()
+    session.on_stop(_session_stopping)
 
 
 def _session_stopping() -> None:

@@ -123,6 +123,22 @@ def test_stepscope_steps_selects_exactly_those_steps(tmp_path):
     assert per_step.nunique() == 1
 
 
+EPOCHS = TRAIN.replace("for x, y in data:", "for x, y in (b for _ in range(3) for b in data):").replace(
+    "batch_size=16)", "batch_size=16 * n // 8)")
+
+
+def test_stepscope_steps_across_an_epoch_boundary(tmp_path):
+    """8 steps an epoch: steps 6-10 are sampled in two windows (the loader's end closes
+    the first), with an eval-free epoch change in between."""
+    _, run = profiled(tmp_path, EPOCHS, 8, STEPSCOPE_STEPS="6-10")
+    assert len(run.steps) == 24
+    ops = run.ops
+    assert sampled_steps(ops) == [6, 7, 8, 9, 10]
+    assert (run.events["name"] == "stepscope.op_window").sum() == 2
+    per_step = ops[ops["phase"].isin(["Forward", "Backward", "Optimizer"])].groupby("step").size()
+    assert per_step.nunique() == 1
+
+
 USER_PROFILER = """
 import json, sys, torch, torch.nn as nn
 from torch.profiler import ProfilerActivity, profile

@@ -304,8 +304,11 @@ class Windows:
         self.last_close = (step if step >= 0 else w.last + 1, t1)
         if step >= 0:
             self.plan_next(step, t1, per_step)
+        elif self.steps_range is not None:  # a loop ended inside the range: the rest comes next epoch
+            nxt = max(_native.current_step() + 1, w.first + 1)
+            StepTracker.ops_due = nxt if nxt <= self.steps_range[1] else NEVER
         else:  # a loop ended or an eval loop began: the next train step decides
-            StepTracker.ops_due = NEVER if self.steps_range else w.last + 1 + MIN_GAP
+            StepTracker.ops_due = w.last + 1 + MIN_GAP
 
     # --- writing -----------------------------------------------------------------------
     def _clock_map(self, events, sync_open, sync_close):

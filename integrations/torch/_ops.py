@@ -13,7 +13,8 @@ Policy (``Windows.plan_next``):
   of the run's time since its first window, and at least ``MIN_GAP`` steps.
   A run shorter than a few hundred times one window's cost pays more than
   1% for the first window.
-* with ``STEPSCOPE_STEPS=a-b``: exactly train steps a..b, one window.
+* with ``STEPSCOPE_STEPS=a-b``: exactly train steps a..b, one window (two when a
+  loop ends inside the range).
 * ``STEPSCOPE_OPS=0``: no windows.
 
 Hook: the step tracker calls ``at_step`` when a train step begins whose number

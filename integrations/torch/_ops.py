@@ -10,9 +10,10 @@ Policy (``Windows.plan_next``):
 * without ``STEPSCOPE_STEPS``: train steps 5..7 (after warm-up), then a window
   of 2 steps every N steps, N widened so that the windows' measured cost
   (their steps' extra time plus opening, closing and writing) stays within 1%
-  of the run's time since its first window, and at least ``MIN_GAP`` steps.
-  A run shorter than a few hundred times one window's cost pays more than
-  1% for the first window.
+  of the run's time since its first window, each window paying for itself
+  over its interval, and at least ``MIN_GAP`` steps. A run shorter than a few
+  hundred times one window's cost pays more than 1% for the first window.
+  Only a loop on the main thread gets windows (Kineto starts only there).
 * with ``STEPSCOPE_STEPS=a-b``: exactly train steps a..b, one window (two when a
   loop ends inside the range).
 * ``STEPSCOPE_OPS=0``: no windows.
@@ -20,7 +21,7 @@ Policy (``Windows.plan_next``):
 Hook: the step tracker calls ``at_step`` when a train step begins whose number
 reaches ``StepTracker.ops_due`` (one comparison per step), and when an eval step
 begins or a loop ends while a window is open (``ops_due == 0``). The window
-closes where the step after its last one begins: the close costs ~1-5 ms and
+closes where the step after its last one begins: the close costs ~5-15 ms and
 falls in that step, inside the phase that began it, as the
 ``stepscope.op_window`` framework span.
 
@@ -78,7 +79,7 @@ def pack_arg(seq: int, index: int) -> int:
 class Window:
     """One open Kineto session."""
 
-    def __init__(self, owner: "Windows", tracker: StepTracker, first: int, last: int, opened: int):
+    def __init__(self, tracker: StepTracker, first: int, last: int, opened: int):
         self.tracker = tracker
         self.first, self.last = first, last
         self.opened = opened  # tick: the open began (cost accounting)
@@ -217,7 +218,7 @@ class Windows:
             return p.ProfilerConfig(*args)
 
     def open(self, tracker: StepTracker, first: int, last: int, now: int) -> None:
-        w = Window(self, tracker, first, last, now)
+        w = Window(tracker, first, last, now)
         activities = {self._profiler.ProfilerActivity.CPU}
         # Kineto with CUDA registers CUPTI's callbacks: stepscope's own tracing stands aside.
         if gpu.activity_tracing() and self._profiler.ProfilerActivity.CUDA in self._profiler._supported_activities():

@@ -226,19 +226,20 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
     None when no process has rows in it."""
     import pyarrow.dataset as ds
 
-    by_partition = dict(zip(partitions, processes))
+    code_of = {part: i for i, part in enumerate(partitions)}
     parts, files = [], files_of(root, table, partitions)
     for part, path in files:
         data = ds.dataset(path, format="parquet")
         names = data.schema.names if columns is None else [c for c in columns if c in data.schema.names]
-        frame = data.to_table(columns=names, filter=filter).to_pandas()
+        frame = _to_pandas(data, names, filter)
         if filter is not None and not len(frame):
             continue
         order = json.loads((data.schema.metadata or {}).get(COLUMNS_KEY, b"[]")) or [""]
         dtype = order.pop()
         if columns is None or PARTITION in columns:
             at = order.index(PARTITION) if PARTITION in order else 0
-            frame.insert(min(at, len(frame.columns)), PARTITION, by_partition[part])
+            frame.insert(min(at, len(frame.columns)), PARTITION, pd.Categorical.from_codes(
+                np.full(len(frame), code_of[part], dtype=np.int32), categories=processes))
         parts.append(frame)
     if not parts:
         return None
@@ -252,16 +253,35 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
     if PARTITION not in frame.columns:
         pass
     elif table in _CATEGORICAL_PROCESS or dtype == "category":
-        frame[PARTITION] = pd.Categorical(frame[PARTITION], categories=[p for p in processes
-                                                                        if p in set(frame[PARTITION])])
-    elif dtype and dtype != "category":  # the dtype the in-memory table has (object or str)
+        frame[PARTITION] = frame[PARTITION].cat.remove_unused_categories()
+    elif dtype:  # the dtype the in-memory table has (object or str)
         frame[PARTITION] = frame[PARTITION].astype(dtype)
     return frame
 
 
+def _to_pandas(data, names: List[str], filter=None) -> pd.DataFrame:
+    """A file's columns as pandas. Without a filter a column at a time, each Arrow
+    buffer freed as it is converted: the peak is the frame plus one column, not
+    the frame twice."""
+    import pyarrow as pa
+
+    if filter is not None:
+        return data.to_table(columns=names, filter=filter).to_pandas(self_destruct=True, split_blocks=True)
+    meta = data.schema.pandas_metadata or {}
+    out = {}
+    for name in names:
+        table = data.to_table(columns=[name]).replace_schema_metadata(
+            {b"pandas": json.dumps({**meta, "columns": [c for c in meta.get("columns", [])
+                                                         if c.get("name") == name]}).encode()} if meta else None)
+        out[name] = table.to_pandas(self_destruct=True)[name]
+        del table
+    pa.default_memory_pool().release_unused()
+    return pd.DataFrame(out, copy=False) if out else pd.DataFrame(index=pd.RangeIndex(data.count_rows()))
+
+
 def _order_within(frame: pd.DataFrame, order_of) -> np.ndarray:
     """Row order: process blocks as they are, each block in ``order_of``'s order."""
-    process = frame[PARTITION].to_numpy()
+    process = frame[PARTITION].cat.codes.to_numpy()
     bounds = np.flatnonzero(np.append(True, process[1:] != process[:-1]))
     out = []
     for a, b in zip(bounds, np.append(bounds[1:], len(frame))):
@@ -300,7 +320,9 @@ def duckdb_views(con, root: str) -> Dict[str, str]:
 
 
 # --- a run read from its dataset ---------------------------------------------------------------
-LARGE_EVENTS = 20_000_000  # above this, the events table is never built implicitly
+# A run read through its dataset never builds the events table implicitly above this
+# many events (analysis reads selections; below it, one read of the table is cheaper).
+LARGE_EVENTS = 1_000_000
 
 
 @functools.lru_cache(maxsize=None)

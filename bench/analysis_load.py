@@ -6,7 +6,9 @@ Writes a synthetic run through the core (step marks and five phases per step,
 as the PyTorch integration records them, plus the sampler's system metrics),
 then, in a fresh process, times stepscope.load(...) with the steps, phases
 and system tables and every rule, and reports the peak memory (VmHWM). The
-second load reads the Parquet cache.
+second load reads the Parquet cache. Twice in memory (the events table
+built), twice through the run's Parquet dataset (analysis/dataset.py: the
+trace decoded a part at a time, no events table).
 """
 
 import argparse
@@ -48,8 +50,9 @@ MEASURE = textwrap.dedent("""
     t0 = time.perf_counter()
     import stepscope
     from stepscope.analysis.rules import evaluate
-    r = stepscope.load(sys.argv[1], quiet=True)
-    n = len(r.events)
+    through = sys.argv[2] == "dataset"
+    r = stepscope.load(sys.argv[1], quiet=True, dataset=through)
+    n = int(r.extents()["events"].sum()) if through else len(r.events)
     t_events = time.perf_counter() - t0
     steps, phases, system = r.steps, r.phases, r.system
     t_tables = time.perf_counter() - t0
@@ -72,8 +75,12 @@ def main():
               f"{stats['bytes'] / stats['written']:.2f} bytes/event")
         print("| load | events | steps | events table | + steps, phases, system | + all rules | peak memory |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for label in ("first (decode, write Parquet cache)", "second (Parquet cache)"):
-            out = subprocess.run([sys.executable, "-c", MEASURE, path], capture_output=True, text=True, check=True)
+        for label, how in (("in memory, first (decode, write Parquet cache)", "memory"),
+                           ("in memory, second (Parquet cache)", "memory"),
+                           ("dataset, first (decode a part at a time, write the dataset)", "dataset"),
+                           ("dataset, second (cached dataset)", "dataset")):
+            out = subprocess.run([sys.executable, "-c", MEASURE, path, how], capture_output=True, text=True,
+                                 check=True)
             m = json.loads(out.stdout)
             print(f"| {label} | {m['events']:,} | {m['steps']:,} | {m['events_s']:.1f} s | {m['tables_s']:.1f} s "
                   f"| {m['total_s']:.1f} s | {m['peak_mib']:.0f} MiB |", flush=True)

@@ -77,8 +77,10 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
 
         html = open(write_report(run, str(tmp_path / "k.html"))).read()
         ids = re.findall(r'<section id="(\w+)"', html)
-        # dataloading: tf.data's GetNext is there; no GPU sections on this machine
-        assert ids == ["verdict", "rules", "summary", "steps", "dataloading", "system", "timeline", "metadata"], ids
+        # dataloading: tf.data's GetNext is there; flame: the Python stack sampler's;
+        # no GPU sections on this machine
+        assert ids == ["verdict", "rules", "summary", "steps", "dataloading", "system", "flame", "timeline",
+                       "metadata"], ids
         assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
         # compute phases are sampled: their shares stand for the sampled steps, GetNext's for all
         from stepscope.analysis.summary import summarize

@@ -104,6 +104,10 @@ def build_process(folder: str, root: str) -> dict:
         if not len(events):
             continue
         work = int((~events["category"].isin(["system", "internal"])).sum())
+        seen = entry.setdefault("categories", [])  # what select() need not look for elsewhere
+        for category in map(str, events["category"].cat.remove_unused_categories().cat.categories):
+            if category not in seen:
+                seen.append(category)
         here = (int(events["start_ns"].min()), int(events["end_ns"].max()), len(events), work)
         extent = here if extent is None else (min(extent[0], here[0]), max(extent[1], here[1]),
                                               extent[2] + here[2], extent[3] + here[3])
@@ -369,7 +373,15 @@ class Dataset:
         for c in conditions:
             expr = c if expr is None else (expr & c)
         keep = None if processes is None else {str(p) for p in processes}
-        procs = [(p, part) for p, part in zip(self.processes, self.partitions) if keep is None or p in keep]
+        # a process whose trace has none of the wanted categories or names is not read at all
+        present = {os.path.basename(e["folder"]): e for e in self.entries}
+        procs = [(p, part) for p, part in zip(self.processes, self.partitions)
+                 if (keep is None or p in keep)
+                 and (categories is None or "categories" not in present[p]
+                      or set(map(str, categories)) & set(present[p]["categories"]))
+                 and (names is None or "names" not in present[p] or set(map(str, names)) & set(present[p]["names"]))]
+        if not procs:
+            return self._empty("events", columns)
         frame = read_table(self.root, "events", [p for p, _ in procs], [part for _, part in procs],
                            expr if expr is not None else pc.scalar(True), columns)
         return self._empty("events", columns) if frame is None else frame

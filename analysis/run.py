@@ -29,8 +29,9 @@ from stepscope.core import runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
 CACHE_VERSION = 4  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples
-# Traces larger than this (about 15-20 M events) are read through the dataset, a process at a time
-LARGE_BYTES = 256 << 20
+# Traces larger than this (about 8 M events) are read through the run's Parquet dataset, a process
+# and a part at a time (analysis/dataset.py): the first load decodes into it, later ones only read it
+LARGE_BYTES = 64 << 20
 GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
 TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)

@@ -23,6 +23,7 @@ once per job.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -114,7 +115,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="the small configurations only")
+    parser.add_argument("--op-windows", action="store_true",
+                        help="keep the operator windows on (each round is a new session, so every round would pay "
+                             "the early window at steps 5-7: their cost is bench/op_windows.py's)")
     args = parser.parse_args()
+    if not args.op_windows:
+        os.environ["STEPSCOPE_OPS"] = "0"  # the hot path alone; the Python stack sampler stays on
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, median of {args.rounds} interleaved rounds; "
           f"compiled with {compile_backend()}")

@@ -30,38 +30,11 @@ import tempfile
 import time
 
 import torch
-import torch.nn as nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import stepscope
+from overhead import make  # the same training loop as the overhead bench
 from stepscope.core import _native
 from stepscope.integrations import torch as st_torch
-
-
-def make(width: int = 64, batch: int = 128):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(8):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
-    data = TensorDataset(torch.randn(batch * 8, width), torch.randn(batch * 8, width))
-    loader = DataLoader(data, batch_size=batch, shuffle=True)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loss_fn = nn.MSELoss()
-
-    def loop(steps: int):
-        done = 0
-        while done < steps:
-            for x, y in loader:
-                opt.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-                done += 1
-                if done == steps:
-                    break
-
-    return loop
 
 
 def session(loop, steps: int, hz: int, tmp: str) -> dict:
@@ -113,7 +86,7 @@ def main():
     parser.add_argument("--long", type=float, default=20.0, help="seconds of the session that counts bytes")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    loop = make()
+    loop = make(64, 128)
     loop(20)
     t = time.perf_counter()
     loop(100)

@@ -3,6 +3,10 @@
 // changes a v1 reader can skip, kFormatMajor for anything it cannot.
 #pragma once
 #include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "encoding.h"
 
 namespace stepscope {
 
@@ -53,5 +57,20 @@ enum Category : uint8_t {
 // Event byte 0: kind (bits 0-1) | category (bits 2-5) | has_arg (bit 6) | int_value (bit 7).
 constexpr uint8_t kHasArg = 1u << 6;
 constexpr uint8_t kIntValue = 1u << 7;
+
+// A whole chunk (header with the payload's CRC-32C, then the payload) appended to
+// `out`: for writers that build a payload first (GPU records, Python samples).
+inline void append_chunk(std::string& out, uint8_t type, const std::string& payload) {
+  char h[kChunkHeader];
+  const uint32_t magic = kChunkMagic, len = uint32_t(payload.size());
+  const uint32_t crc = crc32c(payload.data(), payload.size());
+  std::memcpy(h, &magic, 4);
+  h[4] = char(type);
+  h[5] = h[6] = h[7] = 0;
+  std::memcpy(h + 8, &len, 4);
+  std::memcpy(h + 12, &crc, 4);
+  out.append(h, kChunkHeader);
+  out += payload;
+}
 
 }  // namespace stepscope

@@ -41,19 +41,6 @@ size_t g_configs_written = 0;
 std::map<std::pair<uint32_t, uint32_t>, uint64_t> g_tracks;  // (device, stream) -> track id
 uint64_t g_written = 0, g_dropped = 0;
 
-void append_chunk(std::string& out, uint8_t type, const std::string& payload) {
-  char h[kChunkHeader];
-  const uint32_t magic = kChunkMagic, len = uint32_t(payload.size());
-  const uint32_t crc = crc32c(payload.data(), payload.size());
-  std::memcpy(h, &magic, 4);
-  h[4] = char(type);
-  h[5] = h[6] = h[7] = 0;
-  std::memcpy(h + 8, &len, 4);
-  std::memcpy(h + 12, &crc, 4);
-  out.append(h, kChunkHeader);
-  out += payload;
-}
-
 bool is_api(uint8_t type) { return type == kGpuRuntime || type == kGpuDriver; }
 
 // TRACK chunk of a GPU stream (kind 1) or of the process's CUDA API calls (kind 2):

@@ -411,19 +411,6 @@ PyMethodDef g_methods[] = {
      "The Python sampler's state and counters (samples, dropped, bytes, the thread's CPU time)."},
     {nullptr, nullptr, 0, nullptr}};
 
-void append_chunk(std::string& out, uint8_t type, const std::string& payload) {
-  char h[kChunkHeader];
-  const uint32_t magic = kChunkMagic, len = uint32_t(payload.size());
-  const uint32_t crc = crc32c(payload.data(), payload.size());
-  std::memcpy(h, &magic, 4);
-  h[4] = char(type);
-  h[5] = h[6] = h[7] = 0;
-  std::memcpy(h + 8, &len, 4);
-  std::memcpy(h + 12, &crc, 4);
-  out.append(h, kChunkHeader);
-  out += payload;
-}
-
 }  // namespace
 
 PyMethodDef* pysampler_methods() { return g_methods; }

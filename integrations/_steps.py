@@ -118,9 +118,12 @@ class StepTracker:
             self.mark = None
             return
         self._flush_mark()
-        _native.end_step(at)
         if not StepTracker.ops_due:
+            # An operator window open at a loop's end closes inside the step it sampled:
+            # its cost (milliseconds) must not fall between two steps (SPEC §3: steps add up)
             StepTracker.ops_step(self, -1, at or _native.now())
+            at = max(at, _native.now()) if at else 0
+        _native.end_step(at)
 
     def _drop_unworked(self) -> bool:
         """A thread that only reads batches (prefetching for another thread's loop):

@@ -159,7 +159,8 @@ def _accuracy_misses(tmp_path, attempt):
         # (twice for Optimizer: optimizer.step() opens a range of its own inside)
         ranges = 2 if phase == "Optimizer" else 1
         torch_us = theirs["totals_us"][phase] - ranges * theirs["counts"][phase] * theirs["range_overhead_us"]
-        tolerance = max(0.05 * torch_us, 50 * len(steps))
+        # (8%: the Python stack sampler's GIL hand-offs land in one measurement or the other)
+        tolerance = max(0.08 * torch_us, 50 * len(steps))
         if abs(ours_us - torch_us) > tolerance:
             misses.append((phase, round(ours_us), round(torch_us), round(tolerance)))
     return misses

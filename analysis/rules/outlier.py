@@ -5,9 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.core.vocabulary import OTHER, PHASES
+from stepscope.core.vocabulary import KERAS_PROFILER_WINDOW, OTHER, PHASES
 
 PARTS = (*PHASES, OTHER)
+# Framework spans of stepscope's own profiler windows (torch operator windows, Keras's sampled
+# steps): a step that one touches carries profiling cost, which is not the job's.
+PROFILER_WINDOWS = ("stepscope.op_window", KERAS_PROFILER_WINDOW)
+
+
+def _profiled(steps, windows) -> np.ndarray:
+    """True for the steps (of one process) that overlap one of its profiler windows."""
+    out = np.zeros(len(steps), dtype=bool)
+    start, end = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    for ws, we in zip(windows["start_ns"].to_numpy(), windows["end_ns"].to_numpy()):
+        out |= (start < we) & (end > ws)
+    return out
 
 
 class StepOutlier(Rule):
@@ -34,11 +46,15 @@ class StepOutlier(Rule):
     def evaluate(self, run, p):
         out = []
         steps = run.steps
+        windows = run.select(categories=["framework"], names=list(PROFILER_WINDOWS),
+                             columns=["process", "start_ns", "end_ns"])
         if p.get("mode", "all") != "all":
             steps = steps[steps["mode"] == p["mode"]]
         for (process, rank, mode), s in steps.groupby(["process", "rank", "mode"], dropna=False, sort=True,
                                                       observed=True):
             s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
+            if len(windows):
+                s = s[~_profiled(s, windows[windows["process"].astype(str) == str(process)])]
             if len(s) < p["min_steps"]:
                 continue
             d = s["duration_ns"].to_numpy(dtype=float)

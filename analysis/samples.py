@@ -69,10 +69,13 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
         n = len(py["time"])
         tids = py["tid"].astype(np.int64)
         names = {int(k): str(v) for k, v in (meta.get("threads") or {}).items() if str(k).isdigit()}
+        ids, where = np.unique(np.asarray(tids), return_inverse=True)
+        thread = np.array([names.get(int(t), "") for t in ids], dtype=object)[where]
         parts.append(pd.DataFrame({
             "process": os.path.basename(p.folder), "pid": int(meta.get("pid", -1)),
             "rank": pd.array([rank] * n, dtype="Int64"),
-            "tid": tids, "thread": pd.Series(tids).map(names).fillna("").to_numpy(dtype=object), "time_ns": py["time"].astype(np.int64) + wall_offset(meta),
+            "tid": tids, "thread": thread,
+            "time_ns": py["time"].astype(np.int64) + wall_offset(meta),
             "interval_ns": np.int64(py["interval_ns"] or 10_000_000),
             "stack": local[py["stack"].astype(np.int64)]}))
     stacks = pd.DataFrame({

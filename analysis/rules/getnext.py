@@ -12,12 +12,13 @@ class GetNextBottleneck(Rule):
     name = "GetNextBottleneck"
     summary = ("Share of train step time spent waiting for the next batch: the summary's GetNext share, per rank "
                "(over every train step, as in the summary), when it stays above the threshold without the first "
-               "steps too (worker start-up alone is not an input-bound loop).")
+               "steps and the last one too (worker start-up and shut-down alone are not an input-bound loop).")
     params = {
         "threshold": Param(0.20, "ratio", "fire above this share of train step time in GetNext "
                                           "(XProf: > 20% highly input-bound, 5-20% moderately)"),
         "warmup_steps": Param(1, "steps", "the share must exceed the threshold also without each rank's first "
-                                          "train steps (worker start-up); the finding quotes the share over all "
+                                          "train steps (worker start-up) and its last one (the exhausted "
+                                          "iterator joins its workers); the finding quotes the share over all "
                                           "of them, the summary's"),
         "epoch_start_s": Param(0.01, "s", "PyTorch: name the time persistent_workers=True would save when the "
                                           "first step of each epoch waits at least this much longer for its batch "
@@ -44,7 +45,9 @@ class GetNextBottleneck(Rule):
             share = phase_share(s, GETNEXT)  # the summary's figure (SPEC §7)
             if share <= p["threshold"]:
                 continue
-            steady = phase_share(s.sort_values("start_ns").iloc[int(p["warmup_steps"]):], GETNEXT)
+            ordered = s.sort_values("start_ns")
+            last = len(ordered) - 1 if len(ordered) > int(p["warmup_steps"]) + 1 else len(ordered)
+            steady = phase_share(ordered.iloc[int(p["warmup_steps"]):last], GETNEXT)
             if steady <= p["threshold"]:
                 continue  # start-up, not a loop that waits for its data
             if framework is None:

@@ -69,8 +69,8 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
         n = len(py["time"])
         tids = py["tid"].astype(np.int64)
         names = {int(k): str(v) for k, v in (meta.get("threads") or {}).items() if str(k).isdigit()}
-        ids, where = np.unique(np.asarray(tids), return_inverse=True)
-        thread = np.array([names.get(int(t), "") for t in ids], dtype=object)[where]
+        tid_set, where = np.unique(np.asarray(tids), return_inverse=True)
+        thread = np.array([names.get(int(t), "") for t in tid_set], dtype=object)[where]
         parts.append(pd.DataFrame({
             "process": os.path.basename(p.folder), "pid": int(meta.get("pid", -1)),
             "rank": pd.array([rank] * n, dtype="Int64"),

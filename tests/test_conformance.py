@@ -29,6 +29,9 @@ and ``stepscope.load``):
 * ``every``: per mode, phases every step of the mode has.
 * ``spans``: exact numbers of phase spans by name (e.g. one ``Forward`` per
   model call, ``Recompute`` for activation checkpointing).
+* ``annotations``: exact numbers of annotation events (spans and marks) by
+  name, every name recorded (ranges the script makes for other profilers:
+  ``record_function``, NVTX).
 * ``ranks``: per rank, step counts per mode (distributed jobs).
 * ``note``: a substring of a run.json note, for what could not be measured.
 * ``same_lines``: a regular expression; its matches (groups) in stdout and
@@ -351,6 +354,11 @@ def check_recorded(run_path, truth):
         spans = ev[(ev["category"] == "phase") & (ev["kind"] == "span")]
         got = {name: int((spans["name"] == name).sum()) for name in truth["spans"]}
         assert got == truth["spans"], f"phase spans: recorded {got}, truth {truth['spans']}"
+    if "annotations" in truth:
+        ev = run.events
+        marks = ev.loc[ev["category"] == "annotation", "name"].astype(str)
+        got = dict(Counter(marks))
+        assert got == truth["annotations"], f"annotations: recorded {got}, truth {truth['annotations']}"
     if "ranks" in truth:
         got = {}
         for (rank, mode), n in steps.groupby(["rank", "mode"], observed=True).size().items():

@@ -102,7 +102,8 @@ def _snapshot():
     from torch.utils.data import dataloader
 
     owners = [dataloader._BaseDataLoaderIter, dataloader.DataLoader, torch.autograd, optim_mod.Optimizer,
-              torch.nn.functional, torch.nn.Module, torch, torch.autograd.profiler.profile]
+              torch.nn.functional, torch.nn.Module, torch, torch.autograd.profiler.profile,
+              torch.autograd.profiler.record_function]
     snap = {(repr(o), k): id(v) for o in owners for k, v in vars(o).items()}
     hooks = torch.nn.modules.module
     snap["hooks"] = (len(hooks._global_forward_pre_hooks), len(hooks._global_forward_hooks),

@@ -12,6 +12,8 @@
             forwards inside it are ``Recompute``.
 * Optimizer the global optimizer step pre/post hooks; ``zero_grad`` is a
             framework annotation.
+* Annotations the user's code already makes for other tools:
+            ``record_function`` and ``torch.cuda.nvtx`` ranges (``_annotations.py``).
 
 Every hook returns at once while dynamo traces or export runs (what
 ``torch.compiler.is_compiling()`` tells, read without its extra call).
@@ -26,7 +28,7 @@ import weakref
 from stepscope.core import _native, runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
-from stepscope.integrations.torch import _fetch, _handover, _ops, _workers
+from stepscope.integrations.torch import _annotations, _fetch, _handover, _ops, _workers
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
 from stepscope.integrations.torch._loops import LoopState, Loops
@@ -110,6 +112,7 @@ class TorchInstrumentor(Instrumentor):
             self.patch(torch, "compile", functools.partial(wrap_compile, self))
         _handover.install(self)
         _ops.install(self, torch)
+        _annotations.install(self, torch)
         patch_init_process_group(self, torch)
         for name in ("trace", "trace_module"):  # tracing runs the model: no steps, no phases
             self.patch(torch.jit, name, self.hiding)
@@ -128,6 +131,7 @@ class TorchInstrumentor(Instrumentor):
         if self.loops is not None:
             self.loops.close_all()
         _ops.uninstall()
+        _annotations.uninstall()
         if self.roots is not None:
             self.roots.release()
         for handle in self.hook_handles:
@@ -142,6 +146,7 @@ class TorchInstrumentor(Instrumentor):
         # A forked child inherits no open step and no half-finished phase.
         if self._on and self.loops is not None:
             self.loops.reset()
+            _annotations.ranges.clear()
 
     def patch_backward(self, torch) -> None:
         """Backward is timed around the engine call that ``torch.autograd.backward``

@@ -1,0 +1,75 @@
+"""Other tools' ranges as stepscope annotations.
+
+Code already instrumented for another profiler (``torch.profiler.record_function``,
+``torch.cuda.nvtx``, the ``nvtx`` package) shows up in the run without changes:
+the integrations call these on the way through, after the tool's own call, so a
+call that raises (torch's NVTX on a CPU build) records nothing and raises as
+before. Nested ranges (push/pop, context managers) are per thread, as NVTX's
+are; started ranges (start/end) are keyed by the id the tool returned and may end
+on another thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from stepscope.core import _native
+from stepscope.core.annotations import CATEGORY
+
+ANNOTATION = CATEGORY["annotation"]
+
+
+class Ranges:
+    def __init__(self):
+        self.local = threading.local()  # .stack: this thread's open nested ranges
+        self._started = {}
+
+    def _stack(self) -> list:
+        try:
+            return self.local.stack
+        except AttributeError:
+            stack = self.local.stack = []
+            return stack
+
+    def push(self, name, key=None) -> None:
+        """Opens a nested range on this thread; key tells apart the stacks of NVTX
+        domains, or the context manager that opened it."""
+        self._stack().append((key, _native.annotation_begin(_text(name), ANNOTATION)))
+
+    def pop(self, key=None) -> None:
+        """Closes this thread's innermost open range of key (none open: nothing)."""
+        stack = self._stack()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == key:
+                _native.annotation_end(stack.pop(i)[1])
+                return
+
+    def start(self, name, range_id) -> None:
+        if range_id is not None:
+            self._started[_hashable(range_id)] = _native.annotation_begin(_text(name), ANNOTATION)
+
+    def end(self, range_id) -> None:
+        handle = self._started.pop(_hashable(range_id), None) if range_id is not None else None
+        if handle is not None:
+            _native.annotation_end(handle)
+
+    @staticmethod
+    def mark(name) -> None:
+        _native.instant(ANNOTATION, _native.intern(_text(name)))
+
+    def clear(self) -> None:
+        """Forgets open ranges (uninstrument; a forked child: its parent's ranges are not its own)."""
+        self.local.__dict__.clear()  # this thread's (a forked child has only this one)
+        self._started = {}
+
+
+def _text(name) -> str:
+    return name if type(name) is str else str(name)
+
+
+def _hashable(range_id):
+    try:
+        hash(range_id)
+        return range_id
+    except TypeError:
+        return id(range_id)

@@ -1,0 +1,134 @@
+"""``torch.profiler.record_function`` and ``torch.cuda.nvtx`` ranges already in the
+user's code, recorded as annotations (``integrations/_ranges.py``).
+
+``record_function`` is patched at its ``__enter__``/``__exit__``, so the context
+manager and the decorator (which re-enters the same object) are both seen;
+dynamo treats the class as a profiler context and never runs them, TorchScript
+compiles the original source (the wrappers carry ``__wrapped__``). torch wraps
+some of its own calls in ``record_function`` on every step (optimizer step and
+zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps): those
+duplicate stepscope's phases and are passed over by name.
+
+``torch.cuda.nvtx`` is patched only where torch was built with NVTX; elsewhere
+its functions raise whatever stepscope does, and stay untouched.
+"""
+
+from __future__ import annotations
+
+from stepscope.integrations._ranges import Ranges
+
+# torch's own ranges, entered on every step (torch/optim/optimizer.py,
+# torch/utils/data/dataloader.py, torch/nn/parallel, torch/profiler/profiler.py)
+TORCH_OWN = ("Optimizer.step#", "Optimizer.zero_grad#", "enumerate(DataLoader)#", "enumerate(DataPipe)#",
+             "DataParallel.forward", "DistributedDataParallel.forward", "ProfilerStep#", "[pl][")
+
+ranges = Ranges()
+
+
+def install(inst, torch) -> None:
+    from torch.autograd import profiler
+
+    cls = profiler.record_function
+    inst.patch(cls, "__enter__", lambda original: _enter(inst, original))
+    inst.patch(cls, "__exit__", lambda original: _exit(inst, original))
+    nvtx = getattr(torch.cuda, "nvtx", None)
+    if nvtx is not None and hasattr(torch._C, "_nvtx"):
+        inst.patch(nvtx, "range_push", lambda original: _push(inst, original))
+        inst.patch(nvtx, "range_pop", lambda original: _pop(inst, original))
+        inst.patch(nvtx, "range_start", lambda original: _start(inst, original))
+        inst.patch(nvtx, "range_end", lambda original: _end(inst, original))
+        inst.patch(nvtx, "mark", lambda original: _mark(inst, original))
+
+
+def uninstall() -> None:
+    ranges.clear()
+
+
+def _enter(inst, original):
+    push = ranges.push
+
+    def __enter__(self):
+        result = original(self)
+        try:
+            name = self.name
+            if not (name.__class__ is str and name.startswith(TORCH_OWN)):
+                push(name, id(self))
+        except Exception as exc:  # noqa: BLE001 - never break the job
+            inst.fail(exc)
+        return result
+
+    return __enter__
+
+
+def _exit(inst, original):
+    local, pop = ranges.local, ranges.pop
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        if getattr(local, "stack", None):  # torch's own ranges opened none
+            try:
+                pop(id(self))
+            except Exception as exc:  # noqa: BLE001
+                inst.fail(exc)
+        return original(self, exc_type, exc_value, traceback)
+
+    return __exit__
+
+
+def _push(inst, original):
+    def range_push(msg):
+        depth = original(msg)
+        try:
+            ranges.push(msg, "nvtx")
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return depth
+
+    return range_push
+
+
+def _pop(inst, original):
+    def range_pop():
+        depth = original()
+        try:
+            ranges.pop("nvtx")
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return depth
+
+    return range_pop
+
+
+def _start(inst, original):
+    def range_start(msg):
+        range_id = original(msg)
+        try:
+            ranges.start(msg, ("torch.cuda.nvtx", range_id))
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return range_id
+
+    return range_start
+
+
+def _end(inst, original):
+    def range_end(range_id):
+        result = original(range_id)
+        try:
+            ranges.end(("torch.cuda.nvtx", range_id))
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return result
+
+    return range_end
+
+
+def _mark(inst, original):
+    def mark(msg):
+        result = original(msg)
+        try:
+            ranges.mark(msg)
+        except Exception as exc:  # noqa: BLE001
+            inst.fail(exc)
+        return result
+
+    return mark

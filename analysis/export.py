@@ -140,11 +140,11 @@ def _op_args(ev: pd.DataFrame) -> dict:
     rows = tables._rows_of(ev, "op", "span")
     if not len(rows):
         return {}
-    arg = np.maximum(ev["arg"].to_numpy()[rows], 0)
-    shapes = ops._shapes(ev, ev["process"].to_numpy()[rows], arg >> 32)
+    index, seqs, _ = ops.unpack_arg(np.maximum(ev["arg"].to_numpy()[rows], 0))
+    shapes = ops._shapes(ev, ev["process"].to_numpy()[rows], index)
     parsed: dict = {}
     out = {}
-    for i, seq, dims in zip(rows.tolist(), ((arg & 0xFFFFFFFF) - 1).tolist(), shapes):
+    for i, seq, dims in zip(rows.tolist(), seqs.tolist(), shapes):
         a = {"Sequence number": seq} if seq >= 0 else {}
         if dims is not None:
             if dims not in parsed:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, tables
-from stepscope.core.vocabulary import OTHER, PHASES
+from stepscope.core.vocabulary import OP_INDEX_MASK, OP_PHASES, OTHER, PHASES
 
 OP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "phase", "name", "start_ns", "end_ns",
               "duration_ns", "self_ns", "shapes", "sequence_nr"]
@@ -53,8 +53,7 @@ def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -
     start, end = events["start_ns"].to_numpy()[rows], events["end_ns"].to_numpy()[rows]
     arg = events["arg"].to_numpy()[rows]
     arg = np.where(arg < 0, 0, arg)
-    index = arg >> 32
-    seq = (arg & 0xFFFFFFFF) - 1
+    index, seq, hint = unpack_arg(arg)
     self_ns = np.empty(len(rows), dtype=np.int64)
     codes = pd.factorize(process)[0]
     for code in np.unique(codes):
@@ -62,6 +61,8 @@ def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -
         self_ns[mine] = tables.exclusive_durations(start[mine], end[mine], tid[mine])
     mode, step, phase = gpu.attribute(process, start, steps, phases)
     phase = np.where(pd.isna(phase), OTHER, phase)
+    if hint.any():  # the phase the framework placed the op in (TensorFlow's name scopes), not its time's
+        phase = np.where(hint > 0, np.array(("", *OP_PHASES), dtype=object)[hint], phase)
     out = pd.DataFrame({
         "process": process, "pid": events["pid"].to_numpy()[rows], "rank": events["rank"].array[rows],
         "tid": tid, "mode": mode, "step": step, "phase": phase,
@@ -69,6 +70,13 @@ def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -
         "start_ns": start, "end_ns": end, "duration_ns": end - start, "self_ns": self_ns,
         "shapes": _shapes(events, process, index), "sequence_nr": seq})
     return out[OP_COLUMNS]
+
+
+def unpack_arg(arg: np.ndarray):
+    """An op span's argument (``vocabulary.pack_op_arg``): (index, sequence number or
+    -1, phase hint: 0 none, else 1 + its place in OP_PHASES)."""
+    arg = np.asarray(arg, dtype=np.int64)
+    return (arg >> 32) & OP_INDEX_MASK, (arg & 0xFFFFFFFF) - 1, (arg >> 59) & 0xF
 
 
 def _shapes(events: pd.DataFrame, process: np.ndarray, index: np.ndarray) -> np.ndarray:

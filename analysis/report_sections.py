@@ -312,8 +312,9 @@ def operators_html(run, esc, top: int = 10) -> str:
         return ""
     table = run.op_summary(top=top)
     steps = int(table["steps"].max()) if len(table) else 0
-    out = [f"<p class='muted'>Operators of the {steps} sampled step(s) (torch's profiler in short windows); "
-           "self time excludes nested operators; share is of the phase's time in those steps.</p>"]
+    out = [f"<p class='muted'>Operators of the {steps} sampled step(s) (the framework's profiler in short "
+           "windows); self time excludes nested operators; share is of the phase's time in those steps "
+           "(operators that run on several threads at once, as TensorFlow's do, can add up above 100%).</p>"]
     order = {p: i for i, p in enumerate((*PHASES, "Other"))}
     for phase, t in sorted(table.groupby("phase", sort=False), key=lambda kv: order.get(kv[0], 99)):
         rows = "".join(

@@ -42,6 +42,19 @@ CATEGORIES = ("annotation", "phase", "step", "op", "module", "system", "gpu", "c
 MAX_CATEGORIES = 16
 #: Event kinds by number.
 EVENT_KINDS = ("span", "instant", "counter")
+#: An ``op`` span's argument (docs/format.md, "Operator spans"): the sequence number + 1 in
+#: bits 0-31 (0: none), the op's index in its process (from 1) in bits 32-58, and in bits
+#: 59-62 the phase its framework placed it in (0: none, read it from the time; else
+#: 1 + its place in OP_PHASES).
+OP_INDEX_MASK = (1 << 27) - 1
+OP_PHASES = (*PHASE_NAMES, OTHER)
+
+
+def pack_op_arg(seq: int, index: int, phase: "str | None" = None) -> int:
+    hint = OP_PHASES.index(phase) + 1 if phase is not None else 0
+    return ((seq + 1) & 0xFFFFFFFF if seq >= 0 else 0) | (index & OP_INDEX_MASK) << 32 | hint << 59
+
+
 #: The framework span the Keras integration records for each sampled profiler window.
 KERAS_PROFILER_WINDOW = "stepscope.profiler_window"
 

@@ -62,7 +62,24 @@ def _check_tf(run, sampled_steps=None):
     # Backward and Optimizer are real work: each at least a tenth of Forward's
     assert (sampled[["Backward", "Optimizer"]].min(axis=1) > 0.1 * sampled["Forward"]).all()
     assert (steps[steps["mode"] != "train"][COMPUTE] == 0).all().all()
+    _check_tf_ops(run, steps, sorted(sampled["step"]))
     return steps
+
+
+def _check_tf_ops(run, steps, sampled):
+    """The windows' TensorFlow ops: only in the sampled steps, inside them, each in the phase its
+    name scope says (issue 15)."""
+    ops = run.ops
+    assert (ops["mode"] == "train").all() and sorted(ops["step"].unique()) == sampled
+    assert all((ops["phase"] == p).any() for p in COMPUTE), ops.groupby("phase").size()
+    forward = ops.loc[ops["phase"] == "Forward", "name"]
+    assert any("matmul" in n.lower() or "dot" in n.lower() for n in forward), set(forward)
+    at = steps.set_index(["mode", "step"]).loc[list(zip(ops["mode"], ops["step"]))]
+    assert (ops["start_ns"].to_numpy() >= at["start_ns"].to_numpy()).all()
+    assert (ops["start_ns"].to_numpy() < at["end_ns"].to_numpy()).all()
+    assert ((ops["self_ns"] >= 0) & (ops["self_ns"] <= ops["duration_ns"])).all()
+    summary = run.op_summary()
+    assert set(summary["phase"]) >= set(COMPUTE) and (summary["steps"] == len(sampled)).all()
 
 
 @pytest.mark.parametrize("how,jit,sampled", [("callback", "nojit", None), ("plain", "nojit", "12-13"),
@@ -77,10 +94,10 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
 
         html = open(write_report(run, str(tmp_path / "k.html"))).read()
         ids = re.findall(r'<section id="(\w+)"', html)
-        # dataloading: tf.data's GetNext is there; flame: the Python stack sampler's;
-        # no GPU sections on this machine
-        assert ids == ["verdict", "rules", "summary", "steps", "dataloading", "system", "flame", "timeline",
-                       "metadata"], ids
+        # dataloading: tf.data's GetNext is there; flame: the Python stack sampler's; operators: the
+        # windows' TensorFlow ops; no GPU sections on this machine
+        assert ids == ["verdict", "rules", "summary", "steps", "dataloading", "system", "flame", "operators",
+                       "timeline", "metadata"], ids
         assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
         # compute phases are sampled: their shares stand for the sampled steps, GetNext's for all
         from stepscope.analysis.summary import summarize

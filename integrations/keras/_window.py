@@ -31,14 +31,17 @@ Either way one line on stderr, and training goes on.
 from __future__ import annotations
 
 import os
+import itertools
 import re
 import shutil
 import tempfile
+import threading
 import weakref
 from typing import List, Optional, Tuple
 
 from stepscope.core import _native, safety
 from stepscope.core.quiet import native_logs_dropped
+from stepscope.core.vocabulary import OTHER, pack_op_arg
 from stepscope.integrations._steps import PHASE
 from stepscope.integrations.keras import _xspace
 
@@ -49,6 +52,7 @@ TF_PROFILER_LOGS = re.compile(
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called)")
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
+OP = _native.CATEGORIES.index("op")
 WINDOW_NAME = _native.intern("stepscope.profiler_window")
 PHASE_IDS = {name: _native.intern(name) for name in ("GetNext", *_xspace.ORDER)}
 YIELD_MESSAGE = ("stepscope: TensorFlow's profiler is in use (TensorBoard profile_batch?); stepscope yields and "
@@ -126,7 +130,38 @@ class Window:
                 t0, t1 = max(to_tick(s0), b0), min(to_tick(s1), b1)
                 if t1 > t0:
                     _native.span(PHASE, PHASE_IDS[phase], t0, t1)
+        write_ops(trace.ops, to_tick, bounds[0], end)
         _native.span(FRAMEWORK, WINDOW_NAME, self.opened)  # open to parsed: what the window cost
+
+
+def write_ops(ops: List[_xspace.Op], to_tick, first: int, end: int) -> None:
+    """The sampled steps' TensorFlow ops as ``op`` spans (docs/format.md), each with
+    the phase its name scope says (its time may fall in another: phases of a
+    compiled step are laid out from op shares). TensorFlow runs ops on a pool
+    of threads; each XSpace line is written from a thread of its own, so ops
+    nest (and their self times count) per thread, as they ran."""
+    by_line: dict = {}
+    for op in ops:
+        t0 = to_tick(op.start_ns)
+        if first <= t0 < end:
+            by_line.setdefault(op.line, []).append((op.name, t0, max(to_tick(op.end_ns), t0), op.phase))
+    for records in by_line.values():
+        helper = threading.Thread(target=_write_line, args=(records,), name="stepscope-ops", daemon=True)
+        helper.start()
+        helper.join()
+
+
+_op_index = itertools.count(1)  # per process, as torch's (an op counter's argument would name it)
+_op_names: dict = {}
+
+
+def _write_line(records) -> None:
+    span, intern = _native.span, _native.intern
+    for name, t0, t1, phase in records:
+        nid = _op_names.get(name)
+        if nid is None:
+            nid = _op_names[name] = intern(name)
+        span(OP, nid, t0, t1, pack_op_arg(-1, next(_op_index), phase or OTHER))
 
 
 class Sampler:

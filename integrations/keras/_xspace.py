@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Tuple
 
 SYNC_NAME = "stepscope.sync"
 ORDER = ("Forward", "Loss", "Backward", "Optimizer")
-_TF_OP = re.compile(r"([^:]+):[A-Za-z_]\w*$")  # "scope/op:OpType" (not "Executor::Run")
+_TF_OP = re.compile(r"([^:]+):([A-Za-z_]\w*)$")  # "scope/op:OpType" (not "Executor::Run")
+_HLO_SUFFIX = re.compile(r"\.\d+$")  # "fusion.12" -> "fusion"
 GETNEXT_EVENT = "IteratorGetNextOp::DoCompute"
 
 
@@ -59,6 +60,13 @@ class Op:
     start_ns: float
     end_ns: float
     weights: Dict[Optional[str], float]  # phase (None: Other) -> share of this op's time
+    name: str = ""  # the op's type ("MatMul"), or the HLO instruction's kind ("fusion")
+    line: int = 0  # the XSpace line (one per thread) it ran on
+
+    @property
+    def phase(self) -> Optional[str]:
+        """The phase with the largest share of it (None: Other)."""
+        return max(self.weights.items(), key=lambda kv: kv[1])[0] if self.weights else None
 
 
 @dataclass
@@ -131,7 +139,7 @@ def parse(data: bytes, scopes: Scopes) -> Trace:
     stat_names = {k: v.name for k, v in host.stat_metadata.items()}
     hlo_op = next((k for k, v in stat_names.items() if v == "hlo_op"), None)
     hlo_module = next((k for k, v in stat_names.items() if v == "hlo_module"), None)
-    tf_phase: Dict[int, Optional[Dict[Optional[str], float]]] = {}  # event metadata id -> weights
+    tf_phase: Dict[int, Optional[Tuple[Dict[Optional[str], float], str]]] = {}  # metadata id -> (weights, type)
     for line in host.lines:
         is_data = line.name.startswith("tf_data")
         base = line.timestamp_ns
@@ -151,15 +159,16 @@ def parse(data: bytes, scopes: Scopes) -> Trace:
             if hlo_op is not None:
                 refs = {s.metadata_id: s.ref_value for s in ev.stats if s.metadata_id in (hlo_op, hlo_module)}
                 if hlo_op in refs:
-                    key = (stat_names.get(refs.get(hlo_module), ""), stat_names.get(refs[hlo_op], ""))
-                    weights = hlo.get(key, {None: 1.0})
-            if weights is None:
-                if ev.metadata_id not in tf_phase:
-                    m = _TF_OP.match(name)
-                    tf_phase[ev.metadata_id] = {scopes.phase(m.group(1)): 1.0} if m else None
-                weights = tf_phase[ev.metadata_id]
-            if weights is not None:
-                trace.ops.append(Op(t0, t1, weights))
+                    instruction = stat_names.get(refs[hlo_op], "")
+                    weights = hlo.get((stat_names.get(refs.get(hlo_module), ""), instruction), {None: 1.0})
+                    trace.ops.append(Op(t0, t1, weights, _HLO_SUFFIX.sub("", instruction) or name, line.id))
+                    continue
+            if ev.metadata_id not in tf_phase:
+                m = _TF_OP.match(name)
+                tf_phase[ev.metadata_id] = ({scopes.phase(m.group(1)): 1.0}, m.group(2)) if m else None
+            known = tf_phase[ev.metadata_id]
+            if known is not None:
+                trace.ops.append(Op(t0, t1, known[0], known[1], line.id))
     return trace
 
 

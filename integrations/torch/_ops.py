@@ -47,6 +47,7 @@ from typing import List, Optional, Tuple
 
 from stepscope.core import _native, gpu, safety
 from stepscope.core.quiet import native_logs_dropped
+from stepscope.core.vocabulary import pack_op_arg
 from stepscope.integrations._steps import StepTracker
 
 OP = _native.CATEGORIES.index("op")
@@ -70,10 +71,9 @@ YIELD_MESSAGE = ("stepscope: the program started torch's profiler; stepscope end
 
 
 def pack_arg(seq: int, index: int) -> int:
-    """An op span's argument: sequence number + 1 in bits 0-31 (0: none), the op's
-    index in its process (from 1) in bits 32-62; its input dims are an op counter
-    named by them whose argument is that index (docs/format.md)."""
-    return ((seq + 1) & 0xFFFFFFFF if seq >= 0 else 0) | (index & 0x7FFFFFFF) << 32
+    """An op span's argument (``vocabulary.pack_op_arg``): its input dims are an op
+    counter named by them whose argument is the op's index (docs/format.md)."""
+    return pack_op_arg(seq, index)
 
 
 class Window:

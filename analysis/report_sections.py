@@ -17,6 +17,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.pipeline import tfdata_stages
 from stepscope.core.vocabulary import GETNEXT, PHASES, TRAIN
 
 GETNEXT_BINS = 60
@@ -207,6 +208,9 @@ def box_trace(label_values: list, name: str, digits: int = 3, **style):
     return go.Box(x=[str(label) for label, _ in label_values], name=name, boxpoints=False, **fields, **style)
 
 
+MAX_STAGES = 12
+
+
 def dataloading(run, esc):
     """(html head, figures): workers against cores, GetNext's distribution, per-worker fetches."""
     import plotly.graph_objects as go
@@ -253,9 +257,22 @@ def dataloading(run, esc):
             (proc, worker), slow = medians.idxmax(), medians.max()
             parts.append(f"<p class='slow-worker'>The slowest worker: {html.escape(str(proc))} worker {int(worker)}, "
                          f"{slow:.1f} ms a batch (median), {slow / medians.min():.0f}x the fastest.</p>")
+    stages = tfdata_stages(run)
+    if len(stages):
+        rows = "".join(f"<tr data-stage='{esc(r.stage)}'><td>{esc(r.process)}</td>"
+                       f"<td title='{esc(r.path)}'>{esc(r.stage)}</td><td>{r.calls:,}</td><td>{r.self_ms:,.3f}</td>"
+                       f"<td>{r.self_ms_per_call:,.3f}</td><td>{r.total_ms:,.3f}</td></tr>"
+                       for r in stages.groupby("process", sort=False).head(MAX_STAGES).itertuples(index=False))
+        parts.append("<h3>tf.data pipeline stages (sampled steps)</h3><table class='grid tfdata'><tr><th>process</th>"
+                     "<th>stage</th><th>calls</th><th>self ms</th><th>self ms per call</th><th>total ms</th></tr>"
+                     + rows + "</table><p class='muted'>tf.data's own per-iterator timing in the sampled profiler "
+                     "windows; a stage's self time is its work, or its wait for the stages it reads from "
+                     "without the time those take (a parallel map waits for its workers). The stage with the "
+                     "most self time is the one to speed up: more <code>num_parallel_calls</code>, "
+                     "<code>cache()</code> before it, a larger <code>prefetch</code> after it.</p>")
     if not parts and not figs:
         return None
-    if fetch.empty:
+    if fetch.empty and stages.empty:
         parts.append("<p class='muted'>Per-worker fetch times were not recorded in this run.</p>")
     return "".join(parts), figs
 

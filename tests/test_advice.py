@@ -69,13 +69,32 @@ def test_keras_fit_on_a_slow_tf_data_pipeline_gets_tf_data_advice(tmp_path):
     pytest.importorskip("keras")
     pytest.importorskip("tensorflow")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k != "KERAS_BACKEND"}
-    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k", TF_CPP_MIN_LOG_LEVEL="3")
+    # a window over train steps 3-6 sees the fetches of steps 4-6 (a step's fetch comes before its batch begins)
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k", TF_CPP_MIN_LOG_LEVEL="3",
+               STEPSCOPE_STEPS="3-6")
     r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "keras_slowdata.py"), "callback"], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "done tensorflow" in r.stdout, r.stderr[-3000:]
-    f = _getnext_finding(stepscope.load(tmp_path / "runs" / "k", quiet=True))
+    run = stepscope.load(tmp_path / "runs" / "k", quiet=True)
+    # tf.data's own stages in the window: the 1 ms map of every sample is the slowest (tf.data fuses it
+    # with the batch: MapAndBatch, 16 samples a call)
+    from stepscope.analysis.pipeline import tfdata_stages
+
+    stages = tfdata_stages(run)
+    top = stages.iloc[0]
+    assert "Map" in top["stage"] and top["calls"] >= 3 and top["self_ms_per_call"] >= 0.9, stages
+    assert top["self_ms"] > 0.8 * stages["self_ms"].sum(), stages
+    if top["stage"] == "MapAndBatch":
+        assert top["self_ms_per_call"] >= 16 * 0.9, stages
+    f = _getnext_finding(run)
     assert f["evidence"]["framework"] == TENSORFLOW
+    assert f["evidence"]["tfdata_slowest_stage"]["stage"] == top["stage"]
     rec = f["recommendation"]
+    assert f"tf.data's slowest stage is {top['stage']}" in rec, rec
+    from stepscope.analysis.report import render
+
+    page = render(run)
+    assert "tf.data pipeline stages" in page and f"data-stage='{top['stage']}'" in page
     for advice in ("dataset.prefetch(tf.data.AUTOTUNE)", "map(..., num_parallel_calls=tf.data.AUTOTUNE)",
                    "cache()"):
         assert advice in rec, rec

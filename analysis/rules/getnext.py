@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts, ms, percent, phase_share, step_stats
-from stepscope.analysis.rules.advice import TORCH, advice, framework_of
+from stepscope.analysis.pipeline import tfdata_stages
+from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.core.vocabulary import GETNEXT, TRAIN
 
@@ -64,6 +65,11 @@ class GetNextBottleneck(Rule):
             recommendation = advice("feed", framework)
             if epoch is not None:
                 recommendation = advice("epoch_start", TORCH, **epoch) + recommendation
+            stage = _slowest_stage(run, process) if framework == TENSORFLOW else None
+            if stage is not None:
+                recommendation = (f"In the sampled steps tf.data's slowest stage is {stage['stage']} "
+                                  f"({stage['self_ms_per_call']:.2f} ms a call, {percent(stage['share'])} of the "
+                                  "pipeline's own time): speed that one up first. ") + recommendation
             evidence = {"process": str(process), "getnext_share": share, "getnext_share_after_warmup": steady,
                         "getnext_ms_mean": getnext_ms, "step_ms_mean": stats["mean_ms"], "steps": stats["count"],
                         "framework": framework,
@@ -71,6 +77,8 @@ class GetNextBottleneck(Rule):
                                         for r in worst.itertuples()]}
             if epoch is not None:
                 evidence["epoch_start"] = epoch
+            if stage is not None:
+                evidence["tfdata_slowest_stage"] = stage
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)} is input-bound: {percent(share)} of train step time "
@@ -78,3 +86,15 @@ class GetNextBottleneck(Rule):
                          f"{stats['mean_ms']:.1f} ms step on average)"),
                 recommendation=recommendation, evidence=evidence, cost_ms_per_step=getnext_ms))
         return out
+
+
+def _slowest_stage(run, process):
+    """The tf.data stage with the most self time in this process's sampled windows, or None."""
+    stages = tfdata_stages(run)
+    mine = stages[stages["process"] == str(process)]
+    total = mine["self_ms"].sum()
+    if not len(mine) or total <= 0:
+        return None
+    top = mine.iloc[0]
+    return {"stage": top["stage"], "path": top["path"], "calls": int(top["calls"]),
+            "self_ms_per_call": float(top["self_ms_per_call"]), "share": float(top["self_ms"] / total)}

@@ -131,37 +131,54 @@ class Window:
                 if t1 > t0:
                     _native.span(PHASE, PHASE_IDS[phase], t0, t1)
         write_ops(trace.ops, to_tick, bounds[0], end)
+        write_pipeline(trace.data, to_tick, bounds[0], end)
         _native.span(FRAMEWORK, WINDOW_NAME, self.opened)  # open to parsed: what the window cost
 
 
 def write_ops(ops: List[_xspace.Op], to_tick, first: int, end: int) -> None:
     """The sampled steps' TensorFlow ops as ``op`` spans (docs/format.md), each with
     the phase its name scope says (its time may fall in another: phases of a
-    compiled step are laid out from op shares). TensorFlow runs ops on a pool
-    of threads; each XSpace line is written from a thread of its own, so ops
-    nest (and their self times count) per thread, as they ran."""
+    compiled step are laid out from op shares)."""
+    _write_lines(((op.line, OP, op.name, to_tick(op.start_ns), to_tick(op.end_ns), op.phase or OTHER)
+                  for op in ops), first, end)
+
+
+def write_pipeline(data, to_tick, first: int, end: int) -> None:
+    """tf.data's per-iterator spans of the sampled steps, as framework spans named by
+    the iterator's path (``Iterator::Root::Prefetch::ParallelMapV2``): nested by
+    stage on each thread, so a stage's self time is its own work or wait."""
+    _write_lines(((line, FRAMEWORK, name, to_tick(t0), to_tick(t1), None) for name, t0, t1, line in data),
+                 first, end)
+
+
+def _write_lines(records, first: int, end: int) -> None:
+    """TensorFlow runs ops (and tf.data stages) on pools of threads: each XSpace line
+    is written from a thread of its own, so spans nest (and self times count) per
+    thread, as they ran."""
     by_line: dict = {}
-    for op in ops:
-        t0 = to_tick(op.start_ns)
+    for line, cat, name, t0, t1, phase in records:
         if first <= t0 < end:
-            by_line.setdefault(op.line, []).append((op.name, t0, max(to_tick(op.end_ns), t0), op.phase))
-    for records in by_line.values():
-        helper = threading.Thread(target=_write_line, args=(records,), name="stepscope-ops", daemon=True)
+            by_line.setdefault(line, []).append((cat, name, t0, max(t1, t0), phase))
+    for spans in by_line.values():
+        helper = threading.Thread(target=_write_line, args=(spans,), name="stepscope-ops", daemon=True)
         helper.start()
         helper.join()
 
 
 _op_index = itertools.count(1)  # per process, as torch's (an op counter's argument would name it)
-_op_names: dict = {}
+_names: dict = {}
 
 
-def _write_line(records) -> None:
+def _write_line(spans) -> None:
     span, intern = _native.span, _native.intern
-    for name, t0, t1, phase in records:
-        nid = _op_names.get(name)
+    for cat, name, t0, t1, phase in spans:
+        nid = _names.get(name)
         if nid is None:
-            nid = _op_names[name] = intern(name)
-        span(OP, nid, t0, t1, pack_op_arg(-1, next(_op_index), phase or OTHER))
+            nid = _names[name] = intern(name)
+        if cat == OP:
+            span(OP, nid, t0, t1, pack_op_arg(-1, next(_op_index), phase))
+        else:
+            span(cat, nid, t0, t1)
 
 
 class Sampler:

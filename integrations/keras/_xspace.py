@@ -30,6 +30,7 @@ ORDER = ("Forward", "Loss", "Backward", "Optimizer")
 _TF_OP = re.compile(r"([^:]+):([A-Za-z_]\w*)$")  # "scope/op:OpType" (not "Executor::Run")
 _HLO_SUFFIX = re.compile(r"\.\d+$")  # "fusion.12" -> "fusion"
 GETNEXT_EVENT = "IteratorGetNextOp::DoCompute"
+ITERATOR_PREFIX = "Iterator::"  # tf.data's per-iterator spans, nested by pipeline stage
 
 
 def _scope(name: str):
@@ -74,6 +75,8 @@ class Trace:
     ops: List[Op] = field(default_factory=list)
     getnext: List[Tuple[float, float]] = field(default_factory=list)  # in-graph iterator fetches
     sync: List[Tuple[float, float]] = field(default_factory=list)  # our TraceMe marks
+    # tf.data's per-iterator events ("Iterator::Root::Prefetch::ParallelMapV2"): (name, start, end, line)
+    data: List[Tuple[str, float, float, int]] = field(default_factory=list)
 
 
 def _xspace_class():
@@ -152,6 +155,10 @@ def parse(data: bytes, scopes: Scopes) -> Trace:
                 continue
             if name == GETNEXT_EVENT:
                 trace.getnext.append((t0, t1))
+                continue
+            if name.startswith(ITERATOR_PREFIX):  # on tf.data's threads, or the thread that fetches
+                if ev.duration_ps:
+                    trace.data.append((name, t0, t1, line.id))
                 continue
             if is_data or not ev.duration_ps:
                 continue

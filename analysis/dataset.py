@@ -359,8 +359,10 @@ class Dataset:
         frame = read_table(self.root, name, self.processes, self.partitions, filter, columns)
         return self._empty(name, columns) if frame is None else frame
 
-    def select(self, categories=None, kinds=None, names=None, processes=None, columns=None) -> pd.DataFrame:
-        """Events matching every given list, read with the filter pushed into the scan."""
+    def select(self, categories=None, kinds=None, names=None, processes=None, columns=None,
+               during=None) -> pd.DataFrame:
+        """Events matching every given list, read with the filter pushed into the scan;
+        ``during``: [(start_ns, end_ns)], only events overlapping one of those times."""
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
@@ -369,6 +371,14 @@ class Dataset:
             return self._empty("events", columns)
         conditions = [ds.field(column).isin([str(w) for w in wanted]) for column, wanted in wanted_lists[:3]
                       if wanted is not None]
+        if during is not None:
+            if not len(during):
+                return self._empty("events", columns)
+            overlap = None
+            for t0, t1 in during:
+                c = (ds.field("start_ns") < int(t1)) & (ds.field("end_ns") > int(t0))
+                overlap = c if overlap is None else (overlap | c)
+            conditions.append(overlap)
         expr = None
         for c in conditions:
             expr = c if expr is None else (expr & c)

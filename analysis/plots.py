@@ -120,7 +120,8 @@ def thin_series(x: np.ndarray, y: np.ndarray, points: int = SERIES_POINTS):
 
 def origin_ns(run) -> int:
     """The run's first event (the timeline's zero), so plots and timeline share one time axis."""
-    starts = [int(t.min()) for t in (run.events["start_ns"] if len(run.events) else None,
+    ext = run.extents()
+    starts = [int(t.min()) for t in (ext["start_ns"] if len(ext) else None,
                                      run.steps["start_ns"] if len(run.steps) else None) if t is not None]
     if not starts and len(run.system):
         starts.append(int(run.system["timestamp_ns"].min()))
@@ -265,7 +266,7 @@ def gpu_section(run, esc):
     kernels = ops[ops["kind"] == "kernel"]
     if kernels.empty:
         return None
-    ev = run.events
+    ev = run.extents()
     t0 = min(int(ev["start_ns"].min()) if len(ev) else ops["start_ns"].min(), int(ops["start_ns"].min()))
     t1 = max(int(ev["end_ns"].max()) if len(ev) else ops["end_ns"].max(), int(ops["end_ns"].max()))
     wall = max(t1 - t0, 1)

@@ -73,14 +73,14 @@ def _verdict(summary: dict) -> str:
 def _job_summary(run: Run, summary: dict) -> str:
     steps = run.steps
     procs = run.processes
-    ev = run.events
+    ext = run.extents()
     rows = []
     start = run.info.get("start_time")
     if start:
         rows.append(("start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(start)))))
     rows.append(("duration", f"{summary['duration_s']:.2f} s"))
-    if len(steps) and len(ev):
-        t0, t1 = int(ev["start_ns"].min()), int(ev["end_ns"].max())
+    if len(steps) and len(ext):
+        t0, t1 = int(ext["start_ns"].min()), int(ext["end_ns"].max())
         s0, s1 = int(steps["start_ns"].min()), int(steps["end_ns"].max())
         total = max(t1 - t0, 1)
         for label, a, b in (("initialization", t0, s0), ("training loop", s0, s1), ("finalization", s1, t1)):
@@ -109,7 +109,9 @@ def _step_list(chosen: list) -> str:
 
 def _timeline_note(run: Run, meta: dict) -> str:
     export = f"<code>stepscope export {_esc(run.name)} --format perfetto</code>"
-    if not (meta["detail_quantum_ns"] or meta["overview_steps_per_bar"] or meta["overview_quantum_ns"]):
+    large = meta.get("phases_only_outside_detail")  # a large run: its events table is never built
+    merged = meta["detail_quantum_ns"] or meta["overview_steps_per_bar"] or meta["overview_quantum_ns"]
+    if not (merged or large):
         return f"<p class='muted'>Every event is here. For Perfetto: {export}.</p>"
     why = {}
     for c in meta["detail_steps"]:
@@ -118,10 +120,14 @@ def _timeline_note(run: Run, meta: dict) -> str:
     chosen = "; ".join(f"{w}: {', '.join(s)}" for w, s in why.items())
     rest = (f"one coverage bar per track and per {meta['overview_steps_per_bar']} step(s)"
             if meta["overview_steps_per_bar"] else
-            f"coverage bars of {meta['overview_quantum_ns'] / 1e6:g} ms") + " (how many spans, how busy)"
+            f"coverage bars of {meta['overview_quantum_ns'] / 1e6:g} ms" if meta["overview_quantum_ns"] else
+            "every span") + (" (how many spans, how busy)" if merged else "")
+    if large:
+        rest = f"its phases only: {rest}"
     detail = (f"; within them, spans shorter than {meta['detail_quantum_ns'] / 1e3:g} µs are merged too"
               if meta["detail_quantum_ns"] else "")
-    return (f"<p class='muted' id='tl-capped'>This run has {meta['spans']:,} spans; to keep this page small it "
+    size = "This run is large" if large else f"This run has {meta['spans']:,} spans"
+    return (f"<p class='muted' id='tl-capped'>{size}; to keep this page small it "
             f"holds {meta['items']:,} items: every span of the steps chosen for meaning ({_esc(chosen)}){detail}, "
             f"and for the rest of the run {rest}. Every event: {export}, then open the file in ui.perfetto.dev "
             f"(or <code>--format chrome</code> for chrome://tracing); <code>stepscope report {_esc(run.name)} "

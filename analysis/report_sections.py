@@ -169,20 +169,14 @@ def getnext_stats(run) -> pd.DataFrame:
     return out.sort_values("process", kind="stable")[cols].reset_index(drop=True)
 
 
-def _names_containing(column: pd.Series, text: str) -> pd.Series:
-    """Rows whose name contains `text`, testing each distinct name once (10 M events, few names)."""
-    values = column.cat.categories if isinstance(column.dtype, pd.CategoricalDtype) else pd.unique(column)
-    return column.isin([v for v in values if text in str(v)])
-
-
 def worker_fetches(run) -> pd.DataFrame:
     """Per-worker fetch spans where an integration recorded them: spans named ``*DataLoader*``
     (not phases) whose ``arg`` is the worker id, durations in ms."""
-    ev = run.events
-    if ev.empty:
+    names = run.event_names(containing="DataLoader")
+    if not names:
         return pd.DataFrame(columns=["process", "worker", "ms"])
-    sel = ev[(ev["kind"] == "span") & (ev["category"] != "phase") & _names_containing(ev["name"], "DataLoader")]
-    sel = sel[sel["arg"] >= 0]
+    sel = run.select(kinds=["span"], names=names, columns=["process", "category", "start_ns", "end_ns", "arg"])
+    sel = sel[(sel["category"] != "phase") & (sel["arg"] >= 0)]
     # a worker records in its own process folder: shown under the training process that started it
     procs = run.processes
     parent = dict(zip(procs["process"].astype(str), procs["parent"])) if "parent" in procs else {}

@@ -98,17 +98,25 @@ class Run:
         """Too many events to hold at once: read from the dataset, a selection at a time."""
         return self._data is not None and self._data.large and "events" not in self._tables
 
-    def select(self, categories=None, kinds=None, names=None, processes=None, columns=None) -> pd.DataFrame:
+    def select(self, categories=None, kinds=None, names=None, processes=None, columns=None,
+               during=None) -> pd.DataFrame:
         """The events of these categories, kinds, names and processes (each a list, or
-        None for all), without building the events table of a large run."""
+        None for all), and overlapping one of the times in ``during`` ([(start_ns,
+        end_ns)], None: any time), without building the events table of a large run."""
         if self.large:
-            return self._data.select(categories, kinds, names, processes, columns)
+            return self._data.select(categories, kinds, names, processes, columns, during)
         ev = self.events
         mask = np.ones(len(ev), dtype=bool)
         for column, wanted in (("category", categories), ("kind", kinds), ("name", names),
                                ("process", processes)):
             if wanted is not None:
                 mask &= ev[column].isin(list(wanted)).to_numpy()
+        if during is not None:
+            start, end = ev["start_ns"].to_numpy(), ev["end_ns"].to_numpy()
+            near = np.zeros(len(ev), dtype=bool)
+            for t0, t1 in during:
+                near |= (start < t1) & (end > t0)
+            mask &= near
         out = ev[mask] if not mask.all() else ev
         return out if columns is None else out[[c for c in columns if c in out.columns]]
 

@@ -228,7 +228,11 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     from stepscope.analysis.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
                                                     reduce_items)
 
-    ev, steps = run.events, run.steps
+    steps = run.steps
+    ops = getattr(run, "ops", ())  # the steps of operator windows show their ops in detail
+    sampled = ops.loc[ops["step"] >= 0, ["mode", "step"]].drop_duplicates().itertuples(index=False) if len(ops) else ()
+    chosen = choose_steps(steps, findings, steps_asked, sampled)
+    ev = _large_run_events(run, steps, chosen) if getattr(run, "large", False) else run.events
     kernels, launches = device_operations(run), host_launches(run)
     if not len(ev) and not len(steps):
         return None
@@ -253,9 +257,6 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     for node in b.nodes:
         row_process[node["rows"]] = node["process"]
         row_device[node["rows"]] = node["kind"] == "stream"
-    ops = getattr(run, "ops", ())  # the steps of operator windows show their ops in detail
-    sampled = ops.loc[ops["step"] >= 0, ["mode", "step"]].drop_duplicates().itertuples(index=False) if len(ops) else ()
-    chosen = choose_steps(steps, findings, steps_asked, sampled)
     detail_cap = REQUESTED_ITEMS if steps_asked else DETAIL_ITEMS
     (row, start, end, name, cat, arg, count, fill), done = reduce_items(
         (row, start, end, name, cat, arg), row_process, row_device, _process_steps(b, steps, base), chosen,
@@ -278,12 +279,56 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
         arrays["count"] = _b64(np.minimum(count, U32_MAX).astype("<u4"))
         arrays["fill"] = _b64(fill)
     duration = int(end.max()) if n else 0
+    if getattr(run, "large", False):
+        done["phases_only_outside_detail"] = True
     meta = {"items": n, "base_epoch_ns": str(base), "duration_ns": duration, **done, "detail_steps": chosen,
             "names": names, "cats": b.cats, "name_u16": name_u16, "nodes": b.nodes,
             "row_off": row_off.tolist(), "row_len": row_len.tolist(),
             "overflow_start": gap[over_gap].tolist(), "overflow_dur": dur[over_dur].tolist(),
             "flows": _flows(b, row, start, name, cat, arg, count if done["merged"] else None)}
     return {"meta": meta, "arrays": arrays}
+
+
+def _large_run_events(run, steps: pd.DataFrame, chosen: list) -> pd.DataFrame:
+    """A large run's spans for the timeline, without its events table: every span of
+    the chosen steps (the time filter pushed into the dataset's scan), and elsewhere
+    the phases only (from the phases table): the coverage bars of the rest of the
+    run show where phases ran, not every annotation, module or op."""
+    from stepscope.core.vocabulary import EVENT_KINDS
+
+    keys = {(str(c["mode"]), int(c["step"])) for c in chosen}
+    mine = np.array([(str(m), int(k)) in keys for m, k in zip(steps["mode"], steps["step"])], dtype=bool)
+    windows = _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
+    columns = ["process", "tid", "kind", "category", "name", "start_ns", "end_ns", "arg"]
+    detail = run.select(kinds=["span"], during=windows, columns=columns)
+    ph = run.phases
+    if len(windows) and len(ph):
+        lo, hi = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
+        at = np.searchsorted(lo, ph["end_ns"].to_numpy(), side="left") - 1  # the last window starting before its end
+        inside = (at >= 0) & (hi[np.maximum(at, 0)] > ph["start_ns"].to_numpy())
+        ph = ph[~inside]
+    phases = pd.DataFrame({"process": ph["process"].astype(str).to_numpy(), "tid": ph["tid"].to_numpy(np.int64),
+                           "kind": "span", "category": "phase", "name": ph["name"].astype(str).to_numpy(),
+                           "start_ns": ph["start_ns"].to_numpy(np.int64), "end_ns": ph["end_ns"].to_numpy(np.int64),
+                           "arg": np.int64(-1)})
+    ev = pd.concat([detail[columns].astype({c: str for c in ("process", "kind", "category", "name")}), phases],
+                   ignore_index=True)
+    ev = ev.sort_values(["process", "start_ns"], kind="stable", ignore_index=True)
+    for c in ("process", "category", "name"):
+        ev[c] = ev[c].astype("category")
+    ev["kind"] = pd.Categorical(ev["kind"], categories=list(EVENT_KINDS))
+    return ev
+
+
+def _merged(starts: np.ndarray, ends: np.ndarray) -> list:
+    """[(start, end)] sorted, overlapping ones joined."""
+    out: list = []
+    for t0, t1 in sorted(zip(starts.tolist(), ends.tolist())):
+        if out and t0 <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], t1)
+        else:
+            out.append([t0, t1])
+    return [(a, b) for a, b in out]
 
 
 def _flows(b, row, start, name, cat, arg, count) -> list:

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -157,3 +158,47 @@ def test_a_damaged_trace_keeps_what_is_readable(worker_run, tmp_path):
         through = stepscope.load(path, dataset=True)
     assert 0 < len(through.events) == len(memory.events) and len(through.steps) == len(memory.steps)
     assert through.warnings == memory.warnings
+
+
+def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_path, monkeypatch):
+    """Issue 13: the report of a large run never builds its events table. Its timeline keeps every
+    span of the steps chosen for meaning (read with a time filter pushed into the scan), the
+    same spans as from memory, and only the phases elsewhere."""
+    from stepscope.analysis import timeline
+    from stepscope.analysis.report import render
+
+    path = _copy(worker_run, tmp_path, "run")
+    memory = stepscope.load(path, cache=False)
+    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    large = _EventsTrap(path, dataset=True)
+    assert large.large
+    page = render(large)
+    assert "This run is large" in page and "Operators" in page and "events" not in large._tables
+    a, b = timeline.timeline_data(memory), timeline.timeline_data(large)
+    assert a["meta"]["detail_steps"] == b["meta"]["detail_steps"] and b["meta"]["phases_only_outside_detail"]
+    chosen = b["meta"]["detail_steps"]
+    reduced = timeline._large_run_events(large, large.steps, chosen)
+    keys = {(c["mode"], c["step"]) for c in chosen}
+    steps = memory.steps
+    mine = [(m, s) in keys for m, s in zip(steps["mode"], steps["step"])]
+    windows = timeline._merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
+    ev = memory.events
+    ev = ev[ev["kind"] == "span"]
+    near = pd.Series(False, index=ev.index)
+    for t0, t1 in windows:
+        near |= (ev["start_ns"] < t1) & (ev["end_ns"] > t0)
+
+    def spans(frame):
+        return sorted(zip(frame["process"].astype(str), frame["tid"], frame["name"].astype(str),
+                          frame["start_ns"], frame["end_ns"]))
+
+    def far(frame):  # overlapping none of the chosen steps
+        return np.array([not any(a < t1 and b > t0 for t0, t1 in windows)
+                         for a, b in zip(frame["start_ns"], frame["end_ns"])], dtype=bool)
+
+    detail = reduced[~far(reduced)]
+    assert len(ev[near]) > 20 and (ev[near]["category"] == "op").any()  # an op window is among the chosen steps
+    assert spans(detail) == spans(ev[near])
+    # elsewhere: the phases only, every one of them
+    assert (reduced[far(reduced)]["category"] == "phase").all()
+    assert len(reduced) - len(detail) == far(memory.phases).sum() > 0

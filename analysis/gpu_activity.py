@@ -44,13 +44,21 @@ def device_operations(run) -> pd.DataFrame:
             name = "Sync " + _column(t, "kind", "").astype(str)
         start, end = t["start_ns"].astype(np.int64), t["end_ns"].astype(np.int64)
         parts.append(pd.DataFrame({
-            "process": _column(t, "process", "").astype(str), "device": _column(t, "device", 0).fillna(0).astype(int),
-            "stream": _column(t, "stream", 0).fillna(0).astype(int), "kind": kind, "name": name,
+            "process": _column(t, "process", "").astype(str).astype("category"),
+            "device": _column(t, "device", 0).fillna(0).astype(int),
+            "stream": _column(t, "stream", 0).fillna(0).astype(int), "kind": kind, "name": name.astype("category"),
             "start_ns": start, "end_ns": end, "duration_ns": end - start,
             "correlation": _column(t, "correlation", 0).fillna(0).astype(np.int64)}))
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in DEVICE_COLUMNS})
-    return pd.concat(parts, ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
+    # few distinct processes, kinds and names over millions of operations: categoricals keep
+    # every later selection, sort and group a matter of integer codes
+    from pandas.api.types import union_categoricals
+
+    out = pd.DataFrame({c: (union_categoricals([p[c].astype("category") for p in parts], ignore_order=True)
+                            if c in ("process", "kind", "name") else np.concatenate([p[c].to_numpy() for p in parts]))
+                        for c in parts[0].columns})
+    return out.sort_values("start_ns", kind="stable", ignore_index=True)
 
 
 def host_launches(run) -> pd.DataFrame:

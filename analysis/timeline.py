@@ -184,7 +184,7 @@ def _launch_tracks(b: _Builder, calls: pd.DataFrame, pnode: int, base: int) -> N
     cat = b.cat("cuda_runtime")
     for thread, t in calls.groupby("thread", sort=True):
         _nested_track(b, f"CUDA API, thread {thread}", "thread", pnode, pnode, t, base,
-                      [b.name(n) for n in t["name"]], np.full(len(t), cat), t["correlation"].to_numpy())
+                      _ids(b.name, t["name"]), np.full(len(t), cat), t["correlation"].to_numpy())
 
 
 def _gpu_tracks(b: _Builder, ops: pd.DataFrame, pnode: int, base: int) -> None:
@@ -193,8 +193,16 @@ def _gpu_tracks(b: _Builder, ops: pd.DataFrame, pnode: int, base: int) -> None:
         gnode = b.node(f"GPU {dev}", "gpu", pnode, 0, pnode)
         for stream, t in on_dev.groupby("stream", sort=True):
             label = "context (all streams)" if stream < 0 else f"stream {stream}"
-            _nested_track(b, label, "stream", gnode, pnode, t, base, [b.name(n) for n in t["name"]],
-                          [b.cat(k) for k in t["kind"]], t["correlation"].to_numpy())
+            _nested_track(b, label, "stream", gnode, pnode, t, base, _ids(b.name, t["name"]),
+                          _ids(b.cat, t["kind"]), t["correlation"].to_numpy())
+
+
+def _ids(intern, column: pd.Series) -> np.ndarray:
+    """intern(value) of every value, called once per distinct value (millions of kernels,
+    a few hundred names)."""
+    codes, uniques = pd.factorize(column, sort=False)
+    ids = np.array([intern(str(u)) for u in uniques], dtype=np.int64)
+    return ids[codes] if len(ids) else np.zeros(len(codes), dtype=np.int64)
 
 
 def _b64(a: np.ndarray) -> str:

@@ -112,6 +112,7 @@ def _gpu_loads(run, warmup_steps):
     steps = steps.assign(node=steps["process"].map(nodes))
     k = run.kernels
     if len(k):
+        k = k[["process", "device", "name", "start_ns", "end_ns"]]  # (takes of the other columns cost seconds)
         k = k[compute_kernels(k)]
         k = k.assign(node=k["process"].map(nodes))
     util = run.system[run.system["metric"] == "gpu_util"]

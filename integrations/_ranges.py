@@ -63,6 +63,28 @@ class Ranges:
         self._started = {}
 
 
+def call_then(original, record, fail):
+    """A wrapper of one of the tool's functions: ``original(*args, **kwargs)`` first
+    (it may raise: then nothing is recorded), then ``record(args, kwargs, result)``,
+    whose failure turns the integration off (``fail``) and never reaches the job."""
+
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            record(args, kwargs, result)
+        except Exception as exc:  # noqa: BLE001 - never break the job
+            fail(exc)
+        return result
+
+    return wrapper
+
+
+def arg(args, kwargs, index: int, name: str, default=None):
+    """A call's argument by position or keyword (None: the default)."""
+    value = args[index] if len(args) > index else kwargs.get(name)
+    return default if value is None else value
+
+
 def _text(name) -> str:
     return name if type(name) is str else str(name)
 

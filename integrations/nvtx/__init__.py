@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 from stepscope.integrations._base import Instrumentor
-from stepscope.integrations._ranges import Ranges
+from stepscope.integrations._ranges import Ranges, arg, call_then
 
 __all__ = ["instrumentor", "instrument", "uninstrument"]
 
@@ -116,40 +116,24 @@ class NvtxInstrumentor(Instrumentor):
 
     # --- module functions (their signatures: message, color, domain, category, payload) -----
     def _call_then(self, original, record):
-        """original(*args, **kwargs), then record(args, kwargs, result)."""
-        fail = self.fail
-
-        def wrapper(*args, **kwargs):
-            result = original(*args, **kwargs)
-            try:
-                record(args, kwargs, result)
-            except Exception as exc:  # noqa: BLE001 - never break the job
-                fail(exc)
-            return result
-
-        return wrapper
+        return call_then(original, record, self.fail)
 
     def _push_range(self, original):
         return self._call_then(original, lambda a, k, _: self.ranges.push(
-            _arg(a, k, 0, "message", "push_range"), ("nvtx", _arg(a, k, 2, "domain", None))))
+            arg(a, k, 0, "message", "push_range"), ("nvtx", arg(a, k, 2, "domain"))))
 
     def _pop_range(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.pop(("nvtx", _arg(a, k, 0, "domain", None))))
+        return self._call_then(original, lambda a, k, _: self.ranges.pop(("nvtx", arg(a, k, 0, "domain"))))
 
     def _start_range(self, original):
         return self._call_then(original, lambda a, k, range_id: self.ranges.start(
-            _arg(a, k, 0, "message", "start_range"), range_id))
+            arg(a, k, 0, "message", "start_range"), range_id))
 
     def _end_range(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.end(_arg(a, k, 0, "range_id", None)))
+        return self._call_then(original, lambda a, k, _: self.ranges.end(arg(a, k, 0, "range_id")))
 
     def _mark(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.mark(_arg(a, k, 0, "message", "mark")))
-
-
-def _arg(args, kwargs, index, name, default):
-    value = args[index] if len(args) > index else kwargs.get(name)
-    return default if value is None else value
+        return self._call_then(original, lambda a, k, _: self.ranges.mark(arg(a, k, 0, "message", "mark")))
 
 
 def _message(annotation, default):

@@ -15,7 +15,7 @@ its functions raise whatever stepscope does, and stay untouched.
 
 from __future__ import annotations
 
-from stepscope.integrations._ranges import Ranges
+from stepscope.integrations._ranges import Ranges, arg, call_then
 
 # torch's own ranges, entered on every step (torch/optim/optimizer.py,
 # torch/utils/data/dataloader.py, torch/nn/parallel, torch/profiler/profiler.py)
@@ -33,11 +33,12 @@ def install(inst, torch) -> None:
     inst.patch(cls, "__exit__", lambda original: _exit(inst, original))
     nvtx = getattr(torch.cuda, "nvtx", None)
     if nvtx is not None and hasattr(torch._C, "_nvtx"):
-        inst.patch(nvtx, "range_push", lambda original: _push(inst, original))
-        inst.patch(nvtx, "range_pop", lambda original: _pop(inst, original))
-        inst.patch(nvtx, "range_start", lambda original: _start(inst, original))
-        inst.patch(nvtx, "range_end", lambda original: _end(inst, original))
-        inst.patch(nvtx, "mark", lambda original: _mark(inst, original))
+        # (torch.cuda.nvtx.range, the context manager, calls range_push and range_pop)
+        _nvtx(inst, nvtx, "range_push", lambda a, k, _: ranges.push(arg(a, k, 0, "msg", ""), "nvtx"))
+        _nvtx(inst, nvtx, "range_pop", lambda a, k, _: ranges.pop("nvtx"))
+        _nvtx(inst, nvtx, "range_start", lambda a, k, rid: ranges.start(arg(a, k, 0, "msg", ""), ("torch", rid)))
+        _nvtx(inst, nvtx, "range_end", lambda a, k, _: ranges.end(("torch", arg(a, k, 0, "range_id"))))
+        _nvtx(inst, nvtx, "mark", lambda a, k, _: ranges.mark(arg(a, k, 0, "msg", "")))
 
 
 def uninstall() -> None:
@@ -74,61 +75,5 @@ def _exit(inst, original):
     return __exit__
 
 
-def _push(inst, original):
-    def range_push(msg):
-        depth = original(msg)
-        try:
-            ranges.push(msg, "nvtx")
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
-        return depth
-
-    return range_push
-
-
-def _pop(inst, original):
-    def range_pop():
-        depth = original()
-        try:
-            ranges.pop("nvtx")
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
-        return depth
-
-    return range_pop
-
-
-def _start(inst, original):
-    def range_start(msg):
-        range_id = original(msg)
-        try:
-            ranges.start(msg, ("torch.cuda.nvtx", range_id))
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
-        return range_id
-
-    return range_start
-
-
-def _end(inst, original):
-    def range_end(range_id):
-        result = original(range_id)
-        try:
-            ranges.end(("torch.cuda.nvtx", range_id))
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
-        return result
-
-    return range_end
-
-
-def _mark(inst, original):
-    def mark(msg):
-        result = original(msg)
-        try:
-            ranges.mark(msg)
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
-        return result
-
-    return mark
+def _nvtx(inst, owner, name: str, record) -> None:
+    inst.patch(owner, name, lambda original: call_then(original, record, inst.fail))

@@ -30,8 +30,8 @@ Either way one line on stderr, and training goes on.
 
 from __future__ import annotations
 
-import os
 import itertools
+import os
 import re
 import shutil
 import tempfile

@@ -199,8 +199,9 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
     """Per step, the length of the union of its phases (each clipped to its step's end;
     ``row`` -1 for phases outside every step, which cover nothing).
 
-    Clipping makes one running maximum over all rows correct: a step's phases start
-    after the previous step ended, so nothing carries over from one step to the next."""
+    The furthest end so far is taken per step: steps of different processes (or
+    threads) overlap in time, so a running maximum over all rows would carry one
+    process's late ends into the next one's steps and count their gaps as covered."""
     out = np.zeros(len(step_end), dtype=np.int64)
     if len(row) == 0:
         return out
@@ -212,7 +213,7 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
         row, starts, ends, outside = row[order], starts[order], ends[order], outside[order]
     ends = np.minimum(ends, step_end[row])
     np.copyto(ends, starts, where=outside)
-    reach = np.maximum.accumulate(ends)  # furthest end so far
+    reach = pd.Series(ends).groupby(row, sort=False).cummax().to_numpy()  # furthest end so far, per step
     new_block = np.ones(len(row), dtype=bool)
     new_block[1:] = (row[1:] != row[:-1]) | (starts[1:] > reach[:-1])
     del reach

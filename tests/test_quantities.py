@@ -119,3 +119,18 @@ def test_epoch_start_figure_for_persistent_workers(tmp_path):
     kept = _epochs_run(tmp_path, "persistent", "4", "persistent", "2")
     f = _finding(summarize(kept), "GetNextBottleneck")
     assert "epoch_start" not in f["evidence"] and "would remove" not in f["recommendation"]
+
+
+def test_other_counts_each_steps_gaps_when_processes_overlap_in_time():
+    """Two processes' steps at the same times (ranks): a step's covered time is the union of
+    its own phases, never stretched by another process's later phases (the gap between
+    Backward and Optimizer stays Other)."""
+    import numpy as np
+
+    from stepscope.analysis.tables import _covered_per_step
+
+    # rows 0-1: rank 0's steps [0, 100) and [100, 200); row 2: rank 1's step [0, 100) with
+    # phases [0, 10) and [20, 30), which come after rank 0's rows
+    row = np.array([0, 1, 2, 2])
+    starts, ends = np.array([0, 100, 0, 20]), np.array([90, 190, 10, 30])
+    assert _covered_per_step(row, starts, ends, np.array([100, 200, 100])).tolist() == [90, 90, 20]

@@ -86,12 +86,27 @@ def test_sleep_before_training_is_slow_initialization(tmp_path):
     assert s["findings"][0]["evidence"]["initialization_s"] >= 6
 
 
-def test_ddp_straggler_is_named(tmp_path):
+def test_ddp_straggler_is_named(tmp_path, monkeypatch):
     s = run_job(tmp_path, "straggler", torchrun=True)
     assert fired(s) == ["LoadBalancing"], s["findings"]
     (f,) = s["findings"]
     assert f["rank"] == 1 and f["evidence"]["slow_rank"] == 1
     assert 10 <= f["evidence"]["extra_ms_per_step"] <= 30
+    # issue 13: this 2-rank run read as a large one (its Parquet dataset, no events table)
+    # gives every rule's findings and the whole summary exactly as decoded in memory
+    import stepscope
+    from stepscope.analysis import dataset
+    from stepscope.analysis.run import Run
+    from stepscope.analysis.summary import summarize
+
+    path = tmp_path / "runs" / "straggler"
+    memory = summarize(stepscope.load(path, cache=False, quiet=True))
+    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    large = Run(path, dataset=True)
+    assert large.large and memory["ranks"] == 2
+    assert json.dumps(summarize(large), sort_keys=True, default=str) == json.dumps(memory, sort_keys=True,
+                                                                                   default=str)
+    assert "events" not in large._tables
 
 
 def test_param_parsing_errors_are_clear():

@@ -147,3 +147,31 @@ def test_uninstrument_puts_record_function_back():
     assert (profiler.record_function.__enter__, profiler.record_function.__exit__) == before
     if was_on:
         st_torch.instrumentor.ensure()
+
+
+def test_a_forked_child_closes_none_of_its_parents_ranges(tmp_path):
+    """The child leaves the parent's with blocks too: the ranges open at the fork are the
+    parent's alone (recorded once, in the parent's folder)."""
+    script = tmp_path / "fork.py"
+    script.write_text(
+        "import os, time, nvtx, torch\n"
+        "with nvtx.annotate('outer'), torch.profiler.record_function('outer_rf'):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(0.01)\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('done')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="fork")
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr[-2000:]
+    run = stepscope.load(tmp_path / "runs" / "fork", quiet=True)
+    ann = _annotations(run)
+    procs = run.processes
+    (parent,) = procs.loc[procs["parent"].isna(), "process"].astype(str)
+    assert len(procs) == 2  # the child has a folder of its own
+    assert ann.groupby(["process", "name"], observed=True).size().to_dict() == {(parent, "outer"): 1,
+                                                                              (parent, "outer_rf"): 1}

@@ -22,6 +22,7 @@ The ``Domain`` object API (Cython methods) is not patched.
 from __future__ import annotations
 
 import functools
+import os
 
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._ranges import Ranges, arg, call_then
@@ -40,6 +41,7 @@ class NvtxInstrumentor(Instrumentor):
     def __init__(self):
         super().__init__()
         self.ranges = Ranges()
+        self.fork_hook = False
 
     def _instrument(self) -> None:
         import nvtx
@@ -47,6 +49,9 @@ class NvtxInstrumentor(Instrumentor):
 
         if not api.enabled():
             return  # NVTX_DISABLE: the package's stand-ins keep no message
+        if hasattr(os, "register_at_fork") and not self.fork_hook:  # cannot be unregistered: once
+            os.register_at_fork(after_in_child=self.ranges.clear)  # a child inherits no open range
+            self.fork_hook = True
         cls = api.annotate
         self.patch(cls, "__enter__", self._enter)
         self.patch(cls, "__exit__", self._exit)

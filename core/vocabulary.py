@@ -55,6 +55,8 @@ def pack_op_arg(seq: int, index: int, phase: "str | None" = None) -> int:
     return ((seq + 1) & 0xFFFFFFFF if seq >= 0 else 0) | (index & OP_INDEX_MASK) << 32 | hint << 59
 
 
+#: The framework span the PyTorch integration records for each operator window.
+TORCH_OP_WINDOW = "stepscope.op_window"
 #: The framework span the Keras integration records for each sampled profiler window.
 KERAS_PROFILER_WINDOW = "stepscope.profiler_window"
 

@@ -120,25 +120,22 @@ class NvtxInstrumentor(Instrumentor):
         return __call__
 
     # --- module functions (their signatures: message, color, domain, category, payload) -----
-    def _call_then(self, original, record):
-        return call_then(original, record, self.fail)
-
     def _push_range(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.push(
-            arg(a, k, 0, "message", "push_range"), ("nvtx", arg(a, k, 2, "domain"))))
+        return call_then(original, lambda a, k, _: self.ranges.push(
+            arg(a, k, 0, "message", "push_range"), ("nvtx", arg(a, k, 2, "domain"))), self.fail)
 
     def _pop_range(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.pop(("nvtx", arg(a, k, 0, "domain"))))
+        return call_then(original, lambda a, k, _: self.ranges.pop(("nvtx", arg(a, k, 0, "domain"))), self.fail)
 
     def _start_range(self, original):
-        return self._call_then(original, lambda a, k, range_id: self.ranges.start(
-            arg(a, k, 0, "message", "start_range"), range_id))
+        return call_then(original, lambda a, k, range_id: self.ranges.start(
+            arg(a, k, 0, "message", "start_range"), range_id), self.fail)
 
     def _end_range(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.end(arg(a, k, 0, "range_id")))
+        return call_then(original, lambda a, k, _: self.ranges.end(arg(a, k, 0, "range_id")), self.fail)
 
     def _mark(self, original):
-        return self._call_then(original, lambda a, k, _: self.ranges.mark(arg(a, k, 0, "message", "mark")))
+        return call_then(original, lambda a, k, _: self.ranges.mark(arg(a, k, 0, "message", "mark")), self.fail)
 
 
 def _message(annotation, default):

@@ -3,8 +3,9 @@ user's code, recorded as annotations (``integrations/_ranges.py``).
 
 ``record_function`` is patched at its ``__enter__``/``__exit__``, so the context
 manager and the decorator (which re-enters the same object) are both seen;
-dynamo treats the class as a profiler context and never runs them, TorchScript
-compiles the original source (the wrappers carry ``__wrapped__``). torch wraps
+dynamo treats the class as a profiler context and never runs them, and
+``torch.jit.script`` still compiles the class (the corpus scripts, saves and
+reloads a model with a range where stepscope is absent). torch wraps
 some of its own calls in ``record_function`` on every step (optimizer step and
 zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps): those
 duplicate stepscope's phases and are passed over by name.

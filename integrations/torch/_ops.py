@@ -47,12 +47,12 @@ from typing import List, Optional, Tuple
 
 from stepscope.core import _native, gpu, safety
 from stepscope.core.quiet import native_logs_dropped
-from stepscope.core.vocabulary import pack_op_arg
+from stepscope.core.vocabulary import TORCH_OP_WINDOW, pack_op_arg
 from stepscope.integrations._steps import StepTracker
 
 OP = _native.CATEGORIES.index("op")
 FRAMEWORK = _native.CATEGORIES.index("framework")
-WINDOW_NAME = _native.intern("stepscope.op_window")
+WINDOW_NAME = _native.intern(TORCH_OP_WINDOW)
 SYNC_NAME = "aten::neg"  # the clock markers: tiny ops the window runs first and last
 SYNC_OPS = 4
 NEVER = 1 << 62

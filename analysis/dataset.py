@@ -33,7 +33,9 @@ import pandas as pd
 PARTITION = "process"
 COLUMNS_KEY = b"stepscope.columns"
 ROW_GROUP = 1 << 20
-DERIVED = ("steps", "phases", "system", "kernels", "memcpy", "memset", "sync", "cuda_api")
+DERIVED = ("steps", "phases", "system", "kernels", "memcpy", "memset", "sync", "cuda_api",
+           # analysis/kernel_steps.py: what the GPU rules read instead of the kernels
+           "kernel_steps", "kernel_phases", "kernel_names")
 # Python stack samples (analysis/samples.py) as recorded: each process's stack ids are its own
 PY_TABLES = ("pysamples", "pystacks")
 TABLES = ("events", *DERIVED, *PY_TABLES)
@@ -81,7 +83,7 @@ def build_process(folder: str, root: str) -> dict:
     warnings, extent). A trace over ``PART_BYTES`` is decoded a part at a time: its
     events go to one file per part, and the derived tables are built from the step,
     phase and system events kept from every part."""
-    from stepscope.analysis import gpu, samples, tables
+    from stepscope.analysis import gpu, kernel_steps, samples, tables
     from stepscope.analysis.reader import _start_order, events_frame, read_process
     from stepscope.analysis.system import system_frame
 
@@ -138,6 +140,7 @@ def build_process(folder: str, root: str) -> dict:
         .sort_values("start_ns", kind="stable", ignore_index=True)
     del gpu_parts
     out.update(gpu.gpu_tables(gpu_raw, steps, phases))
+    out.update(kernel_steps.aggregate(out["kernels"]))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
     del gpu_raw, py_raw
     for table in TABLES[1:]:
@@ -332,7 +335,7 @@ LARGE_EVENTS = 1_000_000
 @functools.lru_cache(maxsize=None)
 def _empty_tables() -> Dict[str, pd.DataFrame]:
     """Each table with no rows, as the in-memory builders make it (same columns and dtypes)."""
-    from stepscope.analysis import gpu, tables
+    from stepscope.analysis import gpu, kernel_steps, tables
     from stepscope.analysis.reader import _empty_events
     from stepscope.analysis.system import system_frame
 
@@ -340,7 +343,19 @@ def _empty_tables() -> Dict[str, pd.DataFrame]:
     steps, phases = tables.steps_and_phases(events)
     out = {"events": events, "steps": steps, "phases": phases, "system": system_frame(events)}
     out.update(gpu.gpu_tables(gpu.empty_raw(), steps, phases))
+    out.update(kernel_steps.aggregate(out["kernels"]))
     return out
+
+
+def overlapping(during):
+    """The scan filter for rows overlapping one of the times [(start_ns, end_ns)]."""
+    import pyarrow.dataset as ds
+
+    overlap = None
+    for t0, t1 in during:
+        c = (ds.field("start_ns") < int(t1)) & (ds.field("end_ns") > int(t0))
+        overlap = c if overlap is None else (overlap | c)
+    return overlap
 
 
 class Dataset:
@@ -374,11 +389,7 @@ class Dataset:
         if during is not None:
             if not len(during):
                 return self._empty("events", columns)
-            overlap = None
-            for t0, t1 in during:
-                c = (ds.field("start_ns") < int(t1)) & (ds.field("end_ns") > int(t0))
-                overlap = c if overlap is None else (overlap | c)
-            conditions.append(overlap)
+            conditions.append(overlapping(during))
         expr = None
         for c in conditions:
             expr = c if expr is None else (expr & c)

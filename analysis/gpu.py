@@ -50,7 +50,7 @@ MEMCPY_COLUMNS = ["process", "rank", "pid", "device", "stream", "kind", "bytes",
 MEMSET_COLUMNS = ["process", "rank", "pid", "device", "stream", "bytes", "memory", "start_ns", "end_ns",
                   "duration_ns", "correlation", *_ATTRIBUTION, "launch_latency_ns"]
 SYNC_COLUMNS = ["process", "rank", "pid", "device", "stream", "kind", "start_ns", "end_ns", "duration_ns",
-                "correlation", *_ATTRIBUTION]
+                "correlation", *_ATTRIBUTION, "gpu_idle_after_ns"]
 API_COLUMNS = ["process", "rank", "pid", "api", "thread", "name", "start_ns", "end_ns", "duration_ns",
                "correlation", "mode", "step", "phase"]
 
@@ -291,6 +291,33 @@ def _with_launch(part: pd.DataFrame, api: pd.DataFrame, steps, phases, own_time:
     return out
 
 
+def idle_after(sync: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
+    """Per sync, the GPU time lost to it: from its end (the GPU has drained) to the start
+    of the process's next kernel. Syncs with no kernel between them share one gap: it
+    goes to the first of them to end, the others get 0."""
+    out = np.zeros(len(sync), dtype=np.int64)
+    if not len(sync) or not len(kernels):
+        return out
+    for process in pd.unique(sync["process"]):
+        rows = np.flatnonzero((sync["process"] == process).to_numpy())
+        mine = kernels["process"] == process
+        if not mine.any():
+            continue
+        starts = np.sort(kernels["start_ns"].to_numpy(dtype=np.int64)[mine.to_numpy()])
+        ends = sync["end_ns"].to_numpy(dtype=np.int64)[rows]
+        nxt = np.searchsorted(starts, ends, side="left")
+        keep = np.flatnonzero(nxt < len(starts))
+        if not len(keep):
+            continue
+        # the first sync (by end) before each next kernel carries the gap
+        order = keep[np.lexsort((ends[keep], nxt[keep]))]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = nxt[order][1:] != nxt[order][:-1]
+        at = order[first]
+        out[rows[at]] = np.clip(starts[nxt[at]] - ends[at], 0, None)
+    return out
+
+
 def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> dict:
     """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records."""
     # Repeated strings as categories: row selections of millions of records stay cheap
@@ -326,6 +353,7 @@ def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> 
     y = _with_launch(raw[raw["type"] == 3], launches, steps, phases, own_time=True, timeline=timeline)
     y["kind"] = y["sub"].map(SYNC_TYPES).fillna("unknown")
     y["stream"] = y["stream"].where(y["stream"] != CONTEXT_STREAM, -1)
+    y["gpu_idle_after_ns"] = idle_after(y, k)
     out["sync"] = y[SYNC_COLUMNS].reset_index(drop=True)
 
     a = raw[raw["type"] >= 4].copy()

@@ -13,9 +13,10 @@ DEVICE_COLUMNS = ["process", "device", "stream", "kind", "name", "start_ns", "en
 LAUNCH_COLUMNS = ["process", "thread", "name", "start_ns", "end_ns", "correlation"]
 
 
-def _table(run, name: str) -> pd.DataFrame:
+def _table(run, name: str, during=None) -> pd.DataFrame:
     try:
-        frame = getattr(run, name)
+        # a time selection reads only those rows of a large run's dataset
+        frame = getattr(run, name) if during is None else run.gpu_select(name, during)
     except Exception:  # noqa: BLE001 - a table this build does not have, or cannot build
         return pd.DataFrame()
     return frame if isinstance(frame, pd.DataFrame) else pd.DataFrame()
@@ -27,11 +28,18 @@ def _column(frame: pd.DataFrame, name: str, default) -> pd.Series:
     return pd.Series([default] * len(frame), index=frame.index)
 
 
-def device_operations(run) -> pd.DataFrame:
-    """Every operation that ran on a GPU, with kind kernel / memcpy / memset / sync."""
+KINDS = {"kernels": "kernel", "memcpy": "memcpy", "memset": "memset", "sync": "sync"}
+
+
+def device_operations(run, kinds=tuple(KINDS.values()), during=None) -> pd.DataFrame:
+    """Every operation that ran on a GPU, with kind kernel / memcpy / memset / sync
+    (``kinds``: only these); ``during``: only those overlapping one of these times
+    ([(start_ns, end_ns)])."""
     parts = []
-    for table, kind in (("kernels", "kernel"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")):
-        t = _table(run, table)
+    for table, kind in KINDS.items():
+        if kind not in kinds:
+            continue
+        t = _table(run, table, during)
         if t.empty or "start_ns" not in t.columns or "end_ns" not in t.columns:
             continue
         if kind == "kernel":
@@ -61,9 +69,9 @@ def device_operations(run) -> pd.DataFrame:
     return out.sort_values("start_ns", kind="stable", ignore_index=True)
 
 
-def host_launches(run) -> pd.DataFrame:
+def host_launches(run, during=None) -> pd.DataFrame:
     """CUDA runtime/driver calls on the host (cudaLaunchKernel, cudaMemcpyAsync, ...)."""
-    t = _table(run, "cuda_api")
+    t = _table(run, "cuda_api", during)
     if t.empty or "start_ns" not in t.columns:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in LAUNCH_COLUMNS})
     return pd.DataFrame({

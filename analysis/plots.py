@@ -262,28 +262,32 @@ def gpu_section(run, esc):
 
     from stepscope.analysis.gpu_activity import busy_ns, device_operations
 
-    ops = device_operations(run)
-    kernels = ops[ops["kind"] == "kernel"]
-    if kernels.empty:
+    # kernels from their aggregates (a large run's kernels are never held); copies, memsets, syncs are few
+    names = run.kernel_names
+    if not len(names):
         return None
+    ops = device_operations(run, kinds=("memcpy", "memset", "sync"))
+    per_step = run.kernel_steps
     ev = run.extents()
-    t0 = min(int(ev["start_ns"].min()) if len(ev) else ops["start_ns"].min(), int(ops["start_ns"].min()))
-    t1 = max(int(ev["end_ns"].max()) if len(ev) else ops["end_ns"].max(), int(ops["end_ns"].max()))
+    t0, t1 = (int(ev["start_ns"].min()), int(ev["end_ns"].max())) if len(ev) else (None, None)
+    if len(ops):
+        t0 = min(t0 if t0 is not None else 2**63, int(ops["start_ns"].min()))
+        t1 = max(t1 if t1 is not None else 0, int(ops["end_ns"].max()))
+    t0, t1 = (t0, t1) if t0 is not None else (0, 1)
     wall = max(t1 - t0, 1)
     rows = []
-    for device, d in ops.groupby("device", sort=True):
-        k = d[d["kind"] == "kernel"]
-        busy = busy_ns(k["start_ns"].to_numpy(), k["end_ns"].to_numpy())
-        rows.append((f"GPU {device} active (kernels running)",
-                     f"{busy / 1e9:.3f} s of {wall / 1e9:.3f} s ({100 * busy / wall:.1f}%), {len(k):,} kernels"))
+    for device, d in names.groupby("device", sort=True):
+        busy = int(per_step.loc[per_step["device"] == device, "busy_ns"].sum())
+        rows.append((f"GPU {device} computing (compute kernels running; NCCL left out)",
+                     f"{busy / 1e9:.3f} s of {wall / 1e9:.3f} s ({100 * busy / wall:.1f}%), "
+                     f"{int(d['kernels'].sum()):,} kernels"))
     phases = run.phases
     if len(phases):
         cpu = busy_ns(phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy())
         rows.append(("CPU active (inside a phase)", f"{cpu / 1e9:.3f} s ({100 * cpu / wall:.1f}%)"))
     head = "<table>" + "".join(f"<tr><th>{esc(a)}</th><td>{esc(b)}</td></tr>" for a, b in rows) + "</table>"
     figs = []
-    by_name = kernels.groupby("name").agg(time_ms=("duration_ns", lambda x: x.sum() / 1e6),
-                                          launches=("duration_ns", "size"))
+    by_name = names.groupby("name").agg(time_ms=("kernel_ns", lambda x: x.sum() / 1e6), launches=("kernels", "sum"))
     for column, title, unit, fmt in (("time_ms", "Kernel time, top 15", "ms", ",.1f"),
                                      ("launches", "Kernel launches, top 15", "launches", ",.0f")):
         top = by_name.nlargest(TOP_KERNELS, column).iloc[::-1]
@@ -293,12 +297,12 @@ def gpu_section(run, esc):
         fig.update_layout(title=f"{title} (all {len(by_name)} kernels: {all_:{fmt}} {unit})", xaxis_title=unit,
                           height=220 + 22 * len(top), margin={"l": 320})
         figs.append(fig)
-    if "precision" in run.kernels.columns:
-        prec = run.kernels.groupby(run.kernels["precision"].astype(str))["duration_ns"].sum() / 1e6
-        fig = go.Figure(go.Pie(labels=list(prec.index), values=_r(prec.to_numpy()), hole=0.4))
-        fig.update_layout(title="Kernel precision (share of kernel time)")
-        figs.append(fig)
-    activity = ops.groupby("kind")["duration_ns"].sum() / 1e6
+    prec = names.groupby(names["precision"].astype(str))["kernel_ns"].sum() / 1e6
+    fig = go.Figure(go.Pie(labels=list(prec.index), values=_r(prec.to_numpy()), hole=0.4))
+    fig.update_layout(title="Kernel precision (share of kernel time)")
+    figs.append(fig)
+    activity = pd.concat([pd.Series({"kernel": names["kernel_ns"].sum() / 1e6}),
+                          ops.groupby("kind", observed=True)["duration_ns"].sum() / 1e6])
     labels = {"kernel": "kernels", "memcpy": "memcpy", "memset": "memset", "sync": "sync"}
     fig = go.Figure(go.Pie(labels=[labels.get(k, k) for k in activity.index], values=_r(activity.to_numpy()),
                            hole=0.4))

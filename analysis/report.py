@@ -123,7 +123,7 @@ def _timeline_note(run: Run, meta: dict) -> str:
             f"coverage bars of {meta['overview_quantum_ns'] / 1e6:g} ms" if meta["overview_quantum_ns"] else
             "every span") + (" (how many spans, how busy)" if merged else "")
     if large:
-        rest = f"its phases only: {rest}"
+        rest = f"its phases only (no GPU operations): {rest}"
     detail = (f"; within them, spans shorter than {meta['detail_quantum_ns'] / 1e3:g} µs are merged too"
               if meta["detail_quantum_ns"] else "")
     size = "This run is large" if large else f"This run has {meta['spans']:,} spans"

@@ -28,7 +28,8 @@ from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_fram
 from stepscope.core import runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
-CACHE_VERSION = 4  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples
+CACHE_VERSION = 5  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
+# 5: kernels aggregated per step (analysis/kernel_steps.py), syncs' GPU idle time after them
 # Traces larger than this (about 8 M events) are read through the run's Parquet dataset, a process
 # and a part at a time (analysis/dataset.py): the first load decodes into it, later ones only read it
 LARGE_BYTES = 64 << 20
@@ -202,6 +203,56 @@ class Run:
             self.events  # decodes the traces (or reads the cache), GPU records included
             self._tables.update(gpu.gpu_tables(self._gpu_raw, self.steps, self.phases))
         return self._tables[name]
+
+    def _kernel_aggregate(self, name: str) -> pd.DataFrame:
+        if name not in self._tables:
+            from stepscope.analysis import kernel_steps
+
+            if self._data is not None:
+                self._tables[name] = self._data.table(name)
+            else:
+                self._tables.update(kernel_steps.aggregate(self.kernels))
+        return self._tables[name]
+
+    @property
+    def kernel_steps(self) -> pd.DataFrame:
+        """Compute kernels per (process, device, step): count, time, busy time, gaps and
+        launch gaps (analysis/kernel_steps.py). A large run reads it without its kernels."""
+        return self._kernel_aggregate("kernel_steps")
+
+    @property
+    def kernel_phases(self) -> pd.DataFrame:
+        """``kernel_steps``' additive figures split by the phase that launched the kernels."""
+        return self._kernel_aggregate("kernel_phases")
+
+    @property
+    def kernel_names(self) -> pd.DataFrame:
+        """Every kernel's count and time per (process, device, mode, name)."""
+        return self._kernel_aggregate("kernel_names")
+
+    def gpu_select(self, table: str, during=None, columns=None) -> pd.DataFrame:
+        """A GPU table's rows overlapping one of the times in ``during`` ([(start_ns,
+        end_ns)], None: all), without building the table of a large run."""
+        if self.large and table not in self._tables and during is not None:
+            from stepscope.analysis.dataset import overlapping
+
+            if not len(during):
+                return self._data.table(table, columns=columns).iloc[:0]
+            return self._data.table(table, filter=overlapping(during), columns=columns)
+        frame = getattr(self, table)
+        if during is not None:
+            start, end = frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy()
+            near = np.zeros(len(frame), dtype=bool)
+            for t0, t1 in during:
+                near |= (start < t1) & (end > t0)
+            frame = frame[near]
+        return frame if columns is None else frame[[c for c in columns if c in frame.columns]]
+
+    def rows(self, table: str) -> int:
+        """Rows of a table, without building it when the run's dataset knows the count."""
+        if table not in self._tables and self._data is not None:
+            return sum(int(e.get("rows", {}).get(table, 0)) for e in self._data.entries)
+        return len(getattr(self, table))
 
     @property
     def kernels(self) -> pd.DataFrame:

@@ -240,8 +240,13 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     ops = getattr(run, "ops", ())  # the steps of operator windows show their ops in detail
     sampled = ops.loc[ops["step"] >= 0, ["mode", "step"]].drop_duplicates().itertuples(index=False) if len(ops) else ()
     chosen = choose_steps(steps, findings, steps_asked, sampled)
-    ev = _large_run_events(run, steps, chosen) if getattr(run, "large", False) else run.events
-    kernels, launches = device_operations(run), host_launches(run)
+    if getattr(run, "large", False):  # GPU rows too: only the chosen steps' operations are read
+        windows = _detail_windows(steps, chosen)
+        ev = _large_run_events(run, windows)
+        kernels, launches = device_operations(run, during=windows), host_launches(run, during=windows)
+    else:
+        ev = run.events
+        kernels, launches = device_operations(run), host_launches(run)
     if not len(ev) and not len(steps):
         return None
     starts = [int(ev["start_ns"].min())] if len(ev) else []
@@ -297,16 +302,20 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     return {"meta": meta, "arrays": arrays}
 
 
-def _large_run_events(run, steps: pd.DataFrame, chosen: list) -> pd.DataFrame:
+def _detail_windows(steps: pd.DataFrame, chosen: list) -> list:
+    """[(start_ns, end_ns)] of the chosen steps, overlapping ones joined."""
+    keys = {(str(c["mode"]), int(c["step"])) for c in chosen}
+    mine = np.array([(str(m), int(k)) in keys for m, k in zip(steps["mode"], steps["step"])], dtype=bool)
+    return _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
+
+
+def _large_run_events(run, windows: list) -> pd.DataFrame:
     """A large run's spans for the timeline, without its events table: every span of
     the chosen steps (the time filter pushed into the dataset's scan), and elsewhere
     the phases only (from the phases table): the coverage bars of the rest of the
-    run show where phases ran, not every annotation, module or op."""
+    run show where phases ran, not every annotation, module, op or GPU operation."""
     from stepscope.core.vocabulary import EVENT_KINDS
 
-    keys = {(str(c["mode"]), int(c["step"])) for c in chosen}
-    mine = np.array([(str(m), int(k)) in keys for m, k in zip(steps["mode"], steps["step"])], dtype=bool)
-    windows = _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
     columns = ["process", "tid", "kind", "category", "name", "start_ns", "end_ns", "arg"]
     detail = run.select(kinds=["span"], during=windows, columns=columns)
     ph = run.phases

@@ -156,14 +156,18 @@ def main():
     p.add_argument("--hours", type=float, default=1.0, help="length of the synthetic run")
     p.add_argument("--keep", help="write the run here and keep it (default: a temporary folder)")
     p.add_argument("--no-report", action="store_true")
+    p.add_argument("--run", help="time the analysis of this run (one --keep wrote earlier) instead of writing one")
     args = p.parse_args()
-    tmp = None if args.keep else tempfile.TemporaryDirectory()
-    root = args.keep or tmp.name
-    t = time.perf_counter()
-    path, written, dropped, size, steps, kernels = write_run(root, args.events, args.ranks, args.hours)
-    print(f"wrote {written:,} records ({dropped:,} dropped) over {args.ranks} ranks in {time.perf_counter() - t:.0f} s: "
-          f"{steps:,} steps of 50 ms per rank, {kernels} kernels per step, {size / 2**20:,.0f} MiB of traces "
-          f"({size / max(written, 1):.2f} bytes/record)", flush=True)
+    tmp = None if args.keep or args.run else tempfile.TemporaryDirectory()
+    root = args.keep or (os.path.dirname(os.path.abspath(args.run)) if args.run else tmp.name)
+    if args.run:
+        path, written = args.run, 0
+    else:
+        t = time.perf_counter()
+        path, written, dropped, size, steps, kernels = write_run(root, args.events, args.ranks, args.hours)
+        print(f"wrote {written:,} records ({dropped:,} dropped) over {args.ranks} ranks in "
+              f"{time.perf_counter() - t:.0f} s: {steps:,} steps of 50 ms per rank, {kernels} kernels per step, "
+              f"{size / 2**20:,.0f} MiB of traces ({size / max(written, 1):.2f} bytes/record)", flush=True)
     summary = [sys.executable, "-m", "stepscope", "summary", "--json", path]
     rows = [("summary, every rule (first: builds the dataset)", measure(summary)),
             ("summary, every rule (cached dataset)", measure(summary))]
@@ -173,7 +177,8 @@ def main():
     s = json.loads(rows[0][1]["stdout"])
     print(f"summary: {s['steps']['train']['count']:,} train steps, ranks {s['ranks']}, "
           f"findings {[f['rule'] for f in s['findings']]}")
-    print(f"\n| {written / 1e6:,.0f} M records, {args.ranks} ranks | wall | peak memory (process tree) |")
+    what = f"{written / 1e6:,.0f} M records, {args.ranks} ranks" if written else os.path.basename(path)
+    print(f"\n| {what} | wall | peak memory (process tree) |")
     print("| --- | ---: | ---: |")
     for label, m in rows:
         print(f"| {label} | {m['wall_s']:.1f} s | {m['peak_mib']:,.0f} MiB |")

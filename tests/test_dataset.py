@@ -20,7 +20,8 @@ from stepscope.analysis.run import GPU_TABLES, Run  # noqa: E402
 from stepscope.analysis.summary import summarize  # noqa: E402
 from stepscope.core.vocabulary import CACHE_DIR, TRACE_FILE  # noqa: E402
 
-TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, "ops", "samples", "stacks")
+TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, "kernel_steps", "kernel_phases", "kernel_names", "ops",
+          "samples", "stacks")
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +49,20 @@ def _copy(src, tmp_path, name):
 
 
 class _EventsTrap(Run):
-    """Fails when analysis builds the events table of a large run."""
+    """Fails when analysis builds the events or kernels table of a large run (the GPU
+    rules read the kernels aggregated per step)."""
 
     @property
     def events(self):
         if self.large:
             raise AssertionError("the events table of a large run was built")
         return super().events
+
+    @property
+    def kernels(self):
+        if self.large:
+            raise AssertionError("the kernels table of a large run was built")
+        return super().kernels
 
 
 def _same(a: Run, b: Run):
@@ -160,6 +168,32 @@ def test_a_damaged_trace_keeps_what_is_readable(worker_run, tmp_path):
     assert through.warnings == memory.warnings
 
 
+def test_the_report_of_a_large_gpu_run_holds_no_kernels(gpu_run, tmp_path, monkeypatch):
+    """Issue 13: the GPU section of a large run's report comes from the kernels aggregated
+    per step, and its timeline's GPU rows read only the chosen steps' operations."""
+    from stepscope.analysis import timeline
+    from stepscope.analysis.gpu_activity import device_operations
+    from stepscope.analysis.report import render
+
+    path = _copy(gpu_run, tmp_path, "run")
+    memory = stepscope.load(path, cache=False)
+    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    large = _EventsTrap(path, dataset=True)
+    page = render(large)
+    assert "GPU 0 computing" in page and "13 kernels" in page
+    assert not {"events", "kernels", "cuda_api"} & set(large._tables)
+    data = timeline.timeline_data(large)
+    windows = timeline._detail_windows(large.steps, data["meta"]["detail_steps"])
+    assert 0 < len(windows) < len(large.steps)
+    got = device_operations(large, during=windows)
+    k = memory.kernels
+    inside = np.zeros(len(k), dtype=bool)
+    for t0, t1 in windows:
+        inside |= (k["start_ns"] < t1).to_numpy() & (k["end_ns"] > t0).to_numpy()
+    assert 0 < inside.sum() < len(k)
+    assert sorted(got.loc[got["kind"] == "kernel", "start_ns"]) == sorted(k.loc[inside, "start_ns"])
+
+
 def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_path, monkeypatch):
     """Issue 13: the report of a large run never builds its events table. Its timeline keeps every
     span of the steps chosen for meaning (read with a time filter pushed into the scan), the
@@ -177,7 +211,7 @@ def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_p
     a, b = timeline.timeline_data(memory), timeline.timeline_data(large)
     assert a["meta"]["detail_steps"] == b["meta"]["detail_steps"] and b["meta"]["phases_only_outside_detail"]
     chosen = b["meta"]["detail_steps"]
-    reduced = timeline._large_run_events(large, large.steps, chosen)
+    reduced = timeline._large_run_events(large, timeline._detail_windows(large.steps, chosen))
     keys = {(c["mode"], c["step"]) for c in chosen}
     steps = memory.steps
     mine = [(m, s) in keys for m, s in zip(steps["mode"], steps["step"])]

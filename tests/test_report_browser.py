@@ -340,7 +340,7 @@ def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, tmp_path):
     p = Page(browser, out)
     page = p.page
     gpu = page.locator("#gpu")
-    assert gpu.count() == 1 and "GPU 0 active" in gpu.inner_text() and f"{n:,} kernels" in gpu.inner_text()
+    assert gpu.count() == 1 and "GPU 0 computing" in gpu.inner_text() and f"{n:,} kernels" in gpu.inner_text()
     order = p.js("[...document.querySelectorAll('section')].map(s => s.id)")
     # (the Python stack sampler's flame section, before the timeline, when its samples landed in steps)
     order = [s for s in order if s != "flame"]

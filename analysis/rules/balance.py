@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import compute_kernels, node_of, train_steps, union_busy_ns
+from stepscope.analysis.rules.gpudata import node_of, train_steps
 
 
 class LoadBalancing(Rule):
     name = "LoadBalancing"
     summary = ("One rank does more work per step and the others wait for it in the gradient all-reduce; or the "
                "GPUs of one node are unevenly busy (compute kernels from the trace, NCCL kernels left out, else "
-               "NVML utilization), naming the busiest and the idlest GPU.")
+               "NVML utilization), naming the busiest and the idlest GPU. A GPU's busy share is the busy time of "
+               "its compute kernels in the steps (any mode) within the node's train loop, over the loop's length.")
     params = {
         "threshold_ratio": Param(0.10, "ratio", "fire when the slow rank's extra work per step exceeds this "
                                                 "share of the median step time..."),
@@ -94,8 +95,8 @@ class LoadBalancing(Rule):
 
 
 def _multi_gpu(run) -> bool:
-    k = run.kernels
-    if len(k) and (k.groupby("process")["device"].nunique().max() > 1 or k["process"].nunique() > 1):
+    k = run.kernel_names
+    if len(k) and (k.groupby("process", observed=True)["device"].nunique().max() > 1 or k["process"].nunique() > 1):
         return True
     util = run.system[run.system["metric"] == "gpu_util"]
     return bool(len(util)) and util.groupby("node")["device"].nunique().max() > 1
@@ -103,32 +104,32 @@ def _multi_gpu(run) -> bool:
 
 def _gpu_loads(run, warmup_steps):
     """Per node with two or more GPUs measured: (node, source, {gpu: busy %}, {gpu: rank}).
-    Compute kernels (union of their intervals over the node's loop) where traced, as they
-    tell real work from waiting in NCCL; NVML utilization means otherwise."""
+    Compute kernels (their busy time in the steps of the node's loop) where traced, as
+    they tell real work from waiting in NCCL; NVML utilization means otherwise."""
     steps = train_steps(run, warmup_steps)
     if steps.empty:
         return []
     nodes = node_of(run)
     steps = steps.assign(node=steps["process"].map(nodes))
-    k = run.kernels
-    if len(k):
-        k = k[["process", "device", "name", "start_ns", "end_ns"]]  # (takes of the other columns cost seconds)
-        k = k[compute_kernels(k)]
+    k = run.kernel_steps
+    if len(k):  # each step's kernels with the step's time
+        spans = run.steps[["process", "mode", "step", "start_ns", "end_ns"]]
+        k = k[["process", "device", "mode", "step", "busy_ns"]].astype({"process": str, "mode": str}).merge(
+            spans.astype({"process": str, "mode": str}), on=["process", "mode", "step"])
         k = k.assign(node=k["process"].map(nodes))
     util = run.system[run.system["metric"] == "gpu_util"]
     out = []
     for node, s in steps.groupby("node", sort=True):
         t0, t1 = int(s["start_ns"].min()), int(s["end_ns"].max())
         ranks = dict(zip(s["process"], s["rank"]))
-        kn = k[(k["node"] == node) & (k["end_ns"] > t0) & (k["start_ns"] < t1)] if len(k) else k
+        kn = k[(k["node"] == node) & (k["start_ns"] >= t0) & (k["end_ns"] <= t1)] if len(k) else k
         if len(kn) and len(kn.groupby(["process", "device"])) > 1:
             label = kn["process"].astype(str) + ":" + kn["device"].astype(str)
             pairs = kn[["process", "device"]].drop_duplicates()
             several = pairs["process"].nunique() > 1
             names = {f"{p}:{d}": (f"GPU {d} of {rank_label(ranks.get(p), p)}" if several else f"gpu{d}")
                      for p, d in zip(pairs["process"], pairs["device"])}
-            busy = union_busy_ns(label.to_numpy(), kn["start_ns"].clip(t0, t1).to_numpy(),
-                                 kn["end_ns"].clip(t0, t1).to_numpy())
+            busy = kn["busy_ns"].groupby(label.to_numpy()).sum()
             loads = {names[g]: 100 * float(v) / (t1 - t0) for g, v in busy.items()}
             owners = {names[g]: clean_rank(ranks.get(g.rsplit(":", 1)[0])) for g in busy.index}
             out.append((node, "kernels", loads, owners))

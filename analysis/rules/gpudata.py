@@ -14,7 +14,7 @@ def no_gpu_reason(run, need: str) -> Optional[str]:
 
     need: "metrics" (NVML samples in the system table) or "trace" (CUPTI kernels).
     """
-    has = (run.system["metric"] == "gpu_util").any() if need == "metrics" else not run.kernels.empty
+    has = (run.system["metric"] == "gpu_util").any() if need == "metrics" else run.rows("kernels") > 0
     if has:
         return None
     if any(" GPU: no NVIDIA driver here" in n or n.startswith("GPU: no NVIDIA driver") for n in run.notes):
@@ -54,8 +54,3 @@ def union_busy_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> pd.S
     covered = np.clip(e - np.maximum(s, reach), 0, None)
     return pd.Series(covered, index=g).groupby(level=0, sort=False).sum()
 
-
-def compute_kernels(kernels: pd.DataFrame) -> pd.Series:
-    """Kernels that compute, not NCCL communication: a GPU waiting for its peers in an
-    all-reduce runs a NCCL kernel the whole time, which is not work."""
-    return ~kernels["name"].astype(str).str.contains("nccl", case=False, regex=False)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
 
 from stepscope.analysis.rules.advice import advice, framework_of, sync_culprit
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
@@ -58,7 +56,7 @@ class HostSyncStall(Rule):
                             & copies["step"].isin(set(s["step"])) & (copies["phase"] == phase)]
             dtoh = copies[copies["kind"] == "DtoH"]
             framework = framework or framework_of(run)
-            drain_ms = _drain_ns(y, run.kernels[run.kernels["process"] == process]) / len(s) / 1e6
+            drain_ms = float(y["gpu_idle_after_ns"].sum()) / len(s) / 1e6
             culprit = sync_culprit(framework, phase)
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
@@ -82,17 +80,3 @@ class HostSyncStall(Rule):
                 cost_ms_per_step=drain_ms))
         return out
 
-
-def _drain_ns(sync: pd.DataFrame, kernels: pd.DataFrame) -> float:
-    """GPU time lost to the synchronizations: from each sync's end (the GPU has drained) to the
-    start of the next kernel; syncs with no kernel between them share one gap."""
-    if sync.empty or kernels.empty:
-        return 0.0
-    starts = np.sort(kernels["start_ns"].to_numpy(dtype=np.int64))
-    ends = sync["end_ns"].to_numpy(dtype=np.int64)
-    nxt = np.searchsorted(starts, ends, side="left")
-    keep = nxt < len(starts)
-    if not keep.any():
-        return 0.0
-    first_end = pd.Series(ends[keep]).groupby(nxt[keep]).min()
-    return float(np.clip(starts[first_end.index.to_numpy()] - first_end.to_numpy(), 0, None).sum())

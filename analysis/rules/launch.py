@@ -3,26 +3,25 @@ to launch the next one."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
-
+from stepscope.analysis.kernel_steps import LAUNCH_GAP_NS, aggregate, is_compute
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import compute_kernels, no_gpu_reason, train_steps, union_busy_ns
-
-
-LAUNCH_SLACK_NS = 20_000
+from stepscope.analysis.rules.gpudata import no_gpu_reason, train_steps
 
 
 class KernelLaunchBound(Rule):
     name = "KernelLaunchBound"
     summary = ("In train steps the GPU is busy for a small share of the step, running many short kernels, and "
-               "its idle time is mostly short gaps in which the next kernel had not been launched yet.")
+               "its idle time is mostly short gaps in which the next kernel had not been launched yet. It reads "
+               "the kernels aggregated per step (`run.kernel_steps`, docs/format.md), so a run of a billion kernels "
+               "is judged without holding them: the median kernel duration is the median over steps of each "
+               "step's median, `most_launched` counts the kernels of every train step (warm-up included), and a "
+               "`max_gap_ms` other than the default aggregates the kernels again from `run.kernels`.")
     params = {
         "max_busy_ratio": Param(0.5, "ratio", "fire when kernel busy time / step time is below this (the GPU idles more than it works)..."),
         "min_kernels_per_step": Param(50, "kernels", "...with at least this many kernels per step (median; a small model's eager step launches hundreds, a few large GEMMs are not launch bound)..."),
         "max_kernel_ms": Param(0.05, "ms", "...whose median duration is below this (a PyTorch eager op costs "
                                            "the host some 10-50 us to launch: shorter kernels cannot be fed)..."),
-        "max_gap_ms": Param(0.2, "ms", "an idle gap between two kernels of a step is a launch gap when it is "
+        "max_gap_ms": Param(LAUNCH_GAP_NS / 1e6, "ms", "an idle gap between two kernels of a step is a launch gap when it is "
                                        "shorter than this (a few launch overheads; longer gaps are host work, "
                                        "not launching) and the second kernel was launched after the GPU went "
                                        "idle..."),
@@ -38,35 +37,41 @@ class KernelLaunchBound(Rule):
 
     def evaluate(self, run, p):
         steps = train_steps(run, p["warmup_steps"])
-        k = run.kernels
-        k = k[(k["mode"] == "train") & compute_kernels(k)]
+        max_gap_ns = p["max_gap_ms"] * 1e6
+        if abs(max_gap_ns - LAUNCH_GAP_NS) < 1:  # as aggregated when the run was read
+            per_step, per_phase, per_name = run.kernel_steps, run.kernel_phases, run.kernel_names
+        else:
+            tables = aggregate(run.kernels, max_gap_ns)
+            per_step, per_phase, per_name = tables["kernel_steps"], tables["kernel_phases"], tables["kernel_names"]
+        per_step = per_step[per_step["mode"] == "train"]
         out = []
-        for (process, device), kd in k.groupby(["process", "device"], sort=True):
+        for (process, device), kd in per_step.groupby(["process", "device"], sort=True, observed=True):
             s = steps[steps["process"] == process]
             kd = kd[kd["step"].isin(set(s["step"]))]
             if kd.empty or s.empty:
                 continue
             s = s[s["step"].isin(set(kd["step"]))]
             step_ns = float(s["duration_ns"].sum())
-            busy = union_busy_ns(kd["step"].to_numpy(), kd["start_ns"].to_numpy(), kd["end_ns"].to_numpy())
-            busy_ratio = float(busy.sum()) / step_ns
-            per_step = kd.groupby("step").size()
-            kernels_per_step = float(per_step.median())
-            kernel_ms = float(kd["duration_ns"].median()) / 1e6
-            gaps = _launch_gaps(kd, p["max_gap_ms"] * 1e6)
-            between = float(gaps["gap_ns"].sum())
-            launch_ns = float(gaps.loc[gaps["launch_gap"], "gap_ns"].sum())
+            busy_ratio = float(kd["busy_ns"].sum()) / step_ns
+            kernels_per_step = float(kd["kernels"].median())
+            kernel_ms = float(kd["kernel_ns_median"].median()) / 1e6
+            between = float(kd["gap_ns"].sum())
+            launch_ns = float(kd["launch_gap_ns"].sum())
             launch_share = launch_ns / between if between > 0 else 0.0
             if not (busy_ratio < p["max_busy_ratio"] and kernels_per_step >= p["min_kernels_per_step"]
                     and kernel_ms < p["max_kernel_ms"] and launch_share >= p["min_launch_share"]):
                 continue
             rank = s["rank"].iloc[0]
-            phases = gaps[gaps["launch_gap"]].groupby("phase", dropna=False)["gap_ns"].sum().sort_values(ascending=False)
-            by_phase = {str(ph) if ph == ph and ph is not None else "Other": round(v / 1e6 / len(s), 3)
-                        for ph, v in phases.items()}
-            latency = kd["launch_latency_ns"].dropna()
-            lg = gaps.loc[gaps["launch_gap"], "gap_ns"]
-            top = kd["name"].value_counts().head(5)
+            ph = per_phase[(per_phase["process"] == process) & (per_phase["device"] == device)
+                           & (per_phase["mode"] == "train") & per_phase["step"].isin(set(s["step"]))]
+            phases = ph.groupby(ph["phase"].fillna("Other"))["launch_gap_ns"].sum()
+            phases = phases[phases > 0].sort_values(ascending=False)
+            by_phase = {str(ph_): round(v / 1e6 / len(s), 3) for ph_, v in phases.items()}
+            names = per_name[(per_name["process"] == process) & (per_name["device"] == device)
+                             & (per_name["mode"] == "train")]
+            names = names[is_compute(names["name"])]
+            top = names.groupby("name")["kernels"].sum().sort_values(ascending=False, kind="stable").head(5)
+            gap_median, latency = kd["launch_gap_ns_median"].dropna(), kd["launch_latency_ns_median"].dropna()
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)}, GPU {device}: kernel launch bound - the GPU is busy "
@@ -84,7 +89,7 @@ class KernelLaunchBound(Rule):
                           "busy_ratio": round(busy_ratio, 4), "kernels_per_step": kernels_per_step,
                           "kernel_us_median": round(1000 * kernel_ms, 2),
                           "launch_gap_share": round(launch_share, 4),
-                          "launch_gap_us_median": round(float(lg.median()) / 1e3, 2) if len(lg) else None,
+                          "launch_gap_us_median": round(float(gap_median.median()) / 1e3, 2) if len(gap_median) else None,
                           "launch_latency_us_median": round(float(latency.median()) / 1e3, 2) if len(latency) else None,
                           "step_ms_mean": round(step_ns / len(s) / 1e6, 3),
                           "launch_gap_ms_per_step_by_phase": by_phase,
@@ -92,19 +97,3 @@ class KernelLaunchBound(Rule):
                 cost_ms_per_step=launch_ns / len(s) / 1e6))
         return out
 
-
-def _launch_gaps(kd: pd.DataFrame, max_gap_ns: float) -> pd.DataFrame:
-    """Idle gaps between consecutive kernels of a step (on one device): gap_ns, the
-    phase that launched the kernel after the gap, and whether the gap waited for that
-    launch (short, and launched only once the GPU had nothing left to run)."""
-    kd = kd.sort_values(["step", "start_ns"], kind="stable")
-    step = kd["step"].to_numpy()
-    start = kd["start_ns"].to_numpy(dtype=np.int64)
-    reach = pd.Series(kd["end_ns"].to_numpy(dtype=np.int64)).groupby(step).cummax().groupby(step).shift(1)
-    has_prev = reach.notna().to_numpy()
-    reach = reach.fillna(0).to_numpy(dtype=np.int64)
-    gap = np.where(has_prev, np.clip(start - reach, 0, None), 0)
-    launched = kd["launch_start_ns"].to_numpy(dtype=float, na_value=np.nan)
-    # the launch call began after (or just before: it takes microseconds to reach the GPU) the GPU ran dry
-    waited = (launched >= reach - LAUNCH_SLACK_NS) & (gap > 0) & (gap < max_gap_ns)
-    return pd.DataFrame({"gap_ns": gap, "phase": kd["phase"].to_numpy(), "launch_gap": waited & has_prev})

@@ -73,6 +73,7 @@ def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
 
 
 PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)
+RAW_GPU = ".raw-gpu"  # a large trace's GPU records, a part at a time, while the dataset is built
 # What the derived tables are built from: a small share of a large trace's events.
 _DERIVED_FROM = ("step", "phase", "system")
 
@@ -99,7 +100,14 @@ def build_process(folder: str, root: str) -> dict:
             py_raw = samples.raw_frames([p])
             if p.columns is not None:
                 entry["names"] = [str(n) for n in p.columns["names"]]
-        gpu_parts.append(gpu.raw_frame([p]))  # first: events_frame releases the decoded columns
+        raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
+        if len(raw) and parts > 1:  # GPU records wait on disk until the steps and phases are known
+            os.makedirs(os.path.join(root, RAW_GPU), exist_ok=True)
+            gpu_parts.append(os.path.join(root, RAW_GPU, f"{entry['partition']}-{i:05d}.parquet"))
+            raw.to_parquet(gpu_parts[-1], index=False)
+        elif len(raw):
+            gpu_parts.append(raw)
+        del raw
         entry["events"] += p.events
         events = events_frame([p])
         del p
@@ -136,14 +144,33 @@ def build_process(folder: str, root: str) -> dict:
     steps, phases = tables.steps_and_phases(kept)
     out = {"steps": steps, "phases": phases, "system": system_frame(kept)}
     del kept
-    gpu_raw = gpu_parts[0] if len(gpu_parts) == 1 else pd.concat(gpu_parts, ignore_index=True) \
-        .sort_values("start_ns", kind="stable", ignore_index=True)
-    del gpu_parts
-    out.update(gpu.gpu_tables(gpu_raw, steps, phases))
-    out.update(kernel_steps.aggregate(out["kernels"]))
+    # GPU records a part at a time (a GPU trace is mostly kernels): each part's tables are
+    # one file, and the kernels are aggregated per step as they go
+    timeline, earlier_api, aggregates = gpu.Timeline(steps, phases), None, []
+    raw = _raw_part(gpu_parts, 0)
+    for i in range(len(gpu_parts)):
+        after = _raw_part(gpu_parts, i + 1)  # a launch may be recorded a part before or after its kernel
+        nearby = [a[a["type"] >= 4] for a in (earlier_api, after) if a is not None]
+        part = gpu.gpu_tables(raw, steps, phases, timeline=timeline,
+                              other_api=pd.concat(nearby, ignore_index=True) if nearby else None)
+        earlier_api, raw = raw[raw["type"] >= 4], after
+        del after, nearby
+        aggregates.append(kernel_steps.aggregate(part["kernels"]))
+        for table, frame in part.items():
+            if len(frame):
+                d = partition_dir(root, table, entry["partition"])
+                os.makedirs(d, exist_ok=True)
+                _write(frame, os.path.join(d, f"part-{i:05d}.parquet"))
+            entry["rows"][table] = entry["rows"].get(table, 0) + int(len(frame))
+        del part
+    del gpu_parts, earlier_api
+    out.update(kernel_steps.combine(aggregates))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
-    del gpu_raw, py_raw
+    del py_raw
     for table in TABLES[1:]:
+        if table in gpu.TABLES:
+            entry["rows"].setdefault(table, 0)
+            continue
         frame = out.pop(table)
         if len(frame):  # a table this process has no rows of has no partition
             d = partition_dir(root, table, entry["partition"])
@@ -152,6 +179,18 @@ def build_process(folder: str, root: str) -> dict:
         entry["rows"][table] = int(len(frame))
         del frame
     return entry
+
+
+def _raw_part(parts: list, i: int) -> Optional[pd.DataFrame]:
+    """The i-th part's raw GPU records (read back and removed when on disk), None past the end."""
+    if i >= len(parts):
+        return None
+    if isinstance(parts[i], str):
+        path = parts[i]
+        parts[i] = pd.read_parquet(path)
+        os.remove(path)
+    raw, parts[i] = parts[i], None  # held by the caller only
+    return raw
 
 
 def build(folders: List[str], root: str, progress: Optional[bool] = None) -> List[dict]:
@@ -164,25 +203,30 @@ def build(folders: List[str], root: str, progress: Optional[bool] = None) -> Lis
     parallel = len(folders) > 1 and sum(sizes) >= PARALLEL_BYTES and (os.cpu_count() or 1) > 1
     bar = _progress(sum(sizes), progress)
     try:
-        if not parallel:
-            entries = []
-            for folder, size in zip(folders, sizes):
-                entries.append(build_process(folder, root))
-                bar.update(size)
-            return entries
-        import multiprocessing
-
-        # spawn: a fork of the caller (maybe a notebook with threads running) could deadlock
-        workers = min(len(folders), os.cpu_count() or 1, 8)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(build_process, f, root) for f in folders]
-            entries = []
-            for future, size in zip(futures, sizes):
-                entries.append(future.result())
-                bar.update(size)
-            return entries
+        return _build(folders, sizes, root, parallel, bar)
     finally:
         bar.close()
+        shutil.rmtree(os.path.join(root, RAW_GPU), ignore_errors=True)
+
+
+def _build(folders, sizes, root, parallel, bar) -> List[dict]:
+    if not parallel:
+        entries = []
+        for folder, size in zip(folders, sizes):
+            entries.append(build_process(folder, root))
+            bar.update(size)
+        return entries
+    import multiprocessing
+
+    # spawn: a fork of the caller (maybe a notebook with threads running) could deadlock
+    workers = min(len(folders), os.cpu_count() or 1, 8)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(build_process, f, root) for f in folders]
+        entries = []
+        for future, size in zip(futures, sizes):
+            entries.append(future.result())
+            bar.update(size)
+        return entries
 
 
 def _trace_bytes(folder: str) -> int:

@@ -39,6 +39,7 @@ RAW_COLUMNS = ["process", "pid", "rank", "host", "type", "sub", "sub2", "device"
                "block_z", "registers", "static_smem", "dynamic_smem"]
 _CONFIG_FIELDS = RAW_COLUMNS[-9:]
 
+TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
 _ATTRIBUTION = ["launch_api", "launch_start_ns", "mode", "step", "phase"]
 KERNEL_COLUMNS = ["process", "rank", "device", "stream", "name", "start_ns", "end_ns", "duration_ns",
                   "correlation", "step", "pid", "mode", "phase", "precision", "grid_x", "grid_y", "grid_z",
@@ -318,14 +319,20 @@ def idle_after(sync: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> dict:
-    """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records."""
+def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame,
+               other_api: Optional[pd.DataFrame] = None, timeline: Optional[Timeline] = None) -> dict:
+    """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records.
+    ``other_api``: API records (raw rows) of the parts of the trace before and after
+    this one, where the launches of device records near its ends may be."""
+    api = raw[raw["type"] >= 4]
+    if other_api is not None and len(other_api):
+        api = pd.concat([api, other_api], ignore_index=True)
     # Repeated strings as categories: row selections of millions of records stay cheap
     raw = raw.astype({c: "category" for c in ("process", "host", "name") if c in raw.columns})
-    api = raw[raw["type"] >= 4].drop_duplicates(["process", "correlation"], keep="first")
-    launches = api.reset_index(drop=True)
+    api = api.astype({c: "category" for c in ("process", "host", "name") if c in api.columns})
+    launches = api.drop_duplicates(["process", "correlation"], keep="first").reset_index(drop=True)
     out = {}
-    timeline = Timeline(steps, phases)
+    timeline = timeline or Timeline(steps, phases)
 
     k = _with_launch(raw[raw["type"] == 0], launches, steps, phases, timeline=timeline)
     k = k.rename(columns={"name": "mangled"})

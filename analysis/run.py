@@ -33,7 +33,7 @@ CACHE_VERSION = 5  # 2: GPU records cached beside the events; 3: pid and rank ar
 # Traces larger than this (about 8 M events) are read through the run's Parquet dataset, a process
 # and a part at a time (analysis/dataset.py): the first load decodes into it, later ones only read it
 LARGE_BYTES = 64 << 20
-GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
+GPU_TABLES = gpu.TABLES
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
 TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)
 TABLES = (*TABLES, "samples", "stacks")  # Python stack samples (analysis/samples.py)

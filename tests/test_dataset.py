@@ -111,6 +111,57 @@ def test_the_dataset_gives_the_same_tables_and_findings(source, parts, request, 
     assert n == int((memory.events["category"] == "phase").sum()) and "events" not in large._tables
 
 
+def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
+    """A large trace's GPU records are decoded, attributed and aggregated a part at a time:
+    the GPU tables are the same as decoded at once, a kernel whose launch is in the part
+    before it still finds it, and the per-step aggregates add up to the same counts."""
+    import threading
+    import time
+
+    from stepscope.core import gpu_records as rec
+
+    monkeypatch.setenv("STEPSCOPE_FLUSH_MS", "10")  # every step's records in chunks of their own
+    s = stepscope.start(name="gpuparts", gpu="off")
+    corr, late = 0, None
+    for step in range(8):
+        stepscope.step()
+        for phase in ("Forward", "Backward"):
+            with stepscope.phase(phase):
+                for _ in range(3):
+                    corr += 1
+                    t = time.monotonic_ns()
+                    rec.api("cudaLaunchKernel", t, t + 2_000, corr, thread=threading.get_native_id())
+                    if late is not None:  # the kernel of the step before, recorded a part later
+                        rec.kernel("late_kernel", *late)
+                        late = None
+                    if corr % 7 == 0:
+                        late = (t + 5_000, t + 9_000, corr)
+                    else:
+                        rec.kernel(f"kernel_{corr % 3}", t + 5_000, t + 9_000, corr, stream=7)
+                time.sleep(0.015)
+    stepscope.end_step()
+    s.stop()
+    monkeypatch.setattr(dataset, "PART_BYTES", 1024)
+    memory = stepscope.load(s.path, cache=False)
+    parts = stepscope.load(s.path, dataset=True)
+    kernel_files = os.listdir(os.path.join(parts._data.root, "kernels", os.listdir(
+        os.path.join(parts._data.root, "kernels"))[0]))
+    assert len(kernel_files) >= 3 and not os.path.exists(os.path.join(parts._data.root, dataset.RAW_GPU))
+    for table in GPU_TABLES:
+        pd.testing.assert_frame_equal(getattr(memory, table), getattr(parts, table), check_categorical=False,
+                                      obj=table)
+    k = parts.kernels
+    late = k[k["name"] == "late_kernel"]
+    assert len(late) >= 2 and late["launch_api"].eq("cudaLaunchKernel").all() and (late["step"] >= 0).all()
+    a, b = memory.kernel_steps, parts.kernel_steps
+    assert len(a) == len(b) and a["kernels"].sum() == b["kernels"].sum() == len(k)
+    assert (a["kernels"].to_numpy() == b["kernels"].to_numpy()).all()
+    assert (a["kernel_ns"].to_numpy() == b["kernel_ns"].to_numpy()).all()
+    # busy time differs at most by what a part's first kernel overlaps of the kernels before it
+    assert abs(int(a["busy_ns"].sum()) - int(b["busy_ns"].sum())) <= 4_000 * len(kernel_files)
+    assert parts.kernel_names["kernels"].sum() == len(k)
+
+
 def test_layout_is_hive_partitioned_and_cached(worker_run, tmp_path):
     import duckdb
 

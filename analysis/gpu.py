@@ -83,13 +83,16 @@ def raw_frame(procs) -> pd.DataFrame:
         if has_cfg.any():
             cfg_values[has_cfg] = configs[cfg[has_cfg]]
         rank = p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank")
+        # Repeated strings as categories from the start (no string per record: millions of them)
+        one = np.zeros(n, dtype=np.int8)
         frame = pd.DataFrame({
-            "process": os.path.basename(p.folder), "pid": int(p.meta.get("pid", -1)),
+            "process": pd.Categorical.from_codes(one, [os.path.basename(p.folder)]), "pid": int(p.meta.get("pid", -1)),
             "rank": pd.arrays.IntegerArray(np.full(n, -1 if rank is None else int(rank)), np.full(n, rank is None)),
-            "host": str(p.meta.get("host", "")),
+            "host": pd.Categorical.from_codes(one, [str(p.meta.get("host", ""))]),
             "type": g["type"].astype(np.int64), "sub": g["sub"].astype(np.int64), "sub2": g["sub2"].astype(np.int64),
             "device": g["device"].astype(np.int64), "stream": g["stream"].astype(np.int64),
-            "name": np.asarray(names, dtype=object)[ids],
+            "name": (pd.Categorical.from_codes(ids, names) if len(set(names)) == len(names)
+                     else np.asarray(names, dtype=object)[ids]),
             "correlation": g["correlation"].astype(np.int64), "thread": g["thread"].astype(np.int64),
             "start_ns": g["start"] + offset, "end_ns": g["end"] + offset, "bytes": g["bytes"],
         })

@@ -37,6 +37,7 @@ GPU_TABLES = gpu.TABLES
 TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
 TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)
 TABLES = (*TABLES, "samples", "stacks")  # Python stack samples (analysis/samples.py)
+TABLES = (*TABLES, "kernel_steps", "kernel_phases", "kernel_names")  # analysis/kernel_steps.py
 PY_CACHE = ("pysamples.parquet", "pystacks.parquet")
 
 
@@ -336,7 +337,8 @@ class Run:
 
     # --- SQL ------------------------------------------------------------------------
     def sql(self, query: str) -> pd.DataFrame:
-        """Runs a DuckDB query over the tables (events, steps, phases, system, kernels)."""
+        """Runs a DuckDB query over the tables (events, steps, phases, system, kernels, ...:
+        every table of ``TABLES``, each built only when the query names it)."""
         import duckdb
 
         if self._db is None:

@@ -160,6 +160,9 @@ def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
     # busy time differs at most by what a part's first kernel overlaps of the kernels before it
     assert abs(int(a["busy_ns"].sum()) - int(b["busy_ns"].sum())) <= 4_000 * len(kernel_files)
     assert parts.kernel_names["kernels"].sum() == len(k)
+    # the aggregates are tables SQL reads, from memory and from the dataset alike
+    query = "select sum(kernels) as n from kernel_steps where step >= 0"
+    assert memory.sql(query)["n"].iloc[0] == parts.sql(query)["n"].iloc[0] == int((k["step"] >= 0).sum())
 
 
 def test_layout_is_hive_partitioned_and_cached(worker_run, tmp_path):

@@ -148,6 +148,10 @@ class StepTracker:
         self.pending_more = []
         self.last_end = t1
 
+    def in_step(self) -> bool:
+        """A step is open (its work not over) or a fetched batch waits for its work."""
+        return self.pending is not None or (self.mode is not None and not self.done)
+
     def phase_start(self, mode: str, now: int) -> None:
         """A forward, backward or optimizer step is starting: open the right step."""
         self.worked = True

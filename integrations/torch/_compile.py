@@ -58,9 +58,12 @@ def wrap_module_compile(inst, original):
 def _timed_compiled_function(inst, compiled, name: str):
     """Forward and loss run inside a compiled function's graph, out of the hooks'
     sight. A call in which nothing else was observed (no phase ended inside) was
-    a forward: it becomes one Forward span. One that ran a whole step with
-    graph breaks (its backward and optimizer seen eagerly) is left alone, and
-    run.json notes that its forward is not separated."""
+    a forward: it becomes one Forward span, when it ran inside a step (or a
+    fetched batch's) or its output carries gradients (a model's forward in a loop
+    with no loader). Outside both it computed on plain tensors (post-processing
+    after the loop): a Forward there would open a step of its own. One that ran a
+    whole step with graph breaks (its backward and optimizer seen eagerly) is left
+    alone, and run.json notes that its forward is not separated."""
 
     @functools.wraps(compiled)
     def call(*args, **kwargs):
@@ -72,6 +75,8 @@ def _timed_compiled_function(inst, compiled, name: str):
         result = compiled(*args, **kwargs)
         try:
             if tracker.last_end == seen and inst._on:
+                if not (tracker.in_step() or _carries_grad(result)):
+                    return result
                 mode = inst.guess_mode(st)
                 tracker.forward_started(mode, t0)
                 tracker.forward_ended(mode, t0, _native.now())
@@ -84,3 +89,10 @@ def _timed_compiled_function(inst, compiled, name: str):
         return result
 
     return call
+
+
+def _carries_grad(result) -> bool:
+    """Whether a tensor of the output (or of a tuple, list or dict of them) requires grad."""
+    values = result.values() if isinstance(result, dict) else result if isinstance(result, (tuple, list)) \
+        else (result,)
+    return any(getattr(v, "requires_grad", False) is True for v in values)

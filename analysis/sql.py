@@ -3,8 +3,7 @@ Parquet dataset (docs/format.md): the same text runs unchanged on DuckDB and on
 Spark SQL (tests/test_sql_engines.py checks both give the same results), so a
 run too large for one machine is summarised where the data lives.
 
-Each query reads the tables by name (``steps``, ``phases``, ``kernels``,
-``system``): register them as views over ``<dataset>/<table>`` first
+Each query reads the tables by name (``TABLES``): register them as views over ``<dataset>/<table>`` first
 (``duckdb_views`` here; in Spark, ``spark.read.parquet(path).createOrReplaceTempView(table)``).
 Only plain SQL: GROUP BY, SUM/COUNT/MIN/MAX/AVG, CASE; no dialect's percentile
 or window functions, so results agree exactly across engines.
@@ -18,6 +17,7 @@ import pandas as pd
 
 from stepscope.core.vocabulary import PHASES
 
+TABLES = ("steps", "phases", "kernels", "kernel_steps", "system")
 _PHASE_SUMS = ", ".join(f"SUM({p}) AS {p.lower()}_ns" for p in PHASES)
 
 QUERIES: Dict[str, str] = {
@@ -44,6 +44,14 @@ QUERIES: Dict[str, str] = {
                COUNT(*) AS kernels, SUM(duration_ns) AS total_ns, MAX(duration_ns) AS max_ns
         FROM kernels GROUP BY CASE WHEN phase IS NULL THEN 'none' ELSE phase END, precision
         ORDER BY phase, precision""",
+    # Compute kernels per device: busy time, gaps and launch gaps (KernelLaunchBound, LoadBalancing),
+    # from the kernels aggregated per step (analysis/kernel_steps.py).
+    "kernel_busy_by_device": """
+        SELECT process, device, CASE WHEN mode IS NULL THEN 'none' ELSE mode END AS mode, COUNT(*) AS steps,
+               SUM(kernels) AS kernels, SUM(kernel_ns) AS kernel_ns, SUM(busy_ns) AS busy_ns, SUM(gap_ns) AS gap_ns,
+               SUM(launch_gap_ns) AS launch_gap_ns
+        FROM kernel_steps GROUP BY process, device, CASE WHEN mode IS NULL THEN 'none' ELSE mode END
+        ORDER BY process, device, mode""",
     # System metrics per node and metric (OverallSystemUsage, CPU/GPU utilisation rules).
     "system_by_metric": """
         SELECT node, metric, device, COUNT(*) AS samples, AVG(value) AS mean, MIN(value) AS min, MAX(value) AS max
@@ -54,7 +62,7 @@ QUERIES: Dict[str, str] = {
 def tables_of(query: str):
     """The dataset tables a query reads."""
     words = set(query.replace(",", " ").split())
-    return [t for t in ("steps", "phases", "kernels", "system") if t in words]
+    return [t for t in TABLES if t in words]
 
 
 def duckdb_views(con, root: str) -> None:

@@ -51,6 +51,11 @@ def test_duckdb_results_are_the_summarys(gpu_dataset):
     kernels = got["kernels_by_phase"]
     assert int(kernels["kernels"].sum()) == len(run.kernels) == 19
     assert set(kernels["phase"]) == {"Forward", "Backward", "Optimizer", "none"}
+    busy = got["kernel_busy_by_device"]
+    per_step = run.kernel_steps
+    assert int(busy["kernels"].sum()) == int(per_step["kernels"].sum()) == 19  # no NCCL kernel here
+    assert int(busy["busy_ns"].sum()) == int(per_step["busy_ns"].sum()) > 0
+    assert int(busy.loc[busy["mode"] == "train", "steps"].sum()) == 6
     util = got["system_by_metric"]
     assert int(util["samples"].sum()) == len(run.system)
 
@@ -94,7 +99,7 @@ def test_spark_sql_gives_duckdbs_results(gpu_dataset):
     _, root = gpu_dataset
     spark = _spark()
     try:
-        for table in ("steps", "phases", "kernels", "system"):
+        for table in sql.TABLES:
             spark.read.parquet(os.path.join(root, table)).createOrReplaceTempView(table)
         duck = sql.run_duckdb(root)
         for name, query in sql.QUERIES.items():

@@ -150,10 +150,10 @@ def build_process(folder: str, root: str) -> dict:
     raw = _raw_part(gpu_parts, 0)
     for i in range(len(gpu_parts)):
         after = _raw_part(gpu_parts, i + 1)  # a launch may be recorded a part before or after its kernel
-        nearby = [a[a["type"] >= 4] for a in (earlier_api, after) if a is not None]
+        nearby = [a.loc[a["type"] >= 4, gpu.LAUNCH_KEYS] for a in (earlier_api, after) if a is not None]
         part = gpu.gpu_tables(raw, steps, phases, timeline=timeline,
                               other_api=pd.concat(nearby, ignore_index=True) if nearby else None)
-        earlier_api, raw = raw[raw["type"] >= 4], after
+        earlier_api, raw = raw.loc[raw["type"] >= 4, [*gpu.LAUNCH_KEYS, "type"]], after
         del after, nearby
         aggregates.append(kernel_steps.aggregate(part["kernels"]))
         for table, frame in part.items():

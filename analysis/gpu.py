@@ -40,6 +40,7 @@ RAW_COLUMNS = ["process", "pid", "rank", "host", "type", "sub", "sub2", "device"
 _CONFIG_FIELDS = RAW_COLUMNS[-9:]
 
 TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
+LAUNCH_KEYS = ["process", "correlation", "start_ns", "name"]
 _ATTRIBUTION = ["launch_api", "launch_start_ns", "mode", "step", "phase"]
 KERNEL_COLUMNS = ["process", "rank", "device", "stream", "name", "start_ns", "end_ns", "duration_ns",
                   "correlation", "step", "pid", "mode", "phase", "precision", "grid_x", "grid_y", "grid_z",
@@ -327,13 +328,14 @@ def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame,
     """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records.
     ``other_api``: API records (raw rows) of the parts of the trace before and after
     this one, where the launches of device records near its ends may be."""
-    api = raw[raw["type"] >= 4]
-    if other_api is not None and len(other_api):
-        api = pd.concat([api, other_api], ignore_index=True)
     # Repeated strings as categories: row selections of millions of records stay cheap
     raw = raw.astype({c: "category" for c in ("process", "host", "name") if c in raw.columns})
-    api = api.astype({c: "category" for c in ("process", "host", "name") if c in api.columns})
+    api = raw.loc[raw["type"] >= 4, LAUNCH_KEYS]  # what a device record takes of its launch
+    if other_api is not None and len(other_api):
+        api = pd.concat([api, other_api[LAUNCH_KEYS]], ignore_index=True)
+        api = api.astype({c: "category" for c in ("process", "name")})
     launches = api.drop_duplicates(["process", "correlation"], keep="first").reset_index(drop=True)
+    del api
     out = {}
     timeline = timeline or Timeline(steps, phases)
 

@@ -19,8 +19,9 @@
   several times smaller than gzip JSON. An output path ending in
   ``.json.gz`` gets the Chrome JSON of every rank in one gzip file instead
   (ui.perfetto.dev opens both).
-* ``parquet``: every table (events, steps, phases, system, kernels) as a
-  Parquet file, for DuckDB, pandas, Spark and Trino.
+* ``parquet``: every table (events, steps, phases, system, kernels, ...) as a
+  Parquet file, for DuckDB, pandas, Spark and Trino; a large run's tables are
+  its dataset's Hive-partitioned folders (docs/format.md), linked, not rebuilt.
 * ``speedscope`` (``<run>/<run name>.speedscope.json``): the Python stack
   samples in speedscope's file format, one "sampled" profile per process and
   thread, weights in nanoseconds; ``collapsed`` (``<run name>.collapsed.txt``):

@@ -553,10 +553,39 @@ def load(run, quiet: bool = False, cache: bool = True, dataset: Optional[bool] =
 
 
 def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:
-    """Writes every table as Parquet (for DuckDB, Spark, Trino); returns the folder."""
+    """Writes every table as Parquet (for DuckDB, Spark, Trino); returns the folder.
+    A large run's tables are its dataset's (docs/format.md), linked or copied as they
+    are: ``<table>/process=<process>/part-*.parquet``, none of them built in memory."""
     out_dir = out_dir or os.path.join(run.path, "parquet")
     os.makedirs(out_dir, exist_ok=True)
+    linked = _link_dataset(run._data.root, out_dir) if run.large else set()
     for name in TABLES:
+        if name in linked:
+            continue
         frame = getattr(run, name)
         frame.to_parquet(os.path.join(out_dir, f"{name}.parquet"), index=False)
     return out_dir
+
+
+def _link_dataset(root: str, out_dir: str) -> set:
+    """Hard links (copies across file systems) of the dataset's table folders; returns the tables."""
+    from stepscope.analysis import dataset
+
+    done = set()
+    for table in dataset.TABLES:
+        src = os.path.join(root, table)
+        if not os.path.isdir(src):
+            continue
+        for folder, _, files in os.walk(src):
+            dest = os.path.join(out_dir, table, os.path.relpath(folder, src))
+            os.makedirs(dest, exist_ok=True)
+            for f in files:
+                target = os.path.join(dest, f)
+                if os.path.exists(target):
+                    os.remove(target)
+                try:
+                    os.link(os.path.join(folder, f), target)
+                except OSError:
+                    shutil.copy2(os.path.join(folder, f), target)
+        done.add(table)
+    return done

@@ -246,6 +246,17 @@ def test_the_report_of_a_large_gpu_run_holds_no_kernels(gpu_run, tmp_path, monke
         inside |= (k["start_ns"] < t1).to_numpy() & (k["end_ns"] > t0).to_numpy()
     assert 0 < inside.sum() < len(k)
     assert sorted(got.loc[got["kind"] == "kernel", "start_ns"]) == sorted(k.loc[inside, "start_ns"])
+    # the Parquet export of a large run is its dataset's files, not tables built in memory
+    import duckdb
+
+    from stepscope.analysis.run import export_parquet
+
+    out = export_parquet(large, str(tmp_path / "pq"))
+    glob = os.path.join(out, "kernels", "*", "*.parquet")
+    n = duckdb.connect().execute(f"select count(*) from read_parquet('{glob}', hive_partitioning = true)") \
+        .fetchone()[0]
+    assert n == len(k) and os.path.isfile(os.path.join(out, "ops.parquet"))
+    assert not {"events", "kernels", "cuda_api"} & set(large._tables)
 
 
 def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_path, monkeypatch):

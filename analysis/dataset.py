@@ -74,51 +74,72 @@ def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
 
 PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)
 RAW_GPU = ".raw-gpu"  # a large trace's GPU records, a part at a time, while the dataset is built
+LIVE_VERSION = 1  # of the parts kept between builds of a trace still being written
 # What the derived tables are built from: a small share of a large trace's events.
 _DERIVED_FROM = ("step", "phase", "system")
 
 
-def build_process(folder: str, root: str) -> dict:
+def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     """Decodes one process folder and writes its partition of every table; returns
     what the run needs to know of it without reading it again (metadata, counts,
     warnings, extent). A trace over ``PART_BYTES`` is decoded a part at a time: its
     events go to one file per part, and the derived tables are built from the step,
-    phase and system events kept from every part."""
+    phase and system events kept from every part.
+
+    ``live``: a folder where the parts of a trace that will not change any more
+    (a later chunk follows them) are kept, so that the next build of a trace still
+    being written decodes only what was written since (its parts are then fixed
+    ``PART_BYTES`` of the file, which stay the same as it grows)."""
     from stepscope.analysis import gpu, kernel_steps, samples, tables
     from stepscope.analysis.reader import _start_order, events_frame, read_process
     from stepscope.analysis.system import system_frame
 
     name = os.path.basename(folder)
-    parts = max(1, -(-_trace_bytes(folder) // PART_BYTES))
     entry = {"folder": folder, "partition": _safe(name), "events": 0, "rows": {"events": 0}}
+    parts = max(1, -(-_trace_bytes(folder) // PART_BYTES))
+    identity = _identity(folder) if live else None
     kept, gpu_parts, py_raw, extent = [], [], None, None
     for i in range(parts):
-        p = read_process(folder, i, parts)
-        if i == 0:  # what every part carries: metadata, warnings, counts, names, stacks
-            entry.update(meta=p.meta, warnings=p.warnings, dropped=p.dropped, clean_close=p.clean_close,
-                         readable=p.readable)
-            py_raw = samples.raw_frames([p])
-            if p.columns is not None:
-                entry["names"] = [str(n) for n in p.columns["names"]]
-        raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
-        if len(raw) and parts > 1:  # GPU records wait on disk until the steps and phases are known
-            os.makedirs(os.path.join(root, RAW_GPU), exist_ok=True)
-            gpu_parts.append(os.path.join(root, RAW_GPU, f"{entry['partition']}-{i:05d}.parquet"))
-            raw.to_parquet(gpu_parts[-1], index=False)
-        elif len(raw):
-            gpu_parts.append(raw)
-        del raw
-        entry["events"] += p.events
-        events = events_frame([p])
-        del p
+        reused = _reused_part(live, i, identity) if live and i < parts - 1 else None
+        if reused is not None:
+            part, events = reused
+            gpu_parts.extend([(part["gpu"], False)] if part.get("gpu") else [])
+        else:
+            p = read_process(folder, i, parts) if not live else read_process(folder, i, 0, PART_BYTES)
+            if i == parts - 1:  # what every part carries: metadata, warnings, counts, names, stacks
+                entry.update(meta=p.meta, warnings=p.warnings, dropped=p.dropped, clean_close=p.clean_close,
+                             readable=p.readable)
+                py_raw = samples.raw_frames([p])
+                if p.columns is not None:
+                    entry["names"] = [str(n) for n in p.columns["names"]]
+            final = live and p.columns is not None and int(p.columns.get("valid_end", 0)) >= (i + 1) * PART_BYTES
+            where = os.path.join(live, f"part-{i:05d}") if final else None
+            raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
+            if len(raw) and (parts > 1 or where):  # GPU records wait on disk until steps and phases are known
+                os.makedirs(os.path.join(root, RAW_GPU), exist_ok=True)
+                path = f"{where}.gpu.parquet" if where else os.path.join(
+                    root, RAW_GPU, f"{entry['partition']}-{i:05d}.parquet")
+                raw.to_parquet(path + ".tmp", index=False)
+                os.replace(path + ".tmp", path)
+                gpu_parts.append((path, not where))
+            elif len(raw):
+                gpu_parts.append(raw)
+            del raw
+            part = {"events": p.events}
+            events = events_frame([p])
+            del p
+            if len(events):
+                part["work"] = int((~events["category"].isin(["system", "internal"])).sum())
+                part["categories"] = list(map(str, events["category"].cat.remove_unused_categories().cat.categories))
+                part["extent"] = [int(events["start_ns"].min()), int(events["end_ns"].max()), len(events)]
+            if where:
+                _keep_part(where, part, events, identity)
+        entry["events"] += part["events"]
         if not len(events):
             continue
-        work = int((~events["category"].isin(["system", "internal"])).sum())
         seen = entry.setdefault("categories", [])  # what select() need not look for elsewhere
-        for category in map(str, events["category"].cat.remove_unused_categories().cat.categories):
-            if category not in seen:
-                seen.append(category)
-        here = (int(events["start_ns"].min()), int(events["end_ns"].max()), len(events), work)
+        seen.extend(c for c in part["categories"] if c not in seen)
+        here = (*part["extent"], part["work"])
         extent = here if extent is None else (min(extent[0], here[0]), max(extent[1], here[1]),
                                               extent[2] + here[2], extent[3] + here[3])
         if parts == 1:
@@ -130,13 +151,18 @@ def build_process(folder: str, root: str) -> dict:
             kept.append(events[keep])
         d = partition_dir(root, "events", entry["partition"])
         os.makedirs(d, exist_ok=True)
-        _write(events, os.path.join(d, f"part-{i}.parquet"))
-        entry["rows"]["events"] += int(len(events))
+        if reused is not None:
+            _link(part["events_file"], os.path.join(d, f"part-{i}.parquet"))
+        elif live and os.path.exists(os.path.join(live, f"part-{i:05d}.json")):
+            _link(os.path.join(live, f"part-{i:05d}.events.parquet"), os.path.join(d, f"part-{i}.parquet"))
+        else:
+            _write(events, os.path.join(d, f"part-{i}.parquet"))
+        entry["rows"]["events"] += int(part["extent"][2])
         del events
     if extent is not None:
         entry["extent"] = dict(zip(("start_ns", "end_ns", "events", "recorded"), extent))
     if len(kept) > 1:
-        kept = pd.concat(kept, ignore_index=True)
+        kept = _concat(kept)  # (parts kept from earlier builds may know fewer names)
         kept = kept.iloc[_start_order(kept["start_ns"].to_numpy(), kept["end_ns"].to_numpy())] \
             .reset_index(drop=True)
     else:
@@ -182,38 +208,91 @@ def build_process(folder: str, root: str) -> dict:
 
 
 def _raw_part(parts: list, i: int) -> Optional[pd.DataFrame]:
-    """The i-th part's raw GPU records (read back and removed when on disk), None past the end."""
+    """The i-th part's raw GPU records (read back when on disk, and removed unless
+    kept for the next build), None past the end."""
     if i >= len(parts):
         return None
-    if isinstance(parts[i], str):
-        path = parts[i]
+    if isinstance(parts[i], tuple):
+        path, temporary = parts[i]
         parts[i] = pd.read_parquet(path)
-        os.remove(path)
+        if temporary:
+            os.remove(path)
     raw, parts[i] = parts[i], None  # held by the caller only
     return raw
 
 
-def build(folders: List[str], root: str, progress: Optional[bool] = None) -> List[dict]:
+# --- a trace still being written: its finished parts, kept between builds ------------------
+def _identity(folder: str) -> list:
+    from stepscope.core.vocabulary import TRACE_FILE
+
+    st = os.stat(os.path.join(folder, TRACE_FILE))
+    return [st.st_dev, st.st_ino, PART_BYTES]
+
+
+def _keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> None:
+    """Keeps a finished part: its events file, the events the derived tables need, and
+    (written before) its raw GPU records; the JSON, written last, makes it usable."""
+    keep = events["category"].isin(_DERIVED_FROM).to_numpy().copy()
+    if len(events):
+        keep[int(events["end_ns"].to_numpy().argmax())] = True
+    _write(events, f"{where}.events.parquet")
+    events[keep].to_parquet(f"{where}.kept.parquet", index=False)  # every column, as decoded
+    gpu = f"{where}.gpu.parquet"
+    info = dict(part, identity=identity, version=LIVE_VERSION, gpu=gpu if os.path.exists(gpu) else None,
+                events_file=f"{where}.events.parquet")
+    with open(f"{where}.json.tmp{os.getpid()}", "w") as f:
+        json.dump(info, f)
+    os.replace(f"{where}.json.tmp{os.getpid()}", f"{where}.json")
+
+
+def _reused_part(live: str, i: int, identity: list):
+    """(part info, events) of a part kept by an earlier build of the same trace, or None.
+    The events are those kept for the derived tables (the full part is linked)."""
+    where = os.path.join(live, f"part-{i:05d}")
+    try:
+        with open(f"{where}.json") as f:
+            part = json.load(f)
+        if part.get("identity") != identity or part.get("version") != LIVE_VERSION:
+            return None
+        return part, pd.read_parquet(f"{where}.kept.parquet")
+    except (OSError, ValueError):
+        return None
+
+
+def _link(src: str, dest: str) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def build(folders: List[str], root: str, progress: Optional[bool] = None, live: Optional[str] = None) -> List[dict]:
     """Writes the dataset of these process folders under ``root`` (replacing what was
-    there); returns one entry per process, in folder order."""
+    there); returns one entry per process, in folder order. ``live``: where the
+    finished parts of traces are kept for the next build (``build_process``)."""
     if os.path.isdir(root):
         shutil.rmtree(root)
     os.makedirs(root)
     sizes = [_trace_bytes(f) for f in folders]
     parallel = len(folders) > 1 and sum(sizes) >= PARALLEL_BYTES and (os.cpu_count() or 1) > 1
+    lives = [None] * len(folders)
+    if live is not None:
+        lives = [os.path.join(live, _safe(os.path.basename(f))) for f in folders]
+        for d in lives:
+            os.makedirs(d, exist_ok=True)
     bar = _progress(sum(sizes), progress)
     try:
-        return _build(folders, sizes, root, parallel, bar)
+        return _build(folders, sizes, root, parallel, bar, lives)
     finally:
         bar.close()
         shutil.rmtree(os.path.join(root, RAW_GPU), ignore_errors=True)
 
 
-def _build(folders, sizes, root, parallel, bar) -> List[dict]:
+def _build(folders, sizes, root, parallel, bar, lives) -> List[dict]:
     if not parallel:
         entries = []
-        for folder, size in zip(folders, sizes):
-            entries.append(build_process(folder, root))
+        for folder, size, live in zip(folders, sizes, lives):
+            entries.append(build_process(folder, root, live))
             bar.update(size)
         return entries
     import multiprocessing
@@ -221,7 +300,7 @@ def _build(folders, sizes, root, parallel, bar) -> List[dict]:
     # spawn: a fork of the caller (maybe a notebook with threads running) could deadlock
     workers = min(len(folders), os.cpu_count() or 1, 8)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(build_process, f, root) for f in folders]
+        futures = [pool.submit(build_process, f, root, live) for f, live in zip(folders, lives)]
         entries = []
         for future, size in zip(futures, sizes):
             entries.append(future.result())

@@ -28,6 +28,7 @@ from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_fram
 from stepscope.core import runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
+LIVE_DIR = "live"  # under the run's cache folder: finished parts of traces still being written
 CACHE_VERSION = 5  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
 # 5: kernels aggregated per step (analysis/kernel_steps.py), syncs' GPU idle time after them
 # Traces larger than this (about 8 M events) are read through the run's Parquet dataset, a process
@@ -454,8 +455,12 @@ class Run:
         except OSError:
             tmp = tempfile.mkdtemp(prefix="stepscope-dataset-")
             tmp_parent = None
-        entries = dataset.build(folders, tmp)
+        # a trace still being written keeps its finished parts here: the next build decodes only what is new
+        live = os.path.join(tmp_parent, LIVE_DIR) if tmp_parent is not None else None
+        entries = dataset.build(folders, tmp, live=live)
         complete = all(e["readable"] and e["clean_close"] for e in entries)
+        if live is not None and complete:
+            shutil.rmtree(live, ignore_errors=True)
         if tmp_parent is not None and complete:
             runinfo.write_json_atomic(os.path.join(tmp, "manifest.json"),
                                       {"version": CACHE_VERSION, "processes": entries})

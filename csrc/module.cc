@@ -301,12 +301,12 @@ nb::object to_numpy(std::vector<T>&& v) {
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
 }
 
-nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts) {
+nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes) {
   Columns c;
   {
     nb::gil_scoped_release nogil;
     try {
-      c = read_trace(path, part, parts);
+      c = read_trace(path, part, parts, part_bytes);
     } catch (const FormatError& e) {
       nb::gil_scoped_acquire gil;
       throw nb::value_error(e.what());
@@ -323,6 +323,7 @@ nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts) {
   d["step"] = to_numpy(std::move(c.step));
   d["value"] = to_numpy(std::move(c.value));
   d["names"] = nb::cast(c.names);
+  d["valid_end"] = c.valid_end;
   nb::list tracks;
   for (auto& t : c.tracks) tracks.append(nb::make_tuple(t.id, t.tid, t.kind, t.name));
   d["tracks"] = tracks;
@@ -458,7 +459,10 @@ NB_MODULE(_native, m) {
     return sampler_pass_ns(passes);
   }, "Benchmark: ns per sampling pass of the running sampler (-1 if none runs).");
   m.def("read_trace", &read_trace_py, nb::arg("path"), nb::arg("part") = 0, nb::arg("parts") = 1,
-        "Decodes one trace file into numpy columns (parts > 1: the part-th group of its event and GPU chunks).");
+        nb::arg("part_bytes") = 0,
+        "Decodes one trace file into numpy columns (parts > 1: the part-th group of its event and GPU chunks; "
+        "part_bytes > 0: the chunks that start in the part-th part_bytes of the file). valid_end: the offset "
+        "after the last complete chunk.");
   m.attr("GPU_TYPES") = nb::make_tuple("kernel", "memcpy", "memset", "sync", "runtime", "driver");
   m.def("launch_config", [](std::vector<uint32_t> grid, std::vector<uint32_t> block, uint32_t registers,
                             uint32_t static_smem, uint32_t dynamic_smem) {

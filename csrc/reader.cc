@@ -236,8 +236,8 @@ void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t o
 
 }  // namespace
 
-Columns read_trace(const std::string& path, uint32_t part, uint32_t parts) {
-  if (parts == 0 || part >= parts) throw FormatError("part must be in 0..parts-1");
+Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes) {
+  if (part_bytes == 0 && (parts == 0 || part >= parts)) throw FormatError("part must be in 0..parts-1");
   Mapped m(path);
   const uint8_t* d = m.data;
   Columns c;
@@ -287,6 +287,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts) {
       off = next;
       continue;
     }
+    c.valid_end = payload + len;
     if (crc32c(d + payload, len) != crc) {
       c.warnings.push_back(path + ": checksum mismatch in chunk at offset " +
                            std::to_string(off) + ", chunk skipped");
@@ -304,16 +305,20 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts) {
     n_gpu += ch.type == kChunkGpu;
   }
   std::vector<bool> mine(chunks.size(), true);
+  auto in_part = [&](size_t i, size_t& nth, size_t n) {
+    if (part_bytes > 0) return (chunks[i].offset - kChunkHeader) / part_bytes == part;
+    return nth++ * parts / n == part;
+  };
   for (size_t i = 0, ie = 0, ig = 0; i < chunks.size(); ++i) {
     if (chunks[i].type == kChunkEvents) {
-      mine[i] = ie++ * parts / n_events == part;
+      mine[i] = in_part(i, ie, n_events);
       if (mine[i]) {
         Cursor cur{d + chunks[i].offset, d + chunks[i].offset + chunks[i].len};
         cur.varint();
         events += size_t(cur.varint());
       }
     } else if (chunks[i].type == kChunkGpu) {
-      mine[i] = ig++ * parts / n_gpu == part;
+      mine[i] = in_part(i, ig, n_gpu);
     }
   }
   for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->reserve(events);

@@ -52,6 +52,7 @@ struct Columns {
   std::string header_json;
   uint16_t major = 0, minor = 0;
   uint64_t dropped = 0, written = 0;
+  uint64_t valid_end = 0;  // file offset after the last complete chunk
   bool clean_close = false;
   std::vector<std::string> warnings;
 };
@@ -63,6 +64,8 @@ struct FormatError : std::runtime_error {
 // Throws FormatError when the file is not a readable stepscope trace at all.
 // parts > 1: only the part-th of parts contiguous groups of the event chunks (and of
 // the GPU chunks) is decoded, so a large trace can be read a piece at a time.
-Columns read_trace(const std::string& path, uint32_t part = 0, uint32_t parts = 1);
+// part_bytes > 0 instead: the part-th part_bytes of the file (the event and GPU chunks
+// that start there), parts that stay the same while a live trace grows.
+Columns read_trace(const std::string& path, uint32_t part = 0, uint32_t parts = 1, uint64_t part_bytes = 0);
 
 }  // namespace stepscope

@@ -165,6 +165,56 @@ def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
     assert memory.sql(query)["n"].iloc[0] == parts.sql(query)["n"].iloc[0] == int((k["step"] >= 0).sum())
 
 
+def test_a_live_run_decodes_only_what_is_new(run_dir, monkeypatch):
+    """Issue 13: a run still being written is read through a dataset built afresh on each
+    load, but the finished parts of its traces are kept: the next load decodes only the
+    parts written since, and every table is the same as decoded at once."""
+    import time
+
+    from stepscope.analysis import reader
+    from stepscope.analysis.run import LIVE_DIR
+
+    monkeypatch.setenv("STEPSCOPE_FLUSH_MS", "10")
+    monkeypatch.setattr(dataset, "PART_BYTES", 2048)
+    decoded = []
+    real = reader.read_process
+    monkeypatch.setattr(reader, "read_process", lambda *a, **k: decoded.append(a[1:]) or real(*a, **k))
+
+    def work(steps):
+        for _ in range(steps):
+            stepscope.step()
+            for phase in ("Forward", "Backward", "Optimizer"):
+                with stepscope.phase(phase):
+                    time.sleep(0.002)
+        stepscope.end_step()  # (an open step ends with the trace's last event, which moves)
+
+    s = stepscope.start(name="live", gpu="off")
+    work(60)
+    time.sleep(0.1)  # flushed
+    first = stepscope.load(s.path, dataset=True)
+    parts_first = len(decoded)
+    live = os.path.join(s.path, CACHE_DIR, LIVE_DIR)
+    assert parts_first >= 3 and os.path.isdir(live)
+    assert len(first.steps) >= 55
+    work(20)
+    time.sleep(0.1)
+    decoded.clear()
+    second = stepscope.load(s.path, dataset=True)
+    parts_now = max(int(p[0]) for p in decoded) + 1
+    # only the parts that were not finished at the first load are decoded again
+    assert len(decoded) <= parts_now - parts_first + 2 < parts_now
+    assert len(second.steps) > len(first.steps)
+    fresh = stepscope.load(s.path, cache=False)  # everything decoded at once, in memory
+    for table in ("steps", "phases"):
+        pd.testing.assert_frame_equal(second.__getattribute__(table).reset_index(drop=True),
+                                      fresh.__getattribute__(table).reset_index(drop=True),
+                                      check_categorical=False, obj=table)
+    s.stop()
+    done = stepscope.load(s.path, dataset=True)
+    assert not os.path.exists(live) and done._data.root.startswith(os.path.join(s.path, CACHE_DIR, "dataset-"))
+    assert len(done.steps) == len(stepscope.load(s.path, cache=False).steps)
+
+
 def test_layout_is_hive_partitioned_and_cached(worker_run, tmp_path):
     import duckdb
 

@@ -204,13 +204,36 @@ def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool 
     os.replace(tmp, path)
 
 
+def step_windows(run: Run, ranges) -> list:
+    """[(start_ns, end_ns)] of the train steps in ``ranges`` ([(first, last)]), on every process."""
+    from stepscope.analysis.timeline import _merged
+
+    steps = run.steps
+    steps = steps[steps["mode"].astype(str) == TRAIN]
+    mine = np.zeros(len(steps), dtype=bool)
+    for lo, hi in ranges:
+        mine |= ((steps["step"] >= lo) & (steps["step"] <= hi)).to_numpy()
+    if not mine.any():
+        raise ValueError(f"no train step in {', '.join(f'{a}-{b}' for a, b in ranges)} "
+                         f"(this run's train steps: {int(steps['step'].min()) if len(steps) else 'none'}"
+                         f"{'-' + str(int(steps['step'].max())) if len(steps) else ''})")
+    return _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
+
+
 def export(run: Run, fmt: str, out: Optional[str] = None,
-           progress: Optional[Callable[[int, int], None]] = None, by_phase: bool = False) -> str:
+           progress: Optional[Callable[[int, int], None]] = None, by_phase: bool = False,
+           steps=None) -> str:
     """Writes the run in `fmt`; returns the path written (a folder for chrome and parquet).
-    ``by_phase``: collapsed stacks get the phase as their root frame."""
+    ``by_phase``: collapsed stacks get the phase as their root frame. ``steps``:
+    [(first, last)] train steps: the chrome and perfetto traces hold only what ran
+    during them (a large run is read through a time filter, never whole)."""
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not valid; allowed: {', '.join(FORMATS)}")
     out = out or _default_path(run, fmt)
+    if steps is not None:
+        if fmt not in ("chrome", "perfetto"):
+            raise ValueError(f"steps apply to the chrome and perfetto formats, not {fmt}")
+        run = run.window(step_windows(run, steps))
     if fmt in ("speedscope", "collapsed"):
         return _write_samples(run, fmt, out, by_phase)
     if fmt == "parquet":

@@ -129,7 +129,9 @@ def _timeline_note(run: Run, meta: dict) -> str:
     size = "This run is large" if large else f"This run has {meta['spans']:,} spans"
     return (f"<p class='muted' id='tl-capped'>{size}; to keep this page small it "
             f"holds {meta['items']:,} items: every span of the steps chosen for meaning ({_esc(chosen)}){detail}, "
-            f"and for the rest of the run {rest}. Every event: {export}, then open the file in ui.perfetto.dev "
+            f"and for the rest of the run {rest}. Every event: {export}"
+            + (" (add <code>--steps A-B</code> for a window of this large run)" if large else "")
+            + ", then open the file in ui.perfetto.dev "
             f"(or <code>--format chrome</code> for chrome://tracing); <code>stepscope report {_esc(run.name)} "
             "--steps A-B</code> keeps steps A to B in full detail.</p>")
 

@@ -250,6 +250,12 @@ class Run:
             frame = frame[near]
         return frame if columns is None else frame[[c for c in columns if c in frame.columns]]
 
+    def window(self, during) -> "RunWindow":
+        """This run seen through times [(start_ns, end_ns)]: its events, steps and GPU
+        records overlapping one of them (read with the filter pushed into a large run's
+        scan); everything else as the run has it. The exports take one as a run."""
+        return RunWindow(self, during)
+
     def rows(self, table: str) -> int:
         """Rows of a table, without building it when the run's dataset knows the count."""
         if table not in self._tables and self._data is not None:
@@ -503,6 +509,55 @@ def dataset_views(con, data) -> set:
     from stepscope.analysis import dataset
 
     return set(dataset.duckdb_views(con, data.root))
+
+
+class RunWindow:
+    """What ``Run.window`` returns: the run's attributes, with the time-bound tables filtered."""
+
+    def __init__(self, run: Run, during):
+        self._run, self.during = run, [(int(a), int(b)) for a, b in during]
+        self._tables = {}
+
+    def __getattr__(self, name):
+        return getattr(self._run, name)
+
+    def _near(self, frame: pd.DataFrame) -> pd.DataFrame:
+        start, end = frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy()
+        near = np.zeros(len(frame), dtype=bool)
+        for t0, t1 in self.during:
+            near |= (start < t1) & (end > t0)
+        return frame[near]
+
+    @property
+    def events(self) -> pd.DataFrame:
+        if "events" not in self._tables:
+            self._tables["events"] = self._run.select(during=self.during)
+        return self._tables["events"]
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self._near(self._run.steps)
+
+    @property
+    def phases(self) -> pd.DataFrame:
+        return self._near(self._run.phases)
+
+    def _gpu(self, name: str) -> pd.DataFrame:
+        if name not in self._tables:
+            self._tables[name] = self._run.gpu_select(name, self.during)
+        return self._tables[name]
+
+    kernels = property(lambda self: self._gpu("kernels"))
+    memcpy = property(lambda self: self._gpu("memcpy"))
+    memset = property(lambda self: self._gpu("memset"))
+    sync = property(lambda self: self._gpu("sync"))
+    cuda_api = property(lambda self: self._gpu("cuda_api"))
+
+    def gpu_select(self, table: str, during=None, columns=None) -> pd.DataFrame:
+        frame = self._gpu(table)
+        if during is not None:
+            frame = RunWindow(self._run, during)._near(frame)
+        return frame if columns is None else frame[[c for c in columns if c in frame.columns]]
 
 
 def _read_manifest(root: str):

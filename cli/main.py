@@ -165,6 +165,7 @@ def _report_command(args) -> int:
 def _export_command(args) -> int:
     from stepscope.analysis import load
     from stepscope.analysis.export import export
+    from stepscope.analysis.timeline_detail import parse_steps
 
     with _run_errors():
         run = load(args.run, quiet=True)
@@ -174,7 +175,13 @@ def _export_command(args) -> int:
         if interactive and total:
             print(f"\rstepscope: exporting {100 * done // total}%", end="", file=sys.stderr, flush=True)
 
-    path = export(run, args.format, args.output, progress, by_phase=args.by_phase)
+    try:
+        steps = parse_steps(args.steps) if args.steps else None
+        path = export(run, args.format, args.output, progress, by_phase=args.by_phase, steps=steps)
+    except ValueError as exc:
+        if args.steps and "step" in str(exc):
+            raise UsageError(f"--steps: {exc}") from None
+        raise
     if interactive:
         print("\r", end="", file=sys.stderr)
     print(path)
@@ -258,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", required=True, choices=("chrome", "perfetto", "parquet", "speedscope", "collapsed"))
     e.add_argument("-o", "--output")
     e.add_argument("--by-phase", action="store_true", help="collapsed: the phase as each stack's root frame")
+    e.add_argument("--steps", help="chrome/perfetto: only what ran during these train steps, e.g. 100-120 "
+                   "(a large run is then read a window at a time)")
     e.set_defaults(func=_export_command)
 
     from stepscope.cli.merge import add_parser as add_merge

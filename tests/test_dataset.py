@@ -309,6 +309,36 @@ def test_the_report_of_a_large_gpu_run_holds_no_kernels(gpu_run, tmp_path, monke
     assert not {"events", "kernels", "cuda_api"} & set(large._tables)
 
 
+def test_export_of_a_window_of_steps(gpu_run, tmp_path, monkeypatch):
+    """`stepscope export --steps A-B`: the trace holds what ran during those train steps
+    (their spans, steps, kernels), read from a large run without its events or kernels."""
+    import glob
+
+    from stepscope.analysis.export import export, step_windows
+
+    path = _copy(gpu_run, tmp_path, "run")
+    memory = stepscope.load(path, cache=False)
+    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    large = _EventsTrap(path, dataset=True)
+    windows = step_windows(large, [(1, 2)])
+    chrome = export(large, "chrome", str(tmp_path / "chrome"), steps=[(1, 2)])
+    perfetto = export(large, "perfetto", str(tmp_path / "w.perfetto-trace"), steps=[(1, 2)])
+    assert not {"events", "kernels", "cuda_api"} & set(large._tables) and os.path.getsize(perfetto) > 0
+    trace = json.load(open(glob.glob(os.path.join(chrome, "*.json"))[0]))["traceEvents"]
+    names = [e.get("name") for e in trace]
+    assert {"ProfilerStep#1", "ProfilerStep#2"} <= set(names) and "ProfilerStep#3" not in names
+    k = memory.kernels
+    inside = np.zeros(len(k), dtype=bool)
+    for t0, t1 in windows:
+        inside |= (k["start_ns"] < t1).to_numpy() & (k["end_ns"] > t0).to_numpy()
+    assert 0 < inside.sum() < len(k)
+    assert sum(e.get("cat") == "kernel" for e in trace) == int(inside.sum())
+    whole = json.load(open(glob.glob(os.path.join(export(memory, "chrome", str(tmp_path / "all")), "*.json"))[0]))
+    assert sum(e.get("cat") == "kernel" for e in whole["traceEvents"]) == len(k)
+    with pytest.raises(ValueError, match="no train step"):
+        export(large, "chrome", str(tmp_path / "none"), steps=[(50, 60)])
+
+
 def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_path, monkeypatch):
     """Issue 13: the report of a large run never builds its events table. Its timeline keeps every
     span of the steps chosen for meaning (read with a time filter pushed into the scan), the

@@ -119,8 +119,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
                 os.makedirs(os.path.join(root, RAW_GPU), exist_ok=True)
                 path = f"{where}.gpu.parquet" if where else os.path.join(
                     root, RAW_GPU, f"{entry['partition']}-{i:05d}.parquet")
-                raw.to_parquet(path + ".tmp", index=False)
-                os.replace(path + ".tmp", path)
+                raw.to_parquet(f"{path}.tmp{os.getpid()}", index=False)
+                os.replace(f"{path}.tmp{os.getpid()}", path)
                 gpu_parts.append((path, not where))
             elif len(raw):
                 gpu_parts.append(raw)
@@ -236,7 +236,9 @@ def _keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> 
     if len(events):
         keep[int(events["end_ns"].to_numpy().argmax())] = True
     _write(events, f"{where}.events.parquet")
-    events[keep].to_parquet(f"{where}.kept.parquet", index=False)  # every column, as decoded
+    tmp = f"{where}.kept.parquet.tmp{os.getpid()}"  # (another load of the run may be reading it)
+    events[keep].to_parquet(tmp, index=False)  # every column, as decoded
+    os.replace(tmp, f"{where}.kept.parquet")
     gpu = f"{where}.gpu.parquet"
     info = dict(part, identity=identity, version=LIVE_VERSION, gpu=gpu if os.path.exists(gpu) else None,
                 events_file=f"{where}.events.parquet")

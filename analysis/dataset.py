@@ -98,6 +98,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     entry = {"folder": folder, "partition": _safe(name), "events": 0, "rows": {"events": 0}}
     parts = max(1, -(-_trace_bytes(folder) // PART_BYTES))
     identity = _identity(folder) if live else None
+    live = live if identity is not None else None  # (a process folder without a trace)
     kept, gpu_parts, py_raw, extent = [], [], None, None
     for i in range(parts):
         reused = _reused_part(live, i, identity) if live and i < parts - 1 else None
@@ -222,10 +223,13 @@ def _raw_part(parts: list, i: int) -> Optional[pd.DataFrame]:
 
 
 # --- a trace still being written: its finished parts, kept between builds ------------------
-def _identity(folder: str) -> list:
+def _identity(folder: str) -> Optional[list]:
     from stepscope.core.vocabulary import TRACE_FILE
 
-    st = os.stat(os.path.join(folder, TRACE_FILE))
+    try:
+        st = os.stat(os.path.join(folder, TRACE_FILE))
+    except OSError:
+        return None
     return [st.st_dev, st.st_ino, PART_BYTES]
 
 

@@ -99,6 +99,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     parts = max(1, -(-_trace_bytes(folder) // PART_BYTES))
     identity = _identity(folder) if live else None
     live = live if identity is not None else None  # (a process folder without a trace)
+    still_written = live is not None and not _ended(folder)  # else its parts are not kept
     kept, gpu_parts, py_raw, extent = [], [], None, None
     for i in range(parts):
         reused = _reused_part(live, i, identity) if live and i < parts - 1 else None
@@ -113,7 +114,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
                 py_raw = samples.raw_frames([p])
                 if p.columns is not None:
                     entry["names"] = [str(n) for n in p.columns["names"]]
-            final = live and p.columns is not None and int(p.columns.get("valid_end", 0)) >= (i + 1) * PART_BYTES
+            final = live and still_written and p.columns is not None \
+                and int(p.columns.get("valid_end", 0)) >= (i + 1) * PART_BYTES
             where = os.path.join(live, f"part-{i:05d}") if final else None
             raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
             if len(raw) and (parts > 1 or where):  # GPU records wait on disk until steps and phases are known
@@ -231,6 +233,17 @@ def _identity(folder: str) -> Optional[list]:
     except OSError:
         return None
     return [st.st_dev, st.st_ino, PART_BYTES]
+
+
+def _ended(folder: str) -> bool:
+    """The process stopped profiling (process.json has its end time): its trace is final."""
+    from stepscope.core.vocabulary import PROCESS_JSON
+
+    try:
+        with open(os.path.join(folder, PROCESS_JSON)) as f:
+            return json.load(f).get("end_time") is not None
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> None:

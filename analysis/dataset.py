@@ -65,7 +65,11 @@ def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
     schema = pa.Schema.from_pandas(frame.iloc[:0], preserve_index=False)
     schema = schema.with_metadata({**(schema.metadata or {}), COLUMNS_KEY: order.encode()})
     tmp = f"{path}.tmp{os.getpid()}"
-    with pq.ParquetWriter(tmp, schema) as writer:
+    # Dictionary pages for the strings only: trying them on every column (Arrow's default)
+    # costs more than half of a GPU table's write, for numbers that rarely repeat
+    strings = [f.name for f in schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)
+               or pa.types.is_large_string(f.type)]
+    with pq.ParquetWriter(tmp, schema, use_dictionary=strings) as writer:
         for at in range(0, max(len(frame), 1), row_group):
             writer.write_table(pa.Table.from_pandas(frame.iloc[at:at + row_group], schema=schema,
                                                     preserve_index=False))
@@ -73,8 +77,7 @@ def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
 
 
 PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)
-RAW_GPU = ".raw-gpu"  # a large trace's GPU records, a part at a time, while the dataset is built
-LIVE_VERSION = 1  # of the parts kept between builds of a trace still being written
+LIVE_VERSION = 2  # of the parts kept between builds of a trace still being written (2: GPU records decoded again)
 # What the derived tables are built from: a small share of a large trace's events.
 _DERIVED_FROM = ("step", "phase", "system")
 
@@ -90,7 +93,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     (a later chunk follows them) are kept, so that the next build of a trace still
     being written decodes only what was written since (its parts are then fixed
     ``PART_BYTES`` of the file, which stay the same as it grows)."""
-    from stepscope.analysis import gpu, kernel_steps, samples, tables
+    from stepscope.analysis import gpu, gpu_raw, kernel_steps, samples, tables
     from stepscope.analysis.reader import _start_order, events_frame, read_process
     from stepscope.analysis.system import system_frame
 
@@ -105,7 +108,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         reused = _reused_part(live, i, identity) if live and i < parts - 1 else None
         if reused is not None:
             part, events = reused
-            gpu_parts.extend([(part["gpu"], False)] if part.get("gpu") else [])
+            if part.get("gpu"):
+                gpu_parts.append(i)
         else:
             p = read_process(folder, i, parts) if not live else read_process(folder, i, 0, PART_BYTES)
             if i == parts - 1:  # what every part carries: metadata, warnings, counts, names, stacks
@@ -117,18 +121,12 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             final = live and still_written and p.columns is not None \
                 and int(p.columns.get("valid_end", 0)) >= (i + 1) * PART_BYTES
             where = os.path.join(live, f"part-{i:05d}") if final else None
-            raw = gpu.raw_frame([p])  # first: events_frame releases the decoded columns
-            if len(raw) and (parts > 1 or where):  # GPU records wait on disk until steps and phases are known
-                os.makedirs(os.path.join(root, RAW_GPU), exist_ok=True)
-                path = f"{where}.gpu.parquet" if where else os.path.join(
-                    root, RAW_GPU, f"{entry['partition']}-{i:05d}.parquet")
-                raw.to_parquet(f"{path}.tmp{os.getpid()}", index=False)
-                os.replace(f"{path}.tmp{os.getpid()}", path)
-                gpu_parts.append((path, not where))
-            elif len(raw):
-                gpu_parts.append(raw)
-            del raw
-            part = {"events": p.events}
+            # GPU records wait until steps and phases are known: decoded again then (decoding
+            # is cheaper than keeping them), unless the trace is one part
+            has_gpu = p.columns is not None and p.columns.get("gpu") is not None and len(p.columns["gpu"]["type"])
+            if has_gpu:  # (before events_frame, which releases the decoded columns)
+                gpu_parts.append(gpu_raw.raw_columns(p) if parts == 1 else i)
+            part = {"events": p.events, "gpu": bool(has_gpu)}
             events = events_frame([p])
             del p
             if len(events):
@@ -175,24 +173,35 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     del kept
     # GPU records a part at a time (a GPU trace is mostly kernels): each part's tables are
     # one file, and the kernels are aggregated per step as they go
-    timeline, earlier_api, aggregates = gpu.Timeline(steps, phases), None, []
-    raw = _raw_part(gpu_parts, 0)
-    for i in range(len(gpu_parts)):
-        after = _raw_part(gpu_parts, i + 1)  # a launch may be recorded a part before or after its kernel
-        nearby = [a.loc[a["type"] >= 4, gpu.LAUNCH_KEYS] for a in (earlier_api, after) if a is not None]
-        part = gpu.gpu_tables(raw, steps, phases, timeline=timeline,
-                              other_api=pd.concat(nearby, ignore_index=True) if nearby else None)
-        earlier_api, raw = raw.loc[raw["type"] >= 4, [*gpu.LAUNCH_KEYS, "type"]], after
+    timeline, aggregates = gpu.Timeline(steps, phases), []
+
+    def raw_of(k):  # the GPU columns of the k-th entry of gpu_parts (decoded again), None past the end
+        if k >= len(gpu_parts):
+            return None
+        if isinstance(gpu_parts[k], dict):
+            return gpu_parts[k]
+        p = read_process(folder, gpu_parts[k], parts) if not live else \
+            read_process(folder, gpu_parts[k], 0, PART_BYTES)
+        return gpu_raw.raw_columns(p)
+
+    earlier, raw = None, raw_of(0)
+    for k in range(len(gpu_parts)):
+        at = gpu_parts[k] if isinstance(gpu_parts[k], int) else 0
+        after = raw_of(k + 1)  # a launch may be recorded a part before or after its kernel
+        gpu_parts[k] = None
+        nearby = [gpu_raw.api_keys(a) for a in (earlier, after) if a is not None]
+        part = gpu.gpu_tables(raw, steps, phases, timeline=timeline, other_api=nearby)
+        earlier, raw = raw, after
         del after, nearby
         aggregates.append(kernel_steps.aggregate(part["kernels"]))
         for table, frame in part.items():
             if len(frame):
                 d = partition_dir(root, table, entry["partition"])
                 os.makedirs(d, exist_ok=True)
-                _write(frame, os.path.join(d, f"part-{i:05d}.parquet"))
+                _write(frame, os.path.join(d, f"part-{at:05d}.parquet"))
             entry["rows"][table] = entry["rows"].get(table, 0) + int(len(frame))
         del part
-    del gpu_parts, earlier_api
+    del gpu_parts, earlier, raw
     out.update(kernel_steps.combine(aggregates))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
     del py_raw
@@ -208,20 +217,6 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         entry["rows"][table] = int(len(frame))
         del frame
     return entry
-
-
-def _raw_part(parts: list, i: int) -> Optional[pd.DataFrame]:
-    """The i-th part's raw GPU records (read back when on disk, and removed unless
-    kept for the next build), None past the end."""
-    if i >= len(parts):
-        return None
-    if isinstance(parts[i], tuple):
-        path, temporary = parts[i]
-        parts[i] = pd.read_parquet(path)
-        if temporary:
-            os.remove(path)
-    raw, parts[i] = parts[i], None  # held by the caller only
-    return raw
 
 
 # --- a trace still being written: its finished parts, kept between builds ------------------
@@ -247,8 +242,9 @@ def _ended(folder: str) -> bool:
 
 
 def _keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> None:
-    """Keeps a finished part: its events file, the events the derived tables need, and
-    (written before) its raw GPU records; the JSON, written last, makes it usable."""
+    """Keeps a finished part: its events file and the events the derived tables need (its
+    GPU records are decoded again: cheaper than keeping them); the JSON, written last,
+    makes it usable."""
     keep = events["category"].isin(_DERIVED_FROM).to_numpy().copy()
     if len(events):
         keep[int(events["end_ns"].to_numpy().argmax())] = True
@@ -256,9 +252,7 @@ def _keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> 
     tmp = f"{where}.kept.parquet.tmp{os.getpid()}"  # (another load of the run may be reading it)
     events[keep].to_parquet(tmp, index=False)  # every column, as decoded
     os.replace(tmp, f"{where}.kept.parquet")
-    gpu = f"{where}.gpu.parquet"
-    info = dict(part, identity=identity, version=LIVE_VERSION, gpu=gpu if os.path.exists(gpu) else None,
-                events_file=f"{where}.events.parquet")
+    info = dict(part, identity=identity, version=LIVE_VERSION, events_file=f"{where}.events.parquet")
     with open(f"{where}.json.tmp{os.getpid()}", "w") as f:
         json.dump(info, f)
     os.replace(f"{where}.json.tmp{os.getpid()}", f"{where}.json")
@@ -304,7 +298,6 @@ def build(folders: List[str], root: str, progress: Optional[bool] = None, live: 
         return _build(folders, sizes, root, parallel, bar, lives)
     finally:
         bar.close()
-        shutil.rmtree(os.path.join(root, RAW_GPU), ignore_errors=True)
 
 
 def _build(folders, sizes, root, parallel, bar, lives) -> List[dict]:

@@ -16,14 +16,14 @@ Precision (``precision``) is read from kernel names; see ``precision_of``.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import List, Optional
 
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.reader import wall_offset
+from stepscope.analysis import gpu_raw
+from stepscope.analysis.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
 from stepscope.core import _native
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
@@ -34,13 +34,7 @@ COPY_KINDS = dict(enumerate(_v.COPY_KINDS))
 MEMORY_KINDS = dict(enumerate(_v.MEMORY_KINDS))
 SYNC_TYPES = dict(enumerate(_v.SYNC_TYPES))
 
-RAW_COLUMNS = ["process", "pid", "rank", "host", "type", "sub", "sub2", "device", "stream", "name", "correlation",
-               "thread", "start_ns", "end_ns", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
-               "block_z", "registers", "static_smem", "dynamic_smem"]
-_CONFIG_FIELDS = RAW_COLUMNS[-9:]
-
 TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
-LAUNCH_KEYS = ["process", "correlation", "start_ns", "name"]
 _ATTRIBUTION = ["launch_api", "launch_start_ns", "mode", "step", "phase"]
 KERNEL_COLUMNS = ["process", "rank", "device", "stream", "name", "start_ns", "end_ns", "duration_ns",
                   "correlation", "step", "pid", "mode", "phase", "precision", "grid_x", "grid_y", "grid_z",
@@ -55,55 +49,6 @@ SYNC_COLUMNS = ["process", "rank", "pid", "device", "stream", "kind", "start_ns"
                 "correlation", *_ATTRIBUTION, "gpu_idle_after_ns"]
 API_COLUMNS = ["process", "rank", "pid", "api", "thread", "name", "start_ns", "end_ns", "duration_ns",
                "correlation", "mode", "step", "phase"]
-
-
-# --- raw records ------------------------------------------------------------------
-def empty_raw() -> pd.DataFrame:
-    types = {"process": "object", "host": "object", "name": "object", "rank": "Int64"}
-    return pd.DataFrame({c: pd.Series(dtype=types.get(c, "int64")) for c in RAW_COLUMNS})
-
-
-def raw_frame(procs) -> pd.DataFrame:
-    """Every process's GPU records, times on the wall clock (epoch ns) like events."""
-    parts = []
-    for p in procs:
-        c = p.columns
-        g = None if c is None else c.get("gpu")
-        if g is None or len(g["type"]) == 0:
-            continue
-        n = len(g["type"])
-        offset = wall_offset(p.meta)
-        names = list(c["names"])
-        ids = g["name"].astype(np.int64)
-        if int(ids.max()) >= len(names):  # a names chunk lost to damage
-            names += [f"<name {i}>" for i in range(len(names), int(ids.max()) + 1)]
-        configs = g["configs"].reshape(-1, 9).astype(np.int64)
-        cfg = g["config"].astype(np.int64)
-        has_cfg = (g["type"] == 0) & (cfg < len(configs))
-        cfg_values = np.zeros((n, 9), dtype=np.int64)
-        if has_cfg.any():
-            cfg_values[has_cfg] = configs[cfg[has_cfg]]
-        rank = p.meta.get("rank") if p.meta.get("rank") is not None else p.meta.get("parent_rank")
-        # Repeated strings as categories from the start (no string per record: millions of them)
-        one = np.zeros(n, dtype=np.int8)
-        frame = pd.DataFrame({
-            "process": pd.Categorical.from_codes(one, [os.path.basename(p.folder)]), "pid": int(p.meta.get("pid", -1)),
-            "rank": pd.arrays.IntegerArray(np.full(n, -1 if rank is None else int(rank)), np.full(n, rank is None)),
-            "host": pd.Categorical.from_codes(one, [str(p.meta.get("host", ""))]),
-            "type": g["type"].astype(np.int64), "sub": g["sub"].astype(np.int64), "sub2": g["sub2"].astype(np.int64),
-            "device": g["device"].astype(np.int64), "stream": g["stream"].astype(np.int64),
-            "name": (pd.Categorical.from_codes(ids, names) if len(set(names)) == len(names)
-                     else np.asarray(names, dtype=object)[ids]),
-            "correlation": g["correlation"].astype(np.int64), "thread": g["thread"].astype(np.int64),
-            "start_ns": g["start"] + offset, "end_ns": g["end"] + offset, "bytes": g["bytes"],
-        })
-        for i, col in enumerate(_CONFIG_FIELDS):
-            frame[col] = cfg_values[:, i]
-        parts.append(frame)
-    if not parts:
-        return empty_raw()
-    raw = pd.concat(parts, ignore_index=True)
-    return raw.sort_values(["process", "start_ns"], kind="stable").reset_index(drop=True)[RAW_COLUMNS]
 
 
 # --- precision ----------------------------------------------------------------------
@@ -139,20 +84,35 @@ def precision_of(name: str) -> str:
     return "unknown"
 
 
-def _classify(names: pd.Series) -> np.ndarray:
-    if not len(names):
-        return np.array([], dtype=object)
-    cat = names.astype("category")
-    classes = np.array([precision_of(n) for n in cat.cat.categories] + ["unknown"], dtype=object)
-    return classes[cat.cat.codes.to_numpy()]
+PRECISIONS = [cls for cls, _ in PRECISION_PATTERNS] + ["unknown"]
 
 
-def _demangle(names: pd.Series) -> pd.Series:
-    if not len(names):
-        return pd.Series([], index=names.index, dtype=object)
-    cat = names.astype("category")
-    plain = np.array(_native.demangle(list(cat.cat.categories)) + [""], dtype=object)
-    return pd.Series(plain[cat.cat.codes.to_numpy()], index=names.index)
+def _names_and_precision(mangled: pd.Categorical):
+    """(demangled name, precision) of each kernel, both categorical: the work is done once
+    per distinct name, and only the names used become categories."""
+    codes = np.asarray(mangled.codes, dtype=np.int64)
+    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(mangled.categories)))
+    plain = _native.demangle([str(mangled.categories[i]) for i in used]) if len(used) else []
+    plain_codes, plain_names = pd.factorize(pd.Index(plain, dtype=object))
+    to_plain = np.full(len(mangled.categories) + 1, -1, dtype=np.int64)
+    to_plain[used] = plain_codes
+    name_codes = to_plain[codes]  # (-1 stays -1: the table's last entry)
+    precision = np.array([PRECISIONS.index(precision_of(n)) for n in plain_names] + [PRECISIONS.index("unknown")],
+                         dtype=np.int64)
+    return (pd.Categorical.from_codes(name_codes, list(plain_names)),
+            pd.Categorical.from_codes(precision[name_codes], PRECISIONS))
+
+
+def _used(values: pd.Categorical) -> pd.Categorical:
+    """A categorical with only the categories its values use (unused ones cost nothing but
+    read as values that never occur)."""
+    codes = np.asarray(values.codes, dtype=np.int64)
+    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values.categories)))
+    if len(used) == len(values.categories):
+        return values
+    remap = np.full(len(values.categories) + 1, -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    return pd.Categorical.from_codes(remap[codes], [values.categories[i] for i in used])
 
 
 # --- attribution --------------------------------------------------------------------
@@ -220,12 +180,21 @@ def _lookup(seg_start, seg_end, times):
     return np.where(ok, safe, -1)
 
 
+def _categories(values, known) -> list:
+    """The distinct values, those of ``known`` first in its order, the rest sorted."""
+    seen = {str(v) for v in pd.unique(np.asarray(values, dtype=object)) if v is not None and not pd.isna(v)}
+    return [k for k in known if k in seen] + sorted(seen - set(known))
+
+
 class Timeline:
     """Per process, what ``attribute`` looks times up in: steps by start, and the
-    innermost-phase segments (built once per process, for every GPU table)."""
+    innermost-phase segments (built once per process, for every GPU table). Modes
+    and phases are codes into ``modes`` and ``phase_names``, the same for every process."""
 
     def __init__(self, steps: pd.DataFrame, phases: pd.DataFrame):
         self.steps, self.phases = steps, phases
+        self.modes = _categories(steps["mode"], _v.MODES)
+        self.phase_names = _categories(phases["name"], _v.PHASES)
         self._cache = {}
 
     def of(self, process):
@@ -234,15 +203,42 @@ class Timeline:
             step_index = None
             if len(s):
                 order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
+                mode = pd.Categorical(s["mode"].astype(object), categories=self.modes).codes
                 step_index = (s["start_ns"].to_numpy()[order], s["end_ns"].to_numpy()[order],
-                              s["mode"].astype(str).to_numpy()[order], s["step"].to_numpy()[order])
+                              np.asarray(mode, dtype=np.int64)[order], s["step"].to_numpy()[order])
             p = self.phases[self.phases["process"] == process]
             phase_index = None
             if len(p):
                 seg_s, seg_e, idx = _innermost_segments(p["start_ns"].to_numpy(), p["end_ns"].to_numpy())
-                phase_index = (seg_s, seg_e, p["name"].astype(str).to_numpy()[idx])
+                name = pd.Categorical(p["name"].astype(object), categories=self.phase_names).codes
+                phase_index = (seg_s, seg_e, np.asarray(name, dtype=np.int64)[idx])
             self._cache[process] = (step_index, phase_index)
         return self._cache[process]
+
+    def codes(self, process, times: np.ndarray):
+        """(mode code, step, phase code) at each time of one process; -1 outside (or time < 0)."""
+        n = len(times)
+        mode, step, phase = (np.full(n, -1, dtype=np.int64) for _ in range(3))
+        step_index, phase_index = self.of(process)
+        valid = times >= 0
+        t = times if valid.all() else np.where(valid, times, np.iinfo(np.int64).min)
+        if step_index is not None:
+            at = _lookup(step_index[0], step_index[1], t)
+            hit = at >= 0
+            mode[hit] = step_index[2][at[hit]]
+            step[hit] = step_index[3][at[hit]]
+        if phase_index is not None:
+            at = _lookup(phase_index[0], phase_index[1], t)
+            hit = at >= 0
+            phase[hit] = phase_index[2][at[hit]]
+        return mode, step, phase
+
+    def labels(self, mode: np.ndarray, phase: np.ndarray, categorical: bool):
+        """The codes as categoricals (large tables) or as strings with None (small ones)."""
+        if categorical:
+            return pd.Categorical.from_codes(mode, self.modes), pd.Categorical.from_codes(phase, self.phase_names)
+        return (np.asarray([*self.modes, None], dtype=object)[mode],
+                np.asarray([*self.phase_names, None], dtype=object)[phase])
 
 
 def attribute(processes: np.ndarray, times: np.ndarray, steps: pd.DataFrame, phases: pd.DataFrame,
@@ -251,51 +247,17 @@ def attribute(processes: np.ndarray, times: np.ndarray, steps: pd.DataFrame, pha
     of that process running at that time; None / -1 / None outside them."""
     timeline = timeline or Timeline(steps, phases)
     n = len(times)
-    mode = np.full(n, None, dtype=object)
+    mode = np.full(n, -1, dtype=np.int64)
     step = np.full(n, -1, dtype=np.int64)
-    phase = np.full(n, None, dtype=object)
-    valid = times >= 0
+    phase = np.full(n, -1, dtype=np.int64)
     for process in pd.unique(processes):
-        mine = np.flatnonzero((processes == process) & valid)
-        if not len(mine):
-            continue
-        t = times[mine]
-        step_index, phase_index = timeline.of(process)
-        if step_index is not None:
-            at = _lookup(step_index[0], step_index[1], t)
-            hit = at >= 0
-            mode[mine[hit]] = step_index[2][at[hit]]
-            step[mine[hit]] = step_index[3][at[hit]]
-        if phase_index is not None:
-            at = _lookup(phase_index[0], phase_index[1], t)
-            hit = at >= 0
-            phase[mine[hit]] = phase_index[2][at[hit]]
+        mine = np.flatnonzero(processes == process)
+        mode[mine], step[mine], phase[mine] = timeline.codes(process, times[mine])
+    mode, phase = timeline.labels(mode, phase, categorical=False)
     return mode, step, phase
 
 
 # --- tables -------------------------------------------------------------------------
-def _with_launch(part: pd.DataFrame, api: pd.DataFrame, steps, phases, own_time: bool = False,
-                 timeline: Optional[Timeline] = None) -> pd.DataFrame:
-    """Adds the launching API call (same process and correlation id), launch latency and
-    (mode, step, phase): of the launch for device records, of their own start for
-    host-side ones (syncs)."""
-    out = part.copy()
-    index = pd.MultiIndex.from_arrays([api["process"], api["correlation"]])
-    at = index.get_indexer(pd.MultiIndex.from_arrays([out["process"], out["correlation"]])) \
-        if len(api) and len(out) else np.full(len(out), -1)
-    found = at >= 0
-    safe = np.where(found, at, 0)
-    launch_start = api["start_ns"].to_numpy()[safe] if len(api) else np.zeros(len(out), dtype=np.int64)
-    out["launch_api"] = np.where(found, api["name"].to_numpy()[safe] if len(api) else None, None)
-    out["launch_start_ns"] = pd.arrays.IntegerArray(launch_start.astype(np.int64), ~found)
-    out["duration_ns"] = out["end_ns"] - out["start_ns"]
-    out["launch_latency_ns"] = pd.arrays.IntegerArray((out["start_ns"].to_numpy() - launch_start).astype(np.int64),
-                                                      ~found)
-    when = out["start_ns"].to_numpy() if own_time else np.where(found, launch_start, -1)
-    out["mode"], out["step"], out["phase"] = attribute(out["process"].to_numpy(), when, steps, phases, timeline)
-    return out
-
-
 def idle_after(sync: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     """Per sync, the GPU time lost to it: from its end (the GPU has drained) to the start
     of the process's next kernel. Syncs with no kernel between them share one gap: it
@@ -323,55 +285,25 @@ def idle_after(sync: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def gpu_tables(raw: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame,
-               other_api: Optional[pd.DataFrame] = None, timeline: Optional[Timeline] = None) -> dict:
-    """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records.
-    ``other_api``: API records (raw rows) of the parts of the trace before and after
-    this one, where the launches of device records near its ends may be."""
-    # Repeated strings as categories: row selections of millions of records stay cheap
-    raw = raw.astype({c: "category" for c in ("process", "host", "name") if c in raw.columns})
-    api = raw.loc[raw["type"] >= 4, LAUNCH_KEYS]  # what a device record takes of its launch
-    if other_api is not None and len(other_api):
-        api = pd.concat([api, other_api[LAUNCH_KEYS]], ignore_index=True)
-        api = api.astype({c: "category" for c in ("process", "name")})
-    launches = api.drop_duplicates(["process", "correlation"], keep="first").reset_index(drop=True)
-    del api
-    out = {}
+def gpu_tables(raw, steps: pd.DataFrame, phases: pd.DataFrame, other_api: Optional[list] = None,
+               timeline: Optional[Timeline] = None) -> dict:
+    """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records
+    (``gpu_raw.raw_columns`` of one process, or ``raw_frame``'s DataFrame of any number).
+    ``other_api``: ``gpu_raw.api_keys`` of the parts of the same process's trace before
+    and after this one, where the launches of device records near its ends may be."""
+    from stepscope.analysis import gpu_build
+
+    cols = gpu_raw.columns_of(raw)
     timeline = timeline or Timeline(steps, phases)
+    process = cols["process"]
+    codes = np.asarray(process.codes)
+    present = np.flatnonzero(np.bincount(codes, minlength=len(process.categories))) if len(codes) else []
+    if len(present) <= 1:
+        parts = [gpu_build.process_tables(cols, None, timeline, other_api)]
+    else:
+        parts = [gpu_build.process_tables(cols, np.flatnonzero(codes == c), timeline, None) for c in present]
+    if len(parts) == 1:
+        return parts[0]
+    from stepscope.analysis.dataset import _concat
 
-    k = _with_launch(raw[raw["type"] == 0], launches, steps, phases, timeline=timeline)
-    k = k.rename(columns={"name": "mangled"})
-    k["name"] = _demangle(k["mangled"])
-    k["precision"] = _classify(k["name"])
-    out["kernels"] = k[KERNEL_COLUMNS].reset_index(drop=True)
-
-    m = _with_launch(raw[raw["type"] == 1], launches, steps, phases, timeline=timeline)
-    m["kind"] = m["sub"].map(COPY_KINDS).fillna("unknown")
-    m["src_memory"] = (m["sub2"] & 15).map(MEMORY_KINDS).fillna("unknown")
-    m["dst_memory"] = (m["sub2"] // 16).map(MEMORY_KINDS).fillna("unknown")
-    kind = m["kind"].astype(str)
-    host_side = np.where(kind.str.startswith("H"), m["src_memory"].astype(str),
-                         np.where(kind.str.endswith("H"), m["dst_memory"].astype(str), ""))
-    # Whether the host side of the copy is pinned; NA for device-to-device copies.
-    m["pinned"] = pd.arrays.BooleanArray(host_side == "pinned", host_side == "")
-    dur = m["duration_ns"].to_numpy(dtype=float)
-    m["bytes_per_s"] = np.where(dur > 0, m["bytes"].to_numpy(dtype=float) / np.where(dur > 0, dur, 1) * 1e9, np.nan)
-    out["memcpy"] = m[MEMCPY_COLUMNS].reset_index(drop=True)
-
-    s = _with_launch(raw[raw["type"] == 2], launches, steps, phases, timeline=timeline)
-    s["memory"] = s["sub"].map(MEMORY_KINDS).fillna("unknown")
-    out["memset"] = s[MEMSET_COLUMNS].reset_index(drop=True)
-
-    y = _with_launch(raw[raw["type"] == 3], launches, steps, phases, own_time=True, timeline=timeline)
-    y["kind"] = y["sub"].map(SYNC_TYPES).fillna("unknown")
-    y["stream"] = y["stream"].where(y["stream"] != CONTEXT_STREAM, -1)
-    y["gpu_idle_after_ns"] = idle_after(y, k)
-    out["sync"] = y[SYNC_COLUMNS].reset_index(drop=True)
-
-    a = raw[raw["type"] >= 4].copy()
-    a["api"] = np.where(a["type"] == 4, "runtime", "driver")
-    a["duration_ns"] = a["end_ns"] - a["start_ns"]
-    a["mode"], a["step"], a["phase"] = attribute(a["process"].to_numpy(), a["start_ns"].to_numpy(), steps, phases,
-                                                 timeline)
-    out["cuda_api"] = a[API_COLUMNS].reset_index(drop=True)
-    return out
+    return {table: _concat([p[table] for p in parts]) for table in TABLES}

@@ -84,10 +84,10 @@ def _steps(kernels: pd.DataFrame, max_gap_ns: float):
     latency = k["launch_latency_ns"].to_numpy(dtype=float, na_value=np.nan)[order]
     rows = pd.DataFrame({
         "process": pd.Categorical.from_codes(pcode, categories=process.cat.categories),
-        "rank": k["rank"].to_numpy()[order], "device": device, "mode": k["mode"].to_numpy()[order], "step": step,
-        "phase": k["phase"].to_numpy()[order], "duration": k["duration_ns"].to_numpy(dtype=np.int64)[order],
+        "rank": k["rank"].array.take(order), "device": device, "mode": _labels(k["mode"], order), "step": step,
+        "phase": _labels(k["phase"], order), "duration": k["duration_ns"].to_numpy(dtype=np.int64)[order],
         "busy": busy, "gap": gap, "waited": waited, "launch_gap": np.where(waited, gap, 0),
-        "launch_gap_or_nan": np.where(waited, gap, np.nan), "latency": latency})
+        "launch_gap_or_nan": np.where(waited, gap, np.nan), "latency": latency}, copy=False)
     by = rows.groupby(_KEY, dropna=False, sort=True, observed=True)
     steps = by.agg(kernels=("duration", "size"), kernel_ns=("duration", "sum"),
                    kernel_ns_median=("duration", "median"), busy_ns=("busy", "sum"), gap_ns=("gap", "sum"),
@@ -98,6 +98,12 @@ def _steps(kernels: pd.DataFrame, max_gap_ns: float):
         kernels=("duration", "size"), kernel_ns=("duration", "sum"), busy_ns=("busy", "sum"),
         launch_gap_ns=("launch_gap", "sum")).reset_index()
     return _typed(steps, STEP_COLUMNS), _typed(phases, PHASE_COLUMNS)
+
+
+def _labels(column: pd.Series, order: np.ndarray):
+    """A string column in this row order, as a categorical (grouping by codes, not strings)."""
+    values = column.array if isinstance(column.dtype, pd.CategoricalDtype) else pd.Categorical(column)
+    return values.take(order)
 
 
 def combine(parts: list) -> dict:

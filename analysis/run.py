@@ -29,8 +29,9 @@ from stepscope.core import runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
 LIVE_DIR = "live"  # under the run's cache folder: finished parts of traces still being written
-CACHE_VERSION = 5  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
-# 5: kernels aggregated per step (analysis/kernel_steps.py), syncs' GPU idle time after them
+CACHE_VERSION = 6  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
+# 5: kernels aggregated per step (analysis/kernel_steps.py), syncs' GPU idle time after them;
+# 6: the large GPU tables' strings categorical
 # Traces larger than this (about 8 M events) are read through the run's Parquet dataset, a process
 # and a part at a time (analysis/dataset.py): the first load decodes into it, later ones only read it
 LARGE_BYTES = 64 << 20

@@ -146,7 +146,8 @@ def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
     parts = stepscope.load(s.path, dataset=True)
     kernel_files = os.listdir(os.path.join(parts._data.root, "kernels", os.listdir(
         os.path.join(parts._data.root, "kernels"))[0]))
-    assert len(kernel_files) >= 3 and not os.path.exists(os.path.join(parts._data.root, dataset.RAW_GPU))
+    # each part's tables in a file of their own, and nothing else left behind
+    assert len(kernel_files) >= 3 and set(os.listdir(parts._data.root)) <= {*dataset.TABLES, "manifest.json"}
     for table in GPU_TABLES:
         pd.testing.assert_frame_equal(getattr(memory, table), getattr(parts, table), check_categorical=False,
                                       obj=table)

@@ -189,9 +189,9 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         at = gpu_parts[k] if isinstance(gpu_parts[k], int) else 0
         after = raw_of(k + 1)  # a launch may be recorded a part before or after its kernel
         gpu_parts[k] = None
-        nearby = [gpu_raw.api_keys(a) for a in (earlier, after) if a is not None]
+        nearby = [keys for keys in (earlier, None if after is None else gpu_raw.api_keys(after)) if keys is not None]
         part = gpu.gpu_tables(raw, steps, phases, timeline=timeline, other_api=nearby)
-        earlier, raw = raw, after
+        earlier, raw = gpu_raw.api_keys(raw), after  # of the part before, only its launches are needed
         del after, nearby
         aggregates.append(kernel_steps.aggregate(part["kernels"]))
         for table, frame in part.items():
@@ -201,6 +201,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
                 _write(frame, os.path.join(d, f"part-{at:05d}.parquet"))
             entry["rows"][table] = entry["rows"].get(table, 0) + int(len(frame))
         del part
+        _release_arrow_memory()
     del gpu_parts, earlier, raw
     out.update(kernel_steps.combine(aggregates))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
@@ -217,6 +218,14 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         entry["rows"][table] = int(len(frame))
         del frame
     return entry
+
+
+def _release_arrow_memory() -> None:
+    """Arrow's allocator keeps freed memory for reuse; between parts it is given back, so a
+    worker's peak is one part's, not the largest it ever held plus the allocator's cache."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 # --- a trace still being written: its finished parts, kept between builds ------------------

@@ -112,9 +112,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
                 gpu_parts.append(i)
         else:
             p = read_process(folder, i, parts) if not live else read_process(folder, i, 0, PART_BYTES)
-            if i == parts - 1:  # what every part carries: metadata, warnings, counts, names, stacks
-                entry.update(meta=p.meta, warnings=p.warnings, dropped=p.dropped, clean_close=p.clean_close,
-                             readable=p.readable)
+            if i == parts - 1:  # what every part carries: metadata, structural warnings, counts, names, stacks
+                entry.update(meta=p.meta, dropped=p.dropped, clean_close=p.clean_close, readable=p.readable)
                 py_raw = samples.raw_frames([p])
                 if p.columns is not None:
                     entry["names"] = [str(n) for n in p.columns["names"]]
@@ -126,7 +125,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             has_gpu = p.columns is not None and p.columns.get("gpu") is not None and len(p.columns["gpu"]["type"])
             if has_gpu:  # (before events_frame, which releases the decoded columns)
                 gpu_parts.append(gpu_raw.raw_columns(p) if parts == 1 else i)
-            part = {"events": p.events, "gpu": bool(has_gpu)}
+            # (a damaged chunk is reported by the part that decodes it)
+            part = {"events": p.events, "gpu": bool(has_gpu), "warnings": list(p.warnings)}
             events = events_frame([p])
             del p
             if len(events):
@@ -136,6 +136,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             if where:
                 _keep_part(where, part, events, identity)
         entry["events"] += part["events"]
+        seen_warnings = entry.setdefault("warnings", [])
+        seen_warnings.extend(w for w in part.get("warnings", []) if w not in seen_warnings)
         if not len(events):
             continue
         seen = entry.setdefault("categories", [])  # what select() need not look for elsewhere

@@ -47,6 +47,7 @@ struct ChunkRef {
   uint8_t type;
   size_t offset;  // of the payload
   uint32_t len;
+  uint32_t crc;  // as the header says
 };
 
 uint32_t load32(const uint8_t* p) {
@@ -288,13 +289,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
       continue;
     }
     c.valid_end = payload + len;
-    if (crc32c(d + payload, len) != crc) {
-      c.warnings.push_back(path + ": checksum mismatch in chunk at offset " +
-                           std::to_string(off) + ", chunk skipped");
-      off = payload + len;
-      continue;
-    }
-    chunks.push_back({type, payload, len});
+    chunks.push_back({type, payload, len, crc});
     off = payload + len;
   }
   // A part is a contiguous run of the event chunks and one of the GPU chunks; every
@@ -310,15 +305,21 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
     return nth++ * parts / n == part;
   };
   for (size_t i = 0, ie = 0, ig = 0; i < chunks.size(); ++i) {
+    if (chunks[i].type == kChunkEvents) mine[i] = in_part(i, ie, n_events);
+    else if (chunks[i].type == kChunkGpu) mine[i] = in_part(i, ig, n_gpu);
+    // Checksums of the chunks this part decodes only: a trace read a part at a time
+    // would otherwise be checked whole for every part
+    if (mine[i] && crc32c(d + chunks[i].offset, chunks[i].len) != chunks[i].crc) {
+      c.warnings.push_back(path + ": checksum mismatch in chunk at offset " +
+                           std::to_string(chunks[i].offset - kChunkHeader) + ", chunk skipped");
+      mine[i] = false;
+    }
     if (chunks[i].type == kChunkEvents) {
-      mine[i] = in_part(i, ie, n_events);
       if (mine[i]) {
         Cursor cur{d + chunks[i].offset, d + chunks[i].offset + chunks[i].len};
         cur.varint();
         events += size_t(cur.varint());
       }
-    } else if (chunks[i].type == kChunkGpu) {
-      mine[i] = in_part(i, ig, n_gpu);
     }
   }
   for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->reserve(events);

@@ -68,7 +68,12 @@ def test_truncated_file_loads_the_prefix_with_a_warning(tmp_path):
     assert 5_000 < n < 20_000
 
 
-def test_corrupt_chunk_is_skipped_and_named(tmp_path):
+@pytest.mark.parametrize("in_parts", [False, True])
+def test_corrupt_chunk_is_skipped_and_named(tmp_path, monkeypatch, in_parts):
+    """Read at once, or through a dataset built a part at a time (each part checks the
+    checksums of the chunks it decodes): the damaged chunk is named once, the rest kept."""
+    from stepscope.analysis import dataset
+
     path, trace = _write_run(tmp_path, "corrupt")
     size = os.path.getsize(trace)
     with open(trace, "r+b") as f:
@@ -76,8 +81,12 @@ def test_corrupt_chunk_is_skipped_and_named(tmp_path):
         b = f.read(1)
         f.seek(size // 2)
         f.write(bytes([b[0] ^ 0xFF]))
-    with pytest.warns(UserWarning, match=r"trace\.ssc: (checksum mismatch|corrupt).*offset \d+"):
-        r = stepscope.load(path)
+    if in_parts:
+        monkeypatch.setattr(dataset, "PART_BYTES", max(size // 5, 1024))
+    with pytest.warns(UserWarning, match=r"trace\.ssc: (checksum mismatch|corrupt).*offset \d+") as caught:
+        r = stepscope.load(path, dataset=in_parts)
+    named = [w for w in caught if "checksum mismatch" in str(w.message) or "corrupt" in str(w.message)]
+    assert len(named) == 1
     n = len(r.events[r.events["name"] == "a"])
     assert 10_000 < n < 20_000  # one chunk lost, the rest kept
 

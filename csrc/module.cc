@@ -301,12 +301,13 @@ nb::object to_numpy(std::vector<T>&& v) {
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
 }
 
-nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes) {
+nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes, bool with_events,
+                       bool with_gpu) {
   Columns c;
   {
     nb::gil_scoped_release nogil;
     try {
-      c = read_trace(path, part, parts, part_bytes);
+      c = read_trace(path, part, parts, part_bytes, with_events, with_gpu);
     } catch (const FormatError& e) {
       nb::gil_scoped_acquire gil;
       throw nb::value_error(e.what());
@@ -324,6 +325,7 @@ nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, u
   d["value"] = to_numpy(std::move(c.value));
   d["names"] = nb::cast(c.names);
   d["valid_end"] = c.valid_end;
+  d["gpu_chunks"] = c.gpu_chunks;
   nb::list tracks;
   for (auto& t : c.tracks) tracks.append(nb::make_tuple(t.id, t.tid, t.kind, t.name));
   d["tracks"] = tracks;
@@ -459,10 +461,11 @@ NB_MODULE(_native, m) {
     return sampler_pass_ns(passes);
   }, "Benchmark: ns per sampling pass of the running sampler (-1 if none runs).");
   m.def("read_trace", &read_trace_py, nb::arg("path"), nb::arg("part") = 0, nb::arg("parts") = 1,
-        nb::arg("part_bytes") = 0,
+        nb::arg("part_bytes") = 0, nb::arg("events") = true, nb::arg("gpu") = true,
         "Decodes one trace file into numpy columns (parts > 1: the part-th group of its event and GPU chunks; "
-        "part_bytes > 0: the chunks that start in the part-th part_bytes of the file). valid_end: the offset "
-        "after the last complete chunk.");
+        "part_bytes > 0: the chunks that start in the part-th part_bytes of the file; events/gpu False: those "
+        "chunks are left undecoded). valid_end: the offset after the last complete chunk; gpu_chunks: the "
+        "GPU chunks of the part, decoded or not.");
   m.attr("GPU_TYPES") = nb::make_tuple("kernel", "memcpy", "memset", "sync", "runtime", "driver");
   m.def("launch_config", [](std::vector<uint32_t> grid, std::vector<uint32_t> block, uint32_t registers,
                             uint32_t static_smem, uint32_t dynamic_smem) {

@@ -237,7 +237,8 @@ void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t o
 
 }  // namespace
 
-Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes) {
+Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes, bool events_wanted,
+                   bool gpu_wanted) {
   if (part_bytes == 0 && (parts == 0 || part >= parts)) throw FormatError("part must be in 0..parts-1");
   Mapped m(path);
   const uint8_t* d = m.data;
@@ -305,8 +306,13 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
     return nth++ * parts / n == part;
   };
   for (size_t i = 0, ie = 0, ig = 0; i < chunks.size(); ++i) {
-    if (chunks[i].type == kChunkEvents) mine[i] = in_part(i, ie, n_events);
-    else if (chunks[i].type == kChunkGpu) mine[i] = in_part(i, ig, n_gpu);
+    if (chunks[i].type == kChunkEvents) {
+      mine[i] = in_part(i, ie, n_events) && events_wanted;
+    } else if (chunks[i].type == kChunkGpu) {
+      mine[i] = in_part(i, ig, n_gpu);
+      c.gpu_chunks += mine[i];
+      mine[i] = mine[i] && gpu_wanted;
+    }
     // Checksums of the chunks this part decodes only: a trace read a part at a time
     // would otherwise be checked whole for every part
     if (mine[i] && crc32c(d + chunks[i].offset, chunks[i].len) != chunks[i].crc) {

@@ -53,6 +53,7 @@ struct Columns {
   uint16_t major = 0, minor = 0;
   uint64_t dropped = 0, written = 0;
   uint64_t valid_end = 0;  // file offset after the last complete chunk
+  uint64_t gpu_chunks = 0;  // GPU chunks in the part read (decoded or not)
   bool clean_close = false;
   std::vector<std::string> warnings;
 };
@@ -66,6 +67,9 @@ struct FormatError : std::runtime_error {
 // the GPU chunks) is decoded, so a large trace can be read a piece at a time.
 // part_bytes > 0 instead: the part-th part_bytes of the file (the event and GPU chunks
 // that start there), parts that stay the same while a live trace grows.
-Columns read_trace(const std::string& path, uint32_t part = 0, uint32_t parts = 1, uint64_t part_bytes = 0);
+// events/gpu false: those chunks of the part are neither checked nor decoded (a reader
+// that takes a part's events and its GPU records at different times).
+Columns read_trace(const std::string& path, uint32_t part = 0, uint32_t parts = 1, uint64_t part_bytes = 0,
+                   bool events = true, bool gpu = true);
 
 }  // namespace stepscope

@@ -54,15 +54,25 @@ def aggregate(kernels: pd.DataFrame, max_gap_ns: float = LAUNCH_GAP_NS) -> dict:
     return {"kernel_steps": steps, "kernel_phases": phases, "kernel_names": names(kernels)}
 
 
+_READS = ["process", "rank", "device", "mode", "step", "phase", "start_ns", "end_ns", "duration_ns", "launch_start_ns",
+          "launch_latency_ns"]
+
+
 def _steps(kernels: pd.DataFrame, max_gap_ns: float):
-    k = kernels[is_compute(kernels["name"])] if len(kernels) else kernels
-    if not len(k):
+    compute = is_compute(kernels["name"]) if len(kernels) else np.zeros(0, dtype=bool)
+    if not compute.any():
         return _empty(STEP_COLUMNS), _empty(PHASE_COLUMNS)
+    k = kernels[_READS]  # (the columns read, not the whole table, when rows are left out)
+    k = k if compute.all() else k[compute]
     process = k["process"].astype("category")
     pcode = process.cat.codes.to_numpy().astype(np.int64)
     device = k["device"].to_numpy(dtype=np.int64)
     start = k["start_ns"].to_numpy(dtype=np.int64)
-    order = np.lexsort((start, device, pcode))
+    if pcode[0] == pcode.max() == pcode.min() and device[0] == device.max() == device.min() \
+            and np.all(start[1:] >= start[:-1]):
+        order = np.arange(len(start))  # one device's kernels in start order: a part of a process's trace
+    else:
+        order = np.lexsort((start, device, pcode))
     pcode, device, start = pcode[order], device[order], start[order]
     end = k["end_ns"].to_numpy(dtype=np.int64)[order]
     step = k["step"].to_numpy(dtype=np.int64)[order]

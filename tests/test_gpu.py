@@ -171,6 +171,30 @@ def test_kernels_linked_to_launch_step_and_phase(run_dir):
     assert run.sql("select count(*) as n from kernels where phase = 'Backward'")["n"][0] == 3
 
 
+def test_launch_lookup_takes_the_first_call_of_a_correlation_id(run_dir):
+    """Launches are found by correlation id in a sorted array (analysis/gpu_raw.py): records
+    written out of time order still find theirs, an id two API calls carry resolves to the
+    earlier call, and the string columns of the large tables are categorical."""
+    import pandas as pd
+
+    s = stepscope.start(name="lookup", gpu="off")
+    t = time.monotonic_ns()
+    # kernels first, their launches after (as CUPTI's activity buffers may hand them over)
+    for i in range(5):
+        rec.kernel(f"kernel_{i % 2}", t + 100_000 * i + 50_000, t + 100_000 * i + 60_000, 100 + i)
+    for i in reversed(range(5)):
+        rec.api("cudaLaunchKernel", t + 100_000 * i, t + 100_000 * i + 2_000, 100 + i)
+    rec.api("cudaLaunchKernelExC", t + 600_000, t + 602_000, 102)  # the same id again, later
+    s.stop()
+    k = stepscope.load(s.path, cache=False).kernels.set_index("correlation").sort_index()
+    assert list(k.index) == [100, 101, 102, 103, 104]
+    assert (k["launch_api"] == "cudaLaunchKernel").all()
+    assert list(k["launch_latency_ns"]) == [50_000] * 5
+    assert list(k["name"]) == ["kernel_0", "kernel_1"] * 2 + ["kernel_0"]
+    for column in ("name", "mangled", "precision", "mode", "phase", "launch_api"):
+        assert isinstance(k[column].dtype, pd.CategoricalDtype), column
+
+
 def pd_isna(v):
     import pandas as pd
 

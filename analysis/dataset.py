@@ -8,7 +8,7 @@ Tables: ``events`` (the decoded trace, times on the wall clock), ``steps``,
 ``phases``, ``system`` and the GPU tables (``kernels``, ``memcpy``, ``memset``,
 ``sync``, ``cuda_api``), the same columns as ``stepscope.load(RUN).<table>``
 except ``process``, which is the Hive partition key. Events are written in row
-groups of ``ROW_GROUP`` rows, sorted by start time within each process.
+groups of ``ROW_GROUP_ROWS`` rows, sorted by start time within each process.
 
 Every table of a process is derived from that process's trace alone (steps
 belong to a process's threads, GPU records to the process that saw them), so
@@ -32,7 +32,10 @@ import pandas as pd
 
 PARTITION = "process"
 COLUMNS_KEY = b"stepscope.columns"
-ROW_GROUP = 1 << 20
+ROW_GROUP = 1 << 20  # rows gathered before a file is written (tables with few rows a part)
+# Rows per Parquet row group: a time window's read skips the groups outside it by their
+# statistics, so smaller groups read less of a large trace (DuckDB writes 122,880)
+ROW_GROUP_ROWS = 1 << 17
 DERIVED = ("steps", "phases", "system", "kernels", "memcpy", "memset", "sync", "cuda_api",
            # analysis/kernel_steps.py: what the GPU rules read instead of the kernels
            "kernel_steps", "kernel_phases", "kernel_names")
@@ -54,7 +57,7 @@ def _safe(process: str) -> str:
 
 
 # --- writing ------------------------------------------------------------------------------
-def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP) -> None:
+def _write(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP_ROWS) -> None:
     """One Parquet file, a row group at a time (Arrow holds one group, not a copy of the table)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -124,6 +127,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     live = live if identity is not None else None  # (a process folder without a trace)
     still_written = live is not None and not _ended(folder)  # else its parts are not kept
     kept, gpu_parts, py_raw, extent = [], [], None, None
+    pending = _Pending(root, entry)  # rows of a few tables, written once there are enough
     for i in range(parts):
         reused = _reused_part(live, i, identity) if live and i < parts - 1 else None
         if reused is not None:
@@ -175,14 +179,17 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             kept.append(events[keep])
         d = partition_dir(root, "events", entry["partition"])
         os.makedirs(d, exist_ok=True)
-        if reused is not None:
-            _link(part["events_file"], os.path.join(d, f"part-{i}.parquet"))
-        elif live and os.path.exists(os.path.join(live, f"part-{i:05d}.json")):
-            _link(os.path.join(live, f"part-{i:05d}.events.parquet"), os.path.join(d, f"part-{i}.parquet"))
-        else:
-            _write(events, os.path.join(d, f"part-{i}.parquet"))
+        kept_file = part["events_file"] if reused is not None else os.path.join(live, f"part-{i:05d}.events.parquet") \
+            if live and os.path.exists(os.path.join(live, f"part-{i:05d}.json")) else None
+        if kept_file is not None:
+            _link(kept_file, os.path.join(d, f"part-{i}.parquet"))
+            _span(entry, "events", f"part-{i}.parquet", *part["extent"][:2])
+        else:  # parts with few events (a GPU trace's) are gathered into files of 1 M rows
+            pending.add("events", i, events)
+            pending.flush(ROW_GROUP)
         entry["rows"]["events"] += int(part["extent"][2])
         del events
+    pending.flush(0)
     if extent is not None:
         entry["extent"] = dict(zip(("start_ns", "end_ns", "events", "recorded"), extent))
     if len(kept) > 1:
@@ -222,13 +229,17 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         del after, nearby
         aggregates.append(kernel_steps.aggregate(part["kernels"]))
         for table, frame in part.items():
-            if len(frame):
-                d = partition_dir(root, table, entry["partition"])
-                os.makedirs(d, exist_ok=True)
-                _write(frame, os.path.join(d, f"part-{at:05d}.parquet"))
             entry["rows"][table] = entry["rows"].get(table, 0) + int(len(frame))
+            if len(frame) and table in _FEW_ROWS:
+                pending.add(table, at, frame)
+            elif len(frame):
+                d = _made(partition_dir(root, table, entry["partition"]))
+                _write(frame, os.path.join(d, f"part-{at:05d}.parquet"))
+                _span(entry, table, f"part-{at:05d}.parquet", frame["start_ns"].min(), frame["end_ns"].max())
+        pending.flush(ROW_GROUP)
         del part
         _release_arrow_memory()
+    pending.flush(0)
     del gpu_parts, earlier, raw
     out.update(kernel_steps.combine(aggregates))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
@@ -245,6 +256,43 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         entry["rows"][table] = int(len(frame))
         del frame
     return entry
+
+
+_FEW_ROWS = ("memcpy", "memset", "sync")  # GPU tables with a few rows a step: written a file per 1 M rows
+
+
+def _span(entry: dict, table: str, file: str, start, end) -> None:
+    """Notes the time a file of a table covers: reads of a time window skip the files
+    outside it without opening them (a large GPU trace is hundreds of files a process)."""
+    entry.setdefault("spans", {}).setdefault(table, {})[file] = [int(start), int(end)]
+
+
+def _made(d: str) -> str:
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+class _Pending:
+    """Rows of a table gathered over parts and written once there are ``ROW_GROUP`` of
+    them (the small GPU tables; the events of a GPU trace, a few thousand a part): a
+    file per part would be hundreds of tiny files per process, and reads open each."""
+
+    def __init__(self, root: str, entry: dict):
+        self.root, self.entry = root, entry
+        self.frames = {}  # table -> (first part number, [frames])
+
+    def add(self, table: str, at: int, frame: pd.DataFrame) -> None:
+        self.frames.setdefault(table, (at, []))[1].append(frame)
+
+    def flush(self, at_least: int) -> None:
+        for table, (first, frames) in list(self.frames.items()):
+            if sum(len(f) for f in frames) >= max(at_least, 1):
+                d = _made(partition_dir(self.root, table, self.entry["partition"]))
+                frame = _concat(frames) if len(frames) > 1 else frames[0]
+                name = f"part-{first}.parquet" if table == "events" else f"part-{first:05d}.parquet"
+                _write(frame, os.path.join(d, name))
+                _span(self.entry, table, name, frame["start_ns"].min(), frame["end_ns"].max())
+                del self.frames[table]
 
 
 def _release_arrow_memory() -> None:
@@ -397,16 +445,19 @@ def files_of(root: str, table: str, partitions: Iterable[str]) -> List[tuple]:
 
 
 def read_table(root: str, table: str, processes: List[str], partitions: List[str],
-               filter=None, columns: Optional[List[str]] = None) -> Optional[pd.DataFrame]:
+               filter=None, columns: Optional[List[str]] = None, keep_file=None) -> Optional[pd.DataFrame]:
     """A table as pandas (``processes``: folder names, in the run's order;
     ``partitions``: their partition names). ``filter``: a pyarrow compute
-    expression applied while reading (row groups it excludes are skipped).
-    None when no process has rows in it."""
+    expression applied while reading (row groups it excludes are skipped);
+    ``keep_file(partition, path)``: False for files known to hold none of the rows
+    wanted. None when no process has rows in it."""
     import pyarrow.dataset as ds
 
     code_of = {part: i for i, part in enumerate(partitions)}
     parts, files = [], files_of(root, table, partitions)
     for part, path in files:
+        if keep_file is not None and not keep_file(part, path):
+            continue
         data = ds.dataset(path, format="parquet")
         names = data.schema.names if columns is None else [c for c in columns if c in data.schema.names]
         frame = _to_pandas(data, names, filter)
@@ -437,13 +488,16 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
     return frame
 
 
+SMALL_FILE_ROWS = 1 << 16
+
+
 def _to_pandas(data, names: List[str], filter=None) -> pd.DataFrame:
-    """A file's columns as pandas. Without a filter a column at a time, each Arrow
-    buffer freed as it is converted: the peak is the frame plus one column, not
+    """A file's columns as pandas. Without a filter, a large file a column at a time, each
+    Arrow buffer freed as it is converted: the peak is the frame plus one column, not
     the frame twice."""
     import pyarrow as pa
 
-    if filter is not None:
+    if filter is not None or data.count_rows() <= SMALL_FILE_ROWS:  # (a scan per column costs more there)
         return data.to_table(columns=names, filter=filter).to_pandas(self_destruct=True, split_blocks=True)
     meta = data.schema.pandas_metadata or {}
     out = {}
@@ -541,9 +595,21 @@ class Dataset:
         self.events = sum(e.get("rows", {}).get("events", 0) for e in entries)
         self.large = self.events > LARGE_EVENTS
 
-    def table(self, name: str, filter=None, columns=None) -> pd.DataFrame:
-        frame = read_table(self.root, name, self.processes, self.partitions, filter, columns)
+    def table(self, name: str, filter=None, columns=None, during=None) -> pd.DataFrame:
+        """A table; ``during`` ([(start_ns, end_ns)], with ``filter`` selecting those times):
+        files that cover none of those times are not opened."""
+        keep = None if during is None else self._files_during(name, during)
+        frame = read_table(self.root, name, self.processes, self.partitions, filter, columns, keep)
         return self._empty(name, columns) if frame is None else frame
+
+    def _files_during(self, table: str, during):
+        spans = {e["partition"]: e.get("spans", {}).get(table, {}) for e in self.entries}
+
+        def keep(part, path):
+            span = spans.get(part, {}).get(os.path.basename(path))
+            return span is None or any(span[0] < t1 and span[1] > t0 for t0, t1 in during)
+
+        return keep
 
     def select(self, categories=None, kinds=None, names=None, processes=None, columns=None,
                during=None) -> pd.DataFrame:
@@ -575,7 +641,8 @@ class Dataset:
         if not procs:
             return self._empty("events", columns)
         frame = read_table(self.root, "events", [p for p, _ in procs], [part for _, part in procs],
-                           expr if expr is not None else pc.scalar(True), columns)
+                           expr if expr is not None else pc.scalar(True), columns,
+                           None if during is None else self._files_during("events", during))
         return self._empty("events", columns) if frame is None else frame
 
     @staticmethod

@@ -241,7 +241,7 @@ class Run:
 
             if not len(during):
                 return self._data.table(table, columns=columns).iloc[:0]
-            return self._data.table(table, filter=overlapping(during), columns=columns)
+            return self._data.table(table, filter=overlapping(during), columns=columns, during=during)
         frame = getattr(self, table)
         if during is not None:
             start, end = frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy()

@@ -82,8 +82,9 @@ def _same(a: Run, b: Run):
 @pytest.mark.parametrize("source,parts", [("worker_run", False), ("worker_run", True), ("gpu_run", False)])
 def test_the_dataset_gives_the_same_tables_and_findings(source, parts, request, tmp_path, monkeypatch):
     path = _copy(request.getfixturevalue(source), tmp_path, "run")
-    if parts:  # each trace decoded in pieces of about 8 KB (a large trace's way)
+    if parts:  # each trace decoded in pieces of about 8 KB (a large trace's way), in files of 200 rows
         monkeypatch.setattr(dataset, "PART_BYTES", 8 << 10)
+        monkeypatch.setattr(dataset, "ROW_GROUP", 200)
     memory = stepscope.load(path, cache=False)
     through = stepscope.load(path, dataset=True)
     if parts:

@@ -159,6 +159,12 @@ class _Started:
         return Job(self.cwd, subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err))
 
 
+def _worker_died_of_a_signal(job) -> bool:
+    """torchrun reports a worker killed by a signal (gloo's teardown has been seen to abort,
+    'terminate called without an active exception', in plain runs too)."""
+    return job.returncode != 0 and re.search(r"exitcode: -\d+", job.stderr or "") is not None
+
+
 def run_job(base, path, truth, env, extra_args=()):
     return _Started(base, path, truth, env, extra_args).wait()
 
@@ -257,16 +263,23 @@ def plain_job(tmp_path_factory):
     """The plain run of a script, once per session (both variants compare with it)."""
 
     class Plain:
+        args = {}  # name -> (path, truth) of the plain runs started
+
         def start(self, name, path, truth):
             """Starts the plain run unless it ran already; get() waits for it."""
             if name not in _plain_jobs:
                 _plain_jobs[name] = _Started(tmp_path_factory.mktemp(f"{name}-plain"), path, truth, _env())
+                self.args[name] = (path, truth)
 
         def get(self, name):
             job = _plain_jobs[name]
             if isinstance(job, _Started):
-                job = _plain_jobs[name] = job.wait()
+                job = job.wait()
+                if _worker_died_of_a_signal(job):  # the reference itself crashed (no stepscope in it): once more
+                    path, truth = self.args[name]
+                    job = run_job(tmp_path_factory.mktemp(f"{name}-plain-again"), path, truth, _env())
                 job.models = load_models(job)
+                _plain_jobs[name] = job
             return job
 
     return Plain()

@@ -161,8 +161,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             if where:
                 _keep_part(where, part, events, identity)
         entry["events"] += part["events"]
-        seen_warnings = entry.setdefault("warnings", [])
-        seen_warnings.extend(w for w in part.get("warnings", []) if w not in seen_warnings)
+        _add_warnings(entry, part.get("warnings", []))
         if not len(events):
             continue
         seen = entry.setdefault("categories", [])  # what select() need not look for elsewhere
@@ -177,11 +176,11 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             keep = events["category"].isin(_DERIVED_FROM).to_numpy().copy()
             keep[int(events["end_ns"].to_numpy().argmax())] = True
             kept.append(events[keep])
-        d = partition_dir(root, "events", entry["partition"])
-        os.makedirs(d, exist_ok=True)
-        kept_file = part["events_file"] if reused is not None else os.path.join(live, f"part-{i:05d}.events.parquet") \
-            if live and os.path.exists(os.path.join(live, f"part-{i:05d}.json")) else None
+        kept_file = part["events_file"] if reused is not None else None
+        if live and kept_file is None and os.path.exists(os.path.join(live, f"part-{i:05d}.json")):
+            kept_file = os.path.join(live, f"part-{i:05d}.events.parquet")  # kept just now
         if kept_file is not None:
+            d = _made(partition_dir(root, "events", entry["partition"]))
             _link(kept_file, os.path.join(d, f"part-{i}.parquet"))
             _span(entry, "events", f"part-{i}.parquet", *part["extent"][:2])
         else:  # parts with few events (a GPU trace's) are gathered into files of 1 M rows
@@ -211,8 +210,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         if not isinstance(gpu_parts[k], int):
             return gpu_parts[k]
         p = read_process(folder, gpu_parts[k], parts, PART_BYTES if live else 0, events=False)
-        warnings = entry.setdefault("warnings", [])
-        warnings.extend(w for w in p.warnings if w not in warnings)
+        _add_warnings(entry, p.warnings)
         return gpu_raw.raw_columns(p)
 
     earlier, raw = None, raw_of(0)
@@ -240,7 +238,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         del part
         _release_arrow_memory()
     pending.flush(0)
-    del gpu_parts, earlier, raw
+    del earlier, raw
     out.update(kernel_steps.combine(aggregates))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
     del py_raw
@@ -259,6 +257,12 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
 
 
 _FEW_ROWS = ("memcpy", "memset", "sync")  # GPU tables with a few rows a step: written a file per 1 M rows
+
+
+def _add_warnings(entry: dict, warnings) -> None:
+    """A process's warnings, each once (every part repeats those about the file's structure)."""
+    seen = entry.setdefault("warnings", [])
+    seen.extend(w for w in warnings if w not in seen)
 
 
 def _span(entry: dict, table: str, file: str, start, end) -> None:

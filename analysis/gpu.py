@@ -24,7 +24,6 @@ import pandas as pd
 
 from stepscope.analysis import gpu_raw
 from stepscope.analysis.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
-from stepscope.core import _native
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 
@@ -85,34 +84,6 @@ def precision_of(name: str) -> str:
 
 
 PRECISIONS = [cls for cls, _ in PRECISION_PATTERNS] + ["unknown"]
-
-
-def _names_and_precision(mangled: pd.Categorical):
-    """(demangled name, precision) of each kernel, both categorical: the work is done once
-    per distinct name, and only the names used become categories."""
-    codes = np.asarray(mangled.codes, dtype=np.int64)
-    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(mangled.categories)))
-    plain = _native.demangle([str(mangled.categories[i]) for i in used]) if len(used) else []
-    plain_codes, plain_names = pd.factorize(pd.Index(plain, dtype=object))
-    to_plain = np.full(len(mangled.categories) + 1, -1, dtype=np.int64)
-    to_plain[used] = plain_codes
-    name_codes = to_plain[codes]  # (-1 stays -1: the table's last entry)
-    precision = np.array([PRECISIONS.index(precision_of(n)) for n in plain_names] + [PRECISIONS.index("unknown")],
-                         dtype=np.int64)
-    return (pd.Categorical.from_codes(name_codes, list(plain_names)),
-            pd.Categorical.from_codes(precision[name_codes], PRECISIONS))
-
-
-def _used(values: pd.Categorical) -> pd.Categorical:
-    """A categorical with only the categories its values use (unused ones cost nothing but
-    read as values that never occur)."""
-    codes = np.asarray(values.codes, dtype=np.int64)
-    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values.categories)))
-    if len(used) == len(values.categories):
-        return values
-    remap = np.full(len(values.categories) + 1, -1, dtype=np.int64)
-    remap[used] = np.arange(len(used))
-    return pd.Categorical.from_codes(remap[codes], [values.categories[i] for i in used])
 
 
 # --- attribution --------------------------------------------------------------------

@@ -16,6 +16,32 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, gpu_raw
+from stepscope.core import _native
+
+
+def _used(values: pd.Categorical) -> pd.Categorical:
+    """A categorical with only the categories its values use (a process's name table
+    holds every name it interned: API calls, phases, kernels)."""
+    codes = np.asarray(values.codes, dtype=np.int64)
+    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values.categories)))
+    if len(used) == len(values.categories):
+        return values
+    remap = np.full(len(values.categories) + 1, -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    return pd.Categorical.from_codes(remap[codes], [values.categories[i] for i in used])
+
+
+def _names_and_precision(mangled: pd.Categorical):
+    """(demangled name, precision) of each kernel (``mangled``: its categories all used),
+    both categorical: demangled and classified once per distinct name."""
+    plain_codes, plain_names = pd.factorize(pd.Index(_native.demangle(list(map(str, mangled.categories))),
+                                                     dtype=object))
+    to_plain = np.append(plain_codes, -1)  # (a code of -1 stays -1)
+    name_codes = to_plain[np.asarray(mangled.codes, dtype=np.int64)]
+    unknown = gpu.PRECISIONS.index("unknown")
+    precision = np.array([gpu.PRECISIONS.index(gpu.precision_of(n)) for n in plain_names] + [unknown], dtype=np.int64)
+    return (pd.Categorical.from_codes(name_codes, list(plain_names)),
+            pd.Categorical.from_codes(precision[name_codes], gpu.PRECISIONS))
 
 
 def _take(values, rows):
@@ -67,7 +93,7 @@ class _Builder:
         start = L.start[safe] if len(L.start) else np.zeros(len(rows), dtype=np.int64)
         name_codes = np.where(found, L.name_codes[safe] if len(L.start) else -1, -1)
         if categorical:
-            out["launch_api"] = gpu._used(pd.Categorical.from_codes(name_codes, L.names))
+            out["launch_api"] = _used(pd.Categorical.from_codes(name_codes, L.names))
         else:
             out["launch_api"] = np.asarray([*L.names, None], dtype=object)[name_codes]
         out["launch_start_ns"] = pd.arrays.IntegerArray(start.astype(np.int64), ~found)
@@ -86,8 +112,8 @@ class _Builder:
     def kernels(self, rows: np.ndarray) -> pd.DataFrame:
         out = self._common(rows, gpu.KERNEL_COLUMNS)
         self._launch(out, rows, categorical=True)
-        out["mangled"] = gpu._used(self.cols["name"].take(rows))
-        out["name"], out["precision"] = gpu._names_and_precision(out["mangled"])
+        out["mangled"] = _used(self.cols["name"].take(rows))
+        out["name"], out["precision"] = _names_and_precision(out["mangled"])
         out.update(zip(gpu_raw.CONFIG_FIELDS, gpu_raw.config_values(self.cols, rows)))
         return pd.DataFrame(out, columns=gpu.KERNEL_COLUMNS, copy=False)  # (no copy into 2-D blocks)
 
@@ -128,6 +154,6 @@ class _Builder:
     def cuda_api(self, rows: np.ndarray) -> pd.DataFrame:
         out = self._common(rows, gpu.API_COLUMNS)
         out["api"] = pd.Categorical.from_codes((self.cols["type"][rows] != 4).astype(np.int8), ["runtime", "driver"])
-        out["name"] = gpu._used(self.cols["name"].take(rows))
+        out["name"] = _used(self.cols["name"].take(rows))
         self._attribute(out, out["start_ns"], categorical=True)
         return pd.DataFrame(out, columns=gpu.API_COLUMNS, copy=False)

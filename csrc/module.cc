@@ -13,10 +13,12 @@
 
 #include "cupti.h"
 #include "gpu.h"
+#include "hooks.h"
 #include "pysampler.h"
 #include "reader.h"
 #include "recorder.h"
 #include "sampler.h"
+#include "steps.h"
 
 namespace nb = nanobind;
 using namespace stepscope;
@@ -367,6 +369,8 @@ nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, u
 
 }  // namespace
 
+int64_t stepscope::intern_pyname(PyObject* name) { return intern_obj(name); }
+
 NB_MODULE(_native, m) {
   m.doc() = "stepscope's native tracing core";
   init_clock();
@@ -393,6 +397,7 @@ NB_MODULE(_native, m) {
     phases.append(s);
   }
   m.attr("PHASES") = nb::tuple(phases);
+  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr())) throw nb::python_error();
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");

@@ -19,17 +19,20 @@ from stepscope.core.annotations import CATEGORY
 ANNOTATION = CATEGORY["annotation"]
 
 
+class _ThreadStacks(threading.local):
+    def __init__(self):
+        # this thread's open nested ranges, (key, handle); always present: the
+        # native exit hook reads it on every step without raising AttributeError
+        self.stack = []
+
+
 class Ranges:
     def __init__(self):
-        self.local = threading.local()  # .stack: this thread's open nested ranges
+        self.local = _ThreadStacks()
         self._started = {}
 
     def _stack(self) -> list:
-        try:
-            return self.local.stack
-        except AttributeError:
-            stack = self.local.stack = []
-            return stack
+        return self.local.stack
 
     def push(self, name, key=None) -> None:
         """Opens a nested range on this thread; key tells apart the stacks of NVTX
@@ -59,7 +62,7 @@ class Ranges:
 
     def clear(self) -> None:
         """Forgets open ranges (uninstrument; a forked child: its parent's ranges are not its own)."""
-        self.local.__dict__.clear()  # this thread's (a forked child has only this one)
+        self.local.stack = []  # this thread's (a forked child has only this one)
         self._started = {}
 
 

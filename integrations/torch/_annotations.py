@@ -8,7 +8,8 @@ dynamo treats the class as a profiler context and never runs them, and
 reloads a model with a range where stepscope is absent). torch wraps
 some of its own calls in ``record_function`` on every step (optimizer step and
 zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps): those
-duplicate stepscope's phases and are passed over by name.
+duplicate stepscope's phases and are passed over by name, in native wrappers
+(``csrc/hooks.cc``): these run three times a step on each side.
 
 ``torch.cuda.nvtx`` is patched only where torch was built with NVTX; elsewhere
 its functions raise whatever stepscope does, and stay untouched.
@@ -16,6 +17,7 @@ its functions raise whatever stepscope does, and stay untouched.
 
 from __future__ import annotations
 
+from stepscope.core import _native
 from stepscope.integrations._ranges import Ranges, arg, call_then
 
 # torch's own ranges, entered on every step (torch/optim/optimizer.py,
@@ -47,33 +49,13 @@ def uninstall() -> None:
 
 
 def _enter(inst, original):
-    push = ranges.push
-
-    def __enter__(self):
-        result = original(self)
-        try:
-            name = self.name
-            if not (name.__class__ is str and name.startswith(TORCH_OWN)):
-                push(name, id(self))
-        except Exception as exc:  # noqa: BLE001 - never break the job
-            inst.fail(exc)
-        return result
-
-    return __enter__
+    # native: a Python frame here costs ~1 us, three times a step (torch's own ranges)
+    return _native.filtered_enter(original, ranges.push, TORCH_OWN, inst.fail)
 
 
 def _exit(inst, original):
-    local, pop = ranges.local, ranges.pop
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        if getattr(local, "stack", None):  # torch's own ranges opened none
-            try:
-                pop(id(self))
-            except Exception as exc:  # noqa: BLE001
-                inst.fail(exc)
-        return original(self, exc_type, exc_value, traceback)
-
-    return __exit__
+    # ranges.local.stack is empty or absent where only torch's own ranges were entered
+    return _native.guarded_exit(original, ranges.pop, ranges.local, inst.fail)
 
 
 def _nvtx(inst, owner, name: str, record) -> None:

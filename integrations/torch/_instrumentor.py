@@ -80,8 +80,10 @@ class TorchInstrumentor(Instrumentor):
         return self.loops.local.s.tracker
 
     def _new_tracker(self) -> StepTracker:
-        return StepTracker(on_new_step=self.roots.step_completed,
-                           may_begin=_no_steps_in_loader_workers(self.torch))
+        tracker = StepTracker(on_new_step=self.roots.step_completed,
+                              may_begin=_no_steps_in_loader_workers(self.torch))
+        tracker.every_step = self.roots.discovery is not None
+        return tracker
 
     def _instrument(self, model=None, optimizer=None) -> None:
         import torch
@@ -277,7 +279,7 @@ class TorchInstrumentor(Instrumentor):
             t0 = _native.now()
             try:
                 if not st.depth:
-                    st.tracker.backward_started(t0, begins_step=not st.in_optimizer)
+                    st.tracker.backward_started(t0, not st.in_optimizer)
             except Exception as exc:  # noqa: BLE001
                 inst.fail(exc)
             st.in_backward += 1

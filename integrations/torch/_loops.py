@@ -84,7 +84,7 @@ class Loops:
         with self.lock:
             states = list(self.states)
         for tid, state in states:
-            state.tracker.close(thread=0 if tid == me else tid)
+            state.tracker.close(0 if tid == me else tid)
 
     def reset(self) -> None:
         """A forked child: it inherits no loop of its parent's threads."""

@@ -175,12 +175,21 @@ class Roots:
                 self._module_mod.register_module_forward_pre_hook(self.discover_pre),
                 self._module_mod.register_module_forward_hook(self.discover_post, always_call=True))
             self.quiet = {}
+            self._notify_every_step(True)
 
     def stop_discovery(self) -> None:
         if self.discovery is not None:
             for handle in self.discovery:
                 handle.remove()
             self.discovery = None
+            self._notify_every_step(False)
+
+    def _notify_every_step(self, on: bool) -> None:
+        """Without discovery, step_completed only acts after a step with no forward:
+        the trackers (one per thread) then skip calling it after the others."""
+        if self.inst.loops is not None:
+            for _, loop in list(self.inst.loops.states):
+                loop.tracker.every_step = on
 
     def look_again(self, until_known_root: bool = False) -> None:
         """A loop may begin with a model not seen yet (a new optimizer, a framework

@@ -1,0 +1,700 @@
+// The step tracker: integrations report what they see (a batch fetched, a
+// forward, a backward, an optimizer step) and this decides where steps begin
+// and end. The rules are documented where integrations meet it,
+// integrations/_steps.py, whose StepTracker subclasses this type.
+//
+// Why native: it runs a dozen times in every training step, between torch's own
+// work, where each Python frame of bookkeeping costs about a microsecond of
+// cache misses (BENCHMARKS.md, bench/overhead.py). Here each report is one C
+// call that records its phase span directly.
+//
+// State that Python reads or sets (the integrations, the operator windows) is
+// exposed as attributes with the names and shapes the Python tracker had.
+#include "steps.h"
+
+#include <structmember.h>
+
+#include <algorithm>
+
+#include "format.h"
+#include "recorder.h"
+
+namespace stepscope {
+namespace {
+
+// Phase names are interned first (module.cc): their ids are 0..5.
+enum : uint32_t { kGetNext = 0, kForward = 1, kLoss = 2, kBackward = 3, kOptimizer = 4 };
+
+PyObject* g_train = nullptr;    // "train"
+PyObject* g_ops_due = nullptr;  // "ops_due"
+PyObject* g_ops_step = nullptr;
+PyObject* g_by_hand = nullptr;  // "by_hand"
+PyObject* g_marks = nullptr;    // stepscope.core.annotations' namespace: is by_hand set?
+
+struct Tracker {
+  PyObject_HEAD
+  PyObject* on_new_step;  // on_new_step(previous_had_forward) or None
+  PyObject* may_begin;    // may_begin() -> False where this process runs no loop, or None
+  PyObject* mode;         // mode of the open step; None between loops
+  PyObject* pending_mode; // a held-back fetch (pending_t0..t1) of this guessed mode; null: none
+  PyObject* pending_more; // list of (t0, t1) read ahead with it
+  PyObject* mark_mode;    // an eval step's mark not yet written (at mark_at); null: none
+  PyObject* cand_mode;    // a possible step start (at cand_at), several optimizers; null: none
+  PyObject* opt_in_step;  // sets of optimizer keys
+  PyObject* opt_before;
+  PyObject* opt_known;
+  unsigned long long pending_t0, pending_t1, mark_at, cand_at, last_end, forward_end;
+  long forwards_in_step;
+  char background, worked, suspended, done, fed, has_forward_end;
+  char every_step;  // on_new_step at every step; else only after one that showed no forward
+};
+
+inline Tracker* T(PyObject* o) { return reinterpret_cast<Tracker*>(o); }
+inline PyObject* new_ref(PyObject* o) {  // Py_NewRef, which 3.9 lacks
+  Py_INCREF(o);
+  return o;
+}
+
+bool same(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (!a || !b || !PyUnicode_Check(a) || !PyUnicode_Check(b)) return false;
+  return PyUnicode_Compare(a, b) == 0;
+}
+inline bool is_train(PyObject* m) { return same(m, g_train); }
+inline bool no_mode(Tracker* t) { return t->mode == Py_None; }
+
+// Replaces an owned slot (value may be null).
+inline void put(PyObject** slot, PyObject* value) {
+  Py_XINCREF(value);
+  Py_XSETREF(*slot, value);
+}
+
+inline void phase(uint32_t name, uint64_t t0, uint64_t t1) { record_span(kCatPhase, name, t0, t1); }
+
+bool arg_u64(PyObject* o, unsigned long long* out) {
+  *out = PyLong_AsUnsignedLongLong(o);
+  return !(*out == (unsigned long long)-1 && PyErr_Occurred());
+}
+
+// The operator windows' schedule (integrations/torch/_ops.py), a class attribute.
+bool ops_due(PyObject* self, long long* due) {
+  PyObject* v = PyObject_GetAttr(self, g_ops_due);
+  if (!v) return false;
+  *due = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  return !(*due == -1 && PyErr_Occurred());
+}
+
+bool ops_step(PyObject* self, long long step, unsigned long long at) {
+  PyObject* f = PyObject_GetAttr(self, g_ops_step);
+  if (!f) return false;
+  PyObject* r = PyObject_CallFunction(f, "OLK", self, step, at);
+  Py_DECREF(f);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
+bool begin_step_of(PyObject* mode, unsigned long long at, int32_t* n) {
+  int64_t id = intern_pyname(mode);
+  if (id < 0) return false;
+  *n = begin_step(uint32_t(id), at);
+  return true;
+}
+
+bool new_set(PyObject** slot) {
+  PyObject* s = PySet_New(nullptr);
+  if (!s) return false;
+  Py_XSETREF(*slot, s);
+  return true;
+}
+
+bool clear_more(Tracker* t) {
+  PyObject* l = PyList_New(0);
+  if (!l) return false;
+  Py_XSETREF(t->pending_more, l);
+  return true;
+}
+
+bool reset(Tracker* t) {
+  t->suspended = t->done = t->fed = t->has_forward_end = 0;
+  put(&t->mode, Py_None);
+  Py_CLEAR(t->pending_mode);
+  Py_CLEAR(t->mark_mode);
+  Py_CLEAR(t->cand_mode);
+  if (!clear_more(t) || !new_set(&t->opt_in_step) || !new_set(&t->opt_before)) return false;
+  // the optimizers known are a fact of the process, kept across loops
+  if (!t->opt_known && !new_set(&t->opt_known)) return false;
+  t->last_end = 0;
+  t->forwards_in_step = 0;
+  return true;
+}
+
+bool flush_mark(Tracker* t) {
+  if (!t->mark_mode) return true;
+  PyObject* mode = t->mark_mode;
+  t->mark_mode = nullptr;
+  int32_t n;
+  bool ok = begin_step_of(mode, t->mark_at, &n);
+  Py_DECREF(mode);
+  return ok;
+}
+
+bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
+  Tracker* t = T(self);
+  Py_INCREF(mode);  // held across callbacks that may change the tracker
+  bool ok = false;
+  if (no_mode(t) && t->may_begin != Py_None) {
+    PyObject* r = PyObject_CallNoArgs(t->may_begin);
+    if (!r) goto out;
+    int yes = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (yes < 0) goto out;
+    if (!yes) t->suspended = 1;  // checked where a loop starts: workers run none
+  }
+  if (!no_mode(t) && t->on_new_step != Py_None && (t->every_step || t->forwards_in_step == 0)) {
+    PyObject* r = PyObject_CallOneArg(t->on_new_step, t->forwards_in_step > 0 ? Py_True : Py_False);
+    if (!r) goto out;
+    Py_DECREF(r);
+  }
+  if (!flush_mark(t)) goto out;
+  if (g_marks) {  // the program marks its own steps: phases only
+    PyObject* by_hand = PyDict_GetItemWithError(g_marks, g_by_hand);
+    if (!by_hand && PyErr_Occurred()) goto out;
+    if (by_hand && PyObject_IsTrue(by_hand) == 1) t->suspended = 1;
+  }
+  if (!t->suspended) {
+    long long due;
+    if (is_train(mode)) {
+      int32_t n;
+      if (!begin_step_of(mode, at, &n) || !ops_due(self, &due)) goto out;
+      if (n >= due && !ops_step(self, n, at)) goto out;
+    } else {  // written when the step's mode is settled (see phase_start)
+      put(&t->mark_mode, mode);
+      t->mark_at = at;
+      if (!ops_due(self, &due)) goto out;
+      if (!due && !ops_step(self, -1, at)) goto out;
+    }
+  }
+  put(&t->mode, mode);
+  t->done = t->fed = 0;
+  Py_CLEAR(t->cand_mode);
+  Py_XSETREF(t->opt_before, t->opt_in_step);
+  t->opt_in_step = nullptr;
+  if (!new_set(&t->opt_in_step)) goto out;
+  t->has_forward_end = 0;
+  t->forwards_in_step = 0;
+  ok = true;
+out:
+  Py_DECREF(mode);
+  return ok;
+}
+
+// Ends the open step at `at` (0: now); `thread`: the native id of the loop's
+// thread when another thread ends it (at session end).
+bool end(PyObject* self, unsigned long long at, unsigned long long thread) {
+  Tracker* t = T(self);
+  if (thread) {
+    if (!t->mark_mode) end_step_of_thread(thread, at ? at : ticks());  // an unwritten mark began nothing
+    Py_CLEAR(t->mark_mode);
+    return true;
+  }
+  if (!flush_mark(t)) return false;
+  long long due;
+  if (!ops_due(self, &due)) return false;
+  if (!due) {
+    // An operator window open at a loop's end closes inside the step it sampled:
+    // its cost must not fall between two steps (SPEC §3: steps add up)
+    if (!ops_step(self, -1, at ? at : ticks())) return false;
+    at = at ? std::max<unsigned long long>(at, ticks()) : 0;
+  }
+  end_step(at);
+  return true;
+}
+
+// A thread that only reads batches (prefetching for another thread's loop): its
+// held-back fetches are no steps. True when they were dropped.
+bool drop_unworked(Tracker* t) {
+  if (!t->background || t->worked || !t->pending_mode) return false;
+  Py_CLEAR(t->pending_mode);
+  clear_more(t);
+  return true;
+}
+
+bool record_more(Tracker* t) {
+  PyObject* more = t->pending_more;
+  Py_INCREF(more);
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(more); ++i) {
+    unsigned long long a, b;
+    PyObject* item = PyList_GET_ITEM(more, i);
+    ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && arg_u64(PyTuple_GET_ITEM(item, 0), &a) &&
+         arg_u64(PyTuple_GET_ITEM(item, 1), &b);
+    if (ok) phase(kGetNext, a, b);
+    else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
+  }
+  Py_DECREF(more);
+  return ok && clear_more(t);
+}
+
+bool append_more(Tracker* t, unsigned long long t0, unsigned long long t1) {
+  PyObject* pair = Py_BuildValue("(KK)", t0, t1);
+  if (!pair) return false;
+  int r = PyList_Append(t->pending_more, pair);
+  Py_DECREF(pair);
+  return r == 0;
+}
+
+// The held-back fetch begins its step; `shown`: the mode its work shows, which
+// wins over the guess made at the fetch (a loop that calls model.train() after fetching).
+bool commit_pending(PyObject* self, PyObject* shown) {
+  Tracker* t = T(self);
+  PyObject* mode = t->pending_mode;  // owned from here
+  t->pending_mode = nullptr;
+  unsigned long long t0 = t->pending_t0, t1 = t->pending_t1;
+  bool ok = begin(self, shown && shown != Py_None && PyObject_IsTrue(shown) == 1 ? shown : mode, t0);
+  Py_DECREF(mode);
+  if (!ok) return false;
+  t->fed = 1;
+  phase(kGetNext, t0, t1);
+  if (!record_more(t)) return false;
+  t->last_end = t1;
+  return true;
+}
+
+// A forward, backward or optimizer step is starting: open the right step.
+bool phase_start(PyObject* self, PyObject* mode, unsigned long long now) {
+  Tracker* t = T(self);
+  t->worked = 1;
+  if (t->pending_mode) return commit_pending(self, mode);
+  if (no_mode(t)) return begin(self, mode, now);
+  if (!t->done) return true;
+  if (is_train(mode) && t->mark_mode && t->fed) {
+    // Eval forwards, then train work on the same fetched batch (a teacher model in
+    // eval mode, then the student): one train step.
+    put(&t->mark_mode, g_train);
+    if (!flush_mark(t)) return false;
+    put(&t->mode, g_train);
+    t->done = 0;
+  } else if (!same(mode, t->mode)) {
+    return begin(self, mode, now);
+  } else if (is_train(mode) && (t->fed || PySet_GET_SIZE(t->opt_known) > 1)) {
+    // The next fetch starts the next step, unless an optimizer of this step steps
+    // again first: then a new iteration began here.
+    if (!t->cand_mode) {
+      put(&t->cand_mode, mode);
+      t->cand_at = now;
+    }
+  } else if (!t->fed) {
+    return begin(self, mode, now);
+  }  // else a loader drives this loop: the next fetch starts the next step
+  return true;
+}
+
+bool loop_started(PyObject* self) {
+  Tracker* t = T(self);
+  if (!t->pending_mode) return true;
+  if (!no_mode(t) && t->done) {
+    Py_CLEAR(t->pending_mode);
+    phase(kGetNext, t->pending_t0, t->pending_t1);
+    if (!record_more(t)) return false;
+    if (!end(self, std::max(t->pending_t1, t->last_end), 0)) return false;
+    put(&t->mode, Py_None);
+    t->done = 0;
+    return true;
+  }
+  return commit_pending(self, nullptr);
+}
+
+bool close(PyObject* self, unsigned long long thread) {
+  Tracker* t = T(self);
+  if (t->pending_mode && !thread && !loop_started(self)) return false;
+  Py_CLEAR(t->pending_mode);
+  if (!clear_more(t)) return false;
+  if (!no_mode(t) && !t->suspended) {
+    unsigned long long at = (t->done || thread) && t->last_end ? t->last_end : 0;
+    if (!end(self, at, thread)) return false;
+  }
+  return reset(t);
+}
+
+bool set_add(PyObject* set, PyObject* key) { return PySet_Add(set, key) == 0; }
+
+// An optimizer new to a loop whose steps each stepped the same other optimizers:
+// a second model's loop has begun (a GAN's optimizers all step in the previous step too).
+int another_loop(Tracker* t, PyObject* key) {
+  if (PySet_GET_SIZE(t->opt_before) == 0) return 0;
+  int in = PySet_Contains(t->opt_before, key);
+  if (in != 0) return in < 0 ? -1 : 0;
+  return PyObject_RichCompareBool(t->opt_in_step, t->opt_before, Py_EQ);
+}
+
+// ------------------------------------------------------------ Python methods
+
+#define RET(ok) return (ok) ? new_ref(Py_None) : nullptr
+#define NARGS(lo, hi, sig)                                          \
+  if (nargs < (lo) || nargs > (hi)) {                                \
+    PyErr_SetString(PyExc_TypeError, "StepTracker." sig);            \
+    return nullptr;                                                  \
+  }
+
+PyObject* m_fetched(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(3, 3, "fetched(t0, t1, mode)");
+  Tracker* t = T(self);
+  unsigned long long t0, t1;
+  if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
+  PyObject* mode = a[2];
+  if (t->pending_mode && !drop_unworked(t)) {
+    if (is_train(mode) && is_train(t->pending_mode) && PySet_GET_SIZE(t->opt_known)) {
+      // Batches read ahead before any work (the Hugging Face Trainer reads an
+      // accumulation window's batches first; a skipped batch): one train step is
+      // one optimizer step, so they all are this step's GetNext.
+      RET(append_more(t, t0, t1));
+    }
+    if (!commit_pending(self, nullptr)) return nullptr;  // no visible work: its own step
+    t->done = 1;
+  }
+  if (no_mode(t) || t->done) {
+    put(&t->pending_mode, mode);
+    t->pending_t0 = t0;
+    t->pending_t1 = t1;
+  } else {  // another fetch inside the same step (gradient accumulation)
+    phase(kGetNext, t0, t1);
+    t->fed = 1;
+    t->last_end = t1;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* m_exhausted(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(1, 2, "exhausted(t0, t1=0)");
+  Tracker* t = T(self);
+  unsigned long long t0, t1 = 0;
+  if (!arg_u64(a[0], &t0) || (nargs > 1 && !arg_u64(a[1], &t1))) return nullptr;
+  drop_unworked(t);
+  if (t->pending_mode) {
+    if (is_train(t->pending_mode) && PySet_GET_SIZE(t->opt_known)) {
+      // A loader that reads ahead (Accelerate's) runs out before the work on the
+      // batches it handed out: that work is still to come in this step.
+      RET(t1 <= t0 || append_more(t, t0, t1));
+    }
+    if (!commit_pending(self, nullptr)) return nullptr;
+  }
+  if (!no_mode(t)) {
+    if (t1 > t0) phase(kGetNext, t0, t1);
+    if (!end(self, std::max(t0, t1), 0)) return nullptr;
+    put(&t->mode, Py_None);
+    t->done = 0;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* m_forward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(2, 2, "forward_started(mode, now)");
+  Tracker* t = T(self);
+  unsigned long long now;
+  if (!arg_u64(a[1], &now)) return nullptr;
+  if (t->pending_mode || t->done || !same(t->mode, a[0])) {
+    if (!phase_start(self, a[0], now)) return nullptr;
+  } else {  // inside its step already (gradient accumulation's forwards, a second model)
+    t->worked = 1;
+  }
+  t->forwards_in_step += 1;
+  Py_RETURN_NONE;
+}
+
+PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(3, 4, "forward_ended(mode, t0, t1, phase=FORWARD)");
+  Tracker* t = T(self);
+  unsigned long long t0, t1, ph = kForward;
+  if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !arg_u64(a[3], &ph))) return nullptr;
+  phase(uint32_t(ph), t0, t1);
+  t->last_end = t1;
+  if (ph == kForward && is_train(a[0])) {
+    t->forward_end = t1;
+    t->has_forward_end = 1;
+  } else if (ph == kForward && same(t->mode, a[0]) && !is_train(a[0])) {
+    t->done = 1;  // an eval/predict step is one forward
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* m_loss(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(2, 2, "loss(t0, t1)");
+  Tracker* t = T(self);
+  unsigned long long t0, t1;
+  if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
+  phase(kLoss, t0, t1);
+  t->has_forward_end = 0;
+  t->last_end = t1;
+  Py_RETURN_NONE;
+}
+
+PyObject* m_backward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(1, 2, "backward_started(now, begins_step=True)");
+  Tracker* t = T(self);
+  unsigned long long now;
+  if (!arg_u64(a[0], &now)) return nullptr;
+  int begins = nargs > 1 ? PyObject_IsTrue(a[1]) : 1;  // False: a backward inside an optimizer step
+  if (begins < 0) return nullptr;
+  if (begins && (t->pending_mode || t->done || !is_train(t->mode)) && !phase_start(self, g_train, now))
+    return nullptr;
+  t->worked = 1;
+  if (t->has_forward_end && now > t->forward_end) phase(kLoss, t->forward_end, now);  // no loss seen: what ran between
+  t->has_forward_end = 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* m_backward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(2, 2, "backward_ended(t0, t1)");
+  Tracker* t = T(self);
+  unsigned long long t0, t1;
+  if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
+  phase(kBackward, t0, t1);
+  t->last_end = t1;
+  if (PySet_GET_SIZE(t->opt_known) == 0 && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
+  Py_RETURN_NONE;
+}
+
+PyObject* m_optimizer_known(PyObject* self, PyObject* key) {
+  Tracker* t = T(self);
+  if (!set_add(t->opt_known, key)) return nullptr;
+  t->worked = 1;
+  RET(!t->pending_mode || commit_pending(self, nullptr));
+}
+
+PyObject* m_optimizer_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(2, 2, "optimizer_started(key, now)");
+  Tracker* t = T(self);
+  unsigned long long now;
+  if (!arg_u64(a[1], &now) || !set_add(t->opt_known, a[0])) return nullptr;
+  t->worked = 1;
+  if (!t->cand_mode) {
+    RET(!(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now));
+  }
+  // Stepping again begins a new iteration, unless a loader drives this loop and
+  // several optimizers take turns on its batch (WGAN: critic updates, then the
+  // generator's): then only the next fetch does.
+  int in = PySet_Contains(t->opt_in_step, a[0]);
+  if (in < 0) return nullptr;
+  bool again = in && !(t->fed && PySet_GET_SIZE(t->opt_known) > 1);
+  int other = again ? 0 : another_loop(t, a[0]);
+  if (other < 0) return nullptr;
+  if (again || other) {
+    char fed = t->fed;
+    PyObject* mode = t->cand_mode;
+    Py_INCREF(mode);
+    bool ok = begin(self, mode, t->cand_at);  // this optimizer steps again: a new iteration began there
+    Py_DECREF(mode);
+    if (!ok) return nullptr;
+    t->fed = fed;  // still the same loader's loop
+  } else {
+    Py_CLEAR(t->cand_mode);  // another optimizer of the same iteration
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* m_optimizer_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(3, 3, "optimizer_ended(key, t0, t1)");
+  Tracker* t = T(self);
+  unsigned long long t0, t1;
+  if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1)) return nullptr;
+  phase(kOptimizer, t0, t1);
+  if (!set_add(t->opt_in_step, a[0])) return nullptr;
+  t->last_end = t1;
+  t->done = 1;
+  t->has_forward_end = 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* m_phase_start(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(2, 2, "phase_start(mode, now)");
+  unsigned long long now;
+  if (!arg_u64(a[1], &now)) return nullptr;
+  RET(phase_start(self, a[0], now));
+}
+
+PyObject* m_loop_started(PyObject* self, PyObject*) { RET(loop_started(self)); }
+
+PyObject* m_close(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(0, 1, "close(thread=0)");
+  unsigned long long thread = 0;
+  if (nargs && !arg_u64(a[0], &thread)) return nullptr;
+  RET(close(self, thread));
+}
+
+PyObject* m_suspend(PyObject* self, PyObject*) {
+  if (!close(self, 0)) return nullptr;
+  T(self)->suspended = 1;
+  Py_RETURN_NONE;
+}
+
+PyObject* m_resume(PyObject* self, PyObject*) { RET(!T(self)->suspended || reset(T(self))); }
+
+PyObject* m_reset(PyObject* self, PyObject*) { RET(reset(T(self))); }
+
+PyObject* m_in_step(PyObject* self, PyObject*) {
+  Tracker* t = T(self);
+  return PyBool_FromLong(t->pending_mode || (!no_mode(t) && !t->done));
+}
+
+PyObject* m_configure(PyObject*, PyObject* marks) {
+  if (!PyDict_Check(marks)) {
+    PyErr_SetString(PyExc_TypeError, "configure(namespace): the dict holding by_hand");
+    return nullptr;
+  }
+  put(&g_marks, marks);
+  Py_RETURN_NONE;
+}
+
+#define FAST(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f)), METH_FASTCALL
+PyMethodDef methods[] = {
+    {"fetched", FAST(m_fetched), "A batch came out of the loader (GetNext from t0 to t1)."},
+    {"exhausted", FAST(m_exhausted), "The loader ran out (its last fetch from t0 to t1): the loop is over."},
+    {"loop_started", m_loop_started, METH_NOARGS, "A new pass over a loader begins."},
+    {"forward_started", FAST(m_forward_started), nullptr},
+    {"forward_ended", FAST(m_forward_ended), nullptr},
+    {"loss", FAST(m_loss), nullptr},
+    {"backward_started", FAST(m_backward_started), "begins_step=False: a backward inside an optimizer step."},
+    {"backward_ended", FAST(m_backward_ended), nullptr},
+    {"optimizer_known", m_optimizer_known, METH_O, "An optimizer exists (created, or zero_grad called)."},
+    {"optimizer_started", FAST(m_optimizer_started), nullptr},
+    {"optimizer_ended", FAST(m_optimizer_ended), nullptr},
+    {"phase_start", FAST(m_phase_start), "A forward, backward or optimizer step is starting."},
+    {"in_step", m_in_step, METH_NOARGS, "A step is open, or a fetched batch waits for its work."},
+    {"close", FAST(m_close), "End of the session: close the open step where its work ended."},
+    {"suspend", m_suspend, METH_NOARGS, "Stop counting steps (phases are still recorded)."},
+    {"resume", m_resume, METH_NOARGS, nullptr},
+    {"reset", m_reset, METH_NOARGS, nullptr},
+    {"configure", m_configure, METH_O | METH_STATIC, "configure(namespace): where by_hand is read."},
+    {nullptr, nullptr, 0, nullptr}};
+
+#define MEMBER(name, type, field) {name, type, offsetof(Tracker, field), 0, nullptr}
+PyMemberDef members[] = {
+    MEMBER("on_new_step", T_OBJECT, on_new_step),
+    MEMBER("may_begin", T_OBJECT, may_begin),
+    MEMBER("background", T_BOOL, background),
+    MEMBER("every_step", T_BOOL, every_step),
+    MEMBER("worked", T_BOOL, worked),
+    MEMBER("suspended", T_BOOL, suspended),
+    MEMBER("done", T_BOOL, done),
+    MEMBER("fed", T_BOOL, fed),
+    MEMBER("pending_more", T_OBJECT, pending_more),
+    MEMBER("optimizers_in_step", T_OBJECT, opt_in_step),
+    MEMBER("optimizers_before", T_OBJECT, opt_before),
+    MEMBER("optimizers_known", T_OBJECT, opt_known),
+    MEMBER("last_end", T_ULONGLONG, last_end),
+    MEMBER("forwards_in_step", T_LONG, forwards_in_step),
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyObject* get_mode(PyObject* self, void*) { return new_ref(T(self)->mode); }
+
+PyObject* get_pending(PyObject* self, void*) {
+  Tracker* t = T(self);
+  if (!t->pending_mode) Py_RETURN_NONE;
+  return Py_BuildValue("(KKO)", t->pending_t0, t->pending_t1, t->pending_mode);
+}
+
+int set_pending(PyObject* self, PyObject* v, void*) {  // None, or (t0, t1, mode)
+  Tracker* t = T(self);
+  if (!v || v == Py_None) {
+    Py_CLEAR(t->pending_mode);
+    return 0;
+  }
+  unsigned long long t0, t1;
+  if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 3 || !arg_u64(PyTuple_GET_ITEM(v, 0), &t0) ||
+      !arg_u64(PyTuple_GET_ITEM(v, 1), &t1)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "pending is None or (t0, t1, mode)");
+    return -1;
+  }
+  t->pending_t0 = t0;
+  t->pending_t1 = t1;
+  put(&t->pending_mode, PyTuple_GET_ITEM(v, 2));
+  return 0;
+}
+
+PyObject* pair_or_none(PyObject* mode, unsigned long long at, bool mode_first) {
+  if (!mode) Py_RETURN_NONE;
+  return mode_first ? Py_BuildValue("(OK)", mode, at) : Py_BuildValue("(KO)", at, mode);
+}
+PyObject* get_mark(PyObject* self, void*) { return pair_or_none(T(self)->mark_mode, T(self)->mark_at, true); }
+PyObject* get_candidate(PyObject* self, void*) { return pair_or_none(T(self)->cand_mode, T(self)->cand_at, false); }
+
+PyObject* get_forward_end(PyObject* self, void*) {
+  Tracker* t = T(self);
+  if (!t->has_forward_end) Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong(t->forward_end);
+}
+
+PyGetSetDef getset[] = {
+    {"mode", get_mode, nullptr, "mode of the open step; None between loops", nullptr},
+    {"pending", get_pending, set_pending, "(t0, t1, mode) of a held-back fetch, or None", nullptr},
+    {"mark", get_mark, nullptr, "(mode, at): an eval step's mark, not yet written", nullptr},
+    {"candidate", get_candidate, nullptr, "(at, mode): a possible step start, several optimizers", nullptr},
+    {"forward_end", get_forward_end, nullptr, "a train forward ended and no loss was seen since", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"on_new_step", "may_begin", nullptr};
+  PyObject *on_new_step = Py_None, *may_begin = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:StepTracker", const_cast<char**>(kw), &on_new_step,
+                                   &may_begin))
+    return -1;
+  Tracker* t = T(self);
+  put(&t->on_new_step, on_new_step);
+  put(&t->may_begin, may_begin);
+  t->background = t->worked = 0;
+  t->every_step = 1;
+  return reset(t) ? 0 : -1;
+}
+
+int tp_traverse(PyObject* self, visitproc visit, void* arg) {
+  Tracker* t = T(self);
+  for (PyObject* o : {t->on_new_step, t->may_begin, t->mode, t->pending_mode, t->pending_more, t->mark_mode,
+                      t->cand_mode, t->opt_in_step, t->opt_before, t->opt_known})
+    Py_VISIT(o);
+  return 0;
+}
+
+int tp_clear(PyObject* self) {
+  Tracker* t = T(self);
+  for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->mode, &t->pending_mode, &t->pending_more,
+                       &t->mark_mode, &t->cand_mode, &t->opt_in_step, &t->opt_before, &t->opt_known})
+    Py_CLEAR(*o);
+  return 0;
+}
+
+void tp_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  tp_clear(self);
+  type->tp_free(self);
+}
+
+PyTypeObject TrackerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace
+
+bool add_step_tracker(PyObject* module) {
+  g_train = PyUnicode_InternFromString("train");
+  g_ops_due = PyUnicode_InternFromString("ops_due");
+  g_ops_step = PyUnicode_InternFromString("ops_step");
+  g_by_hand = PyUnicode_InternFromString("by_hand");
+  if (!g_train || !g_ops_due || !g_ops_step || !g_by_hand) return false;
+  TrackerType.tp_name = "stepscope.core._native.StepTracker";
+  TrackerType.tp_basicsize = sizeof(Tracker);
+  TrackerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  TrackerType.tp_new = PyType_GenericNew;
+  TrackerType.tp_init = tp_init;
+  TrackerType.tp_dealloc = tp_dealloc;
+  TrackerType.tp_traverse = tp_traverse;
+  TrackerType.tp_clear = tp_clear;
+  TrackerType.tp_methods = methods;
+  TrackerType.tp_members = members;
+  TrackerType.tp_getset = getset;
+  TrackerType.tp_doc = "From phase reports to contiguous steps (integrations/_steps.py).";
+  if (PyType_Ready(&TrackerType) < 0) return false;
+  Py_INCREF(&TrackerType);
+  return PyModule_AddObject(module, "StepTracker", reinterpret_cast<PyObject*>(&TrackerType)) == 0;
+}
+
+}  // namespace stepscope

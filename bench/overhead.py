@@ -18,6 +18,14 @@ seconds; pairing cancels that):
 
 Only the loop is timed; start/stop and torch.profiler's post-processing are
 once per job.
+
+``--hooks N`` adds the hooks' own cost per step, measured the way this shared
+VM allows: N pairs of short chunks (25 steps, ~15 ms) in one running session,
+the integration turned off for one chunk and on for the other; the median of
+the pairs' differences, with its standard error. Short pairs see the same VM
+speed, which whole rounds of hundreds of milliseconds do not (their spread is
+tens of microseconds a step here); the session's background threads (system
+and stack samplers) run in both, so this is the hook cost alone.
 """
 
 from __future__ import annotations
@@ -111,6 +119,39 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
             **{k: statistics.median(v) for k, v in ratios.items()}}
 
 
+def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25) -> dict:
+    """Median of paired (on - off) differences per step over short chunks, in one session."""
+    loop = make(width, batch)
+    loop(20)
+
+    def timed():
+        t = time.perf_counter()
+        loop(chunk)
+        return time.perf_counter() - t
+
+    run = stepscope.start(dir=tmp, name=f"hooks-{width}-{time.time_ns()}")
+    diffs, base = [], []
+    try:
+        for i in range(pairs):
+            # alternate which chunk comes first: the second of a pair runs ~5 us a step
+            # slower here whatever it is (measured with the integration off in both)
+            order = (False, True) if i % 2 else (True, False)
+            times = {}
+            for on in order:
+                if on != st_torch.instrumentor.is_instrumented():
+                    st_torch.instrument() if on else st_torch.uninstrument()
+                loop(5)  # past root discovery (its global hooks run for the first steps of a job)
+                times[on] = timed()
+            on, off = times[True], times[False]
+            diffs.append((on - off) / chunk)
+            base.append(off / chunk)
+    finally:
+        run.stop()
+        st_torch.uninstrument()
+    return {"step_s": statistics.median(base), "us": statistics.median(diffs) * 1e6,
+            "se_us": 1.2533 * statistics.stdev(diffs) / len(diffs) ** 0.5 * 1e6}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -118,6 +159,8 @@ def main():
     parser.add_argument("--op-windows", action="store_true",
                         help="keep the operator windows on (each round is a new session, so every round would pay "
                              "the early window at steps 5-7: their cost is bench/op_windows.py's)")
+    parser.add_argument("--hooks", type=int, default=0, metavar="N",
+                        help="also the hook cost alone: N paired short chunks (300: ~2 minutes)")
     args = parser.parse_args()
     if not args.op_windows:
         os.environ["STEPSCOPE_OPS"] = "0"  # the hot path alone; the Python stack sampler stays on
@@ -135,6 +178,16 @@ def main():
             name = f"8-layer MLP, width {width}, batch {batch}" + (", torch.compile" if compiled else "")
             print(f"| {name} | {m['step_s'] * 1e3:.2f} ms | {m['stepscope']:.4f}x | {m['us_per_step']:.1f} us "
                   f"| {m['torch.profiler']:.3f}x |", flush=True)
+
+
+        if args.hooks:
+            print()
+            print("| model | step (no profiler) | hooks per step (median of paired chunks) | ratio |")
+            print("| --- | ---: | ---: | ---: |")
+            for width, batch in [(16, 16), (64, 128)]:
+                h = hook_cost(width, batch, args.hooks, tmp)
+                print(f"| 8-layer MLP, width {width}, batch {batch} | {h['step_s'] * 1e3:.2f} ms "
+                      f"| {h['us']:.1f} us +- {h['se_us']:.1f} | {1 + h['us'] / 1e6 / h['step_s']:.4f}x |", flush=True)
 
 
 if __name__ == "__main__":

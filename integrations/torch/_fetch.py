@@ -51,11 +51,12 @@ def loop_starting(inst, t0: int, loader=None) -> None:
 
 
 def wrap_next(inst, original):
-    is_grad_enabled = inst.torch.is_grad_enabled
+    # locals, not attributes of inst: this runs on every step
+    is_grad_enabled, loops, roots, now, fail = inst.torch.is_grad_enabled, inst.loops, inst.roots, _native.now, inst.fail
 
     def __next__(loader_iter):
-        t0 = _native.now()
-        st = inst.loops.local.s
+        t0 = now()
+        st = loops.local.s
         if st.iter_started is not None:
             t0, st.iter_started = min(t0, st.iter_started), None
         st.depth += 1  # modules run by the dataset or collate are part of the fetch
@@ -65,9 +66,9 @@ def wrap_next(inst, original):
             st.depth -= 1
             if not st.depth:
                 try:
-                    st.tracker.exhausted(t0, _native.now())
+                    st.tracker.exhausted(t0, now())
                 except Exception as exc:  # noqa: BLE001
-                    inst.fail(exc)
+                    fail(exc)
             raise
         except BaseException:
             st.depth -= 1
@@ -75,17 +76,17 @@ def wrap_next(inst, original):
         st.depth -= 1
         if not st.depth:
             try:
-                t1 = _native.now()
+                t1 = now()
                 if st.forced_modes:
                     mode = st.forced_modes[-1]
                 elif not is_grad_enabled():
                     mode = "eval"
                 else:
-                    models = inst.roots.models
+                    models = roots.models
                     mode = "train" if not models or models[0].training else inst.guess_mode(st)
                 st.tracker.fetched(t0, t1, mode)
             except Exception as exc:  # noqa: BLE001
-                inst.fail(exc)
+                fail(exc)
         return batch
 
     return __next__

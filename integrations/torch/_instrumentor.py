@@ -104,8 +104,9 @@ class TorchInstrumentor(Instrumentor):
         self.patch(dataloader.DataLoader, "__iter__", functools.partial(_fetch.wrap_iter, self))
         self.patch_backward(torch)
         _workers.install(self, torch)
-        self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(self.optimizer_pre))
-        self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(self.optimizer_post))
+        pre, post = self.optimizer_hooks()
+        self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(pre))
+        self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(post))
         self.patch(optim_mod.Optimizer, "zero_grad", self.wrap_zero_grad)
         self.patch(optim_mod.Optimizer, "__init__", self.wrap_optimizer_init)
         if hasattr(torch.nn.Module, "compile"):
@@ -270,70 +271,76 @@ class TorchInstrumentor(Instrumentor):
 
     # --- backward ---------------------------------------------------------------------------
     def wrap_backward(self, original):
-        inst = self
+        loops, fail, now = self.loops, self.fail, _native.now
+        is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
 
         def backward(*args, **kwargs):
-            st = inst.loops.local.s
-            if st.in_backward or inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
+            st = loops.local.s
+            if st.in_backward or is_dynamo_compiling() or compiler._is_compiling_flag:
                 return original(*args, **kwargs)
-            t0 = _native.now()
+            t0 = now()
             try:
                 if not st.depth:
                     st.tracker.backward_started(t0, not st.in_optimizer)
             except Exception as exc:  # noqa: BLE001
-                inst.fail(exc)
+                fail(exc)
             st.in_backward += 1
             try:
                 return original(*args, **kwargs)
             finally:
                 st.in_backward -= 1
                 try:
-                    st.tracker.backward_ended(t0, _native.now())
+                    st.tracker.backward_ended(t0, now())
                 except Exception as exc:  # noqa: BLE001
-                    inst.fail(exc)
+                    fail(exc)
 
         return backward
 
     # --- optimizer --------------------------------------------------------------------------
-    def optimizer_pre(self, optimizer, args, kwargs):
-        if (self.only_optimizer is not None and id(optimizer) != self.only_optimizer) \
-                or self.is_dynamo_compiling() or self.compiler._is_compiling_flag:
-            return None
-        try:
-            st = self.loops.local.s
-            st.in_optimizer += 1
-            if st.in_optimizer == 1:
-                now = _native.now()
-                st.tracker.optimizer_started(id(optimizer), now)
-                st.optimizer_t0 = now
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        return None
+    def optimizer_hooks(self):
+        """The global optimizer step pre/post hooks. Closures over locals: they run on
+        every step, where each attribute read of the instrumentor costs."""
+        loops, only, fail, now = self.loops, self.only_optimizer, self.fail, _native.now
+        is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
 
-    def optimizer_post(self, optimizer, args, kwargs):
-        if (self.only_optimizer is not None and id(optimizer) != self.only_optimizer) \
-                or self.is_dynamo_compiling() or self.compiler._is_compiling_flag:
+        def optimizer_pre(optimizer, args, kwargs):
+            if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
+                return None
+            try:
+                st = loops.local.s
+                st.in_optimizer += 1
+                if st.in_optimizer == 1:
+                    st.optimizer_t0 = t0 = now()
+                    st.tracker.optimizer_started(id(optimizer), t0)
+            except Exception as exc:  # noqa: BLE001
+                fail(exc)
             return None
-        try:
-            st = self.loops.local.s
-            st.in_optimizer -= 1
-            if st.in_optimizer == 0:
-                st.tracker.optimizer_ended(id(optimizer), st.optimizer_t0, _native.now())
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
-        return None
+
+        def optimizer_post(optimizer, args, kwargs):
+            if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
+                return None
+            try:
+                st = loops.local.s
+                st.in_optimizer -= 1
+                if st.in_optimizer == 0:
+                    st.tracker.optimizer_ended(id(optimizer), st.optimizer_t0, now())
+            except Exception as exc:  # noqa: BLE001
+                fail(exc)
+            return None
+
+        return optimizer_pre, optimizer_post
 
     def wrap_zero_grad(self, original):
-        inst = self
+        inst, loops, now, span = self, self.loops, _native.now, _native.span
 
         def zero_grad(optimizer, *args, **kwargs):
-            t0 = _native.now()
+            t0 = now()
             try:
                 return original(optimizer, *args, **kwargs)
             finally:
                 if inst._on:
-                    inst.loops.local.s.tracker.optimizer_known(id(optimizer))
-                    _native.span(FRAMEWORK, ZERO_GRAD, t0, _native.now())
+                    loops.local.s.tracker.optimizer_known(id(optimizer))
+                    span(FRAMEWORK, ZERO_GRAD, t0, now())
 
         return zero_grad
 

@@ -1,0 +1,133 @@
+"""The native pieces of the per-step hot path, without a framework: the step
+tracker (csrc/steps.cc) fed the reports an integration makes, read back from a
+real run; the method wrappers (csrc/hooks.cc) on a plain context manager."""
+
+import pytest
+
+import stepscope
+from stepscope.core import _native
+from stepscope.integrations._steps import BACKWARD, StepTracker
+
+
+def _tick_ns():
+    return _native.clock_info()["ticks_per_ns"]
+
+
+def test_tracker_makes_contiguous_steps_from_phase_reports(run_dir):
+    run = stepscope.start(name="tracker")
+    tracker = StepTracker()
+    tpn = _tick_ns()
+    t = _native.now()
+
+    def advance(ns):
+        nonlocal t
+        t0, t = t, t + int(ns * tpn)
+        return t0, t
+
+    for _ in range(4):  # a loader-driven loop: fetch, zero_grad, forward, loss, backward, step
+        tracker.fetched(*advance(1_000_000), "train")
+        tracker.optimizer_known(1)
+        t0, t1 = advance(2_000_000)
+        tracker.forward_started("train", t0)
+        tracker.forward_ended("train", t0, t1)
+        tracker.loss(*advance(500_000))
+        t0, t1 = advance(3_000_000)
+        tracker.backward_started(t0)
+        tracker.backward_ended(t0, t1)
+        t0, t1 = advance(1_000_000)
+        tracker.optimizer_started(1, t0)
+        tracker.optimizer_ended(1, t0, t1)
+    assert tracker.mode == "train" and tracker.done and tracker.pending is None
+    tracker.exhausted(*advance(100_000))
+    assert tracker.mode is None and not tracker.in_step()
+    run.stop()
+
+    r = stepscope.load(run.path)
+    steps = r.steps
+    assert steps["step"].tolist() == [0, 1, 2, 3] and set(steps["mode"]) == {"train"}
+    # each step runs from its fetch to the next fetch (the last: to the end of the loader)
+    assert steps["duration_ns"].iloc[:3].tolist() == pytest.approx([7_500_000] * 3, rel=1e-3)
+    assert steps["duration_ns"].iloc[3] == pytest.approx(7_600_000, rel=1e-3)
+    ph = r.events[r.events["category"] == "phase"]
+    counts = ph["name"].astype(str).value_counts().to_dict()
+    assert counts == {"GetNext": 5, "Forward": 4, "Loss": 4, "Backward": 4, "Optimizer": 4}
+    assert ph.groupby("step").size().tolist() == [5, 5, 5, 6]
+
+
+def test_tracker_state_reads_and_bad_reports_raise():
+    tracker = StepTracker()
+    assert (tracker.mode, tracker.pending, tracker.mark, tracker.candidate, tracker.forward_end) == (None,) * 5
+    tracker.fetched(10, 20, "eval")
+    assert tracker.pending == (10, 20, "eval") and tracker.in_step()
+    with pytest.raises(TypeError):
+        tracker.fetched("soon", 20, "eval")
+    with pytest.raises(TypeError):
+        tracker.backward_ended(1)
+    tracker.pending = None
+    assert not tracker.in_step()
+    # a subclass may replace a report (tests inject failures so)
+    calls = []
+
+    class Recording(StepTracker):
+        __slots__ = ()
+
+        def backward_ended(self, t0, t1):
+            calls.append((t0, t1))
+
+    Recording().backward_ended(1, 2)
+    assert calls == [(1, 2)] and BACKWARD == _native.intern("Backward")
+
+
+class _Range:
+    def __init__(self, name):
+        self.name = name
+        self.entered = self.exited = 0
+
+    def __enter__(self):
+        self.entered += 1
+        return "entered"
+
+    def __exit__(self, *exc):
+        self.exited += 1
+        return False
+
+
+def test_method_wrappers_pass_over_prefixes_and_never_raise_what_record_raises():
+    enter, exit_ = vars(_Range)["__enter__"], vars(_Range)["__exit__"]
+    pushed, popped, failures = [], [], []
+
+    class Local:
+        stack = []
+
+    def push(name, key):
+        if name == "bad":
+            raise RuntimeError("record failed")
+        pushed.append((name, key))
+        Local.stack.append(key)
+
+    def pop(key):
+        popped.append(key)
+        Local.stack.remove(key)
+
+    class Wrapped(_Range):
+        __enter__ = _native.filtered_enter(enter, push, ("own#", "mine:"), failures.append)
+        __exit__ = _native.guarded_exit(exit_, pop, Local, failures.append)
+
+    assert Wrapped.__enter__ is enter and Wrapped.__exit__ is exit_  # the class shows the originals
+    user = Wrapped("user range")
+    with user as value:
+        assert value == "entered" and Local.stack == [id(user)]
+    assert pushed == [("user range", id(user))] and popped == [id(user)]
+    assert (user.entered, user.exited) == (1, 1)
+    for passed_over in (Wrapped("own#step"), Wrapped("mine:x")):
+        with passed_over:
+            pass
+        assert (passed_over.entered, passed_over.exited) == (1, 1)
+    assert len(pushed) == 1 and len(popped) == 1 and not failures
+    bad = Wrapped("bad")
+    with bad as value:
+        assert value == "entered"
+    assert [str(f) for f in failures] == ["record failed"] and (bad.entered, bad.exited) == (1, 1)
+    with pytest.raises(KeyError):  # what the block raises still reaches the caller
+        with Wrapped("raising"):
+            raise KeyError("from the block")

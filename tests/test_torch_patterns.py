@@ -105,6 +105,18 @@ def test_two_loops_in_two_threads_are_two_sequences_of_steps(tmp_path):
     assert summarize(run)["steps"]["train"]["count"] == 44  # the summary pools them per mode
 
 
+def test_discovery_never_ends_inside_another_threads_call(tmp_path):
+    """Discovery ending (a known root ran in the main loop) while another thread's first
+    call of its model was between the discovery hooks: that thread must still see the
+    call end, or every later forward of it counts as nested in it (no Forward phases)."""
+    _, run = _load(tmp_path, "stranded")
+    steps = run.steps
+    per_thread = steps.groupby("tid").size().sort_values()
+    assert per_thread.tolist() == [4, 24], per_thread  # the other thread; 4 passes of 6 batches
+    for p in ("Forward", "Backward", "Optimizer"):
+        assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
+
+
 def test_a_thread_python_did_not_start_makes_no_steps(tmp_path):
     """The autograd engine's device threads (GPUs) run checkpointing's recomputed forwards:
     threads Python did not start are never loops; their forwards are Recompute."""

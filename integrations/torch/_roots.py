@@ -210,7 +210,17 @@ class Roots:
         with models already timed (another thread's roots say nothing of it)."""
         if self.stop_at_known is loop:
             self.stop_at_known = None
-            self.stop_discovery()
+            self._stop_unless_a_call_is_pending()
+
+    def _stop_unless_a_call_is_pending(self) -> None:
+        """Stops discovery, unless a call it found is still running in another thread
+        (between its pre and post hooks): with the hooks gone, that thread would never
+        see the call end and would count everything after it as nested in it. A later
+        step stops discovery then."""
+        for _, loop in list(self.inst.loops.states):
+            if loop.pending_root is not None:
+                return
+        self.stop_discovery()
 
     def compile_called(self) -> None:
         """torch.compile in use: no more global hooks (they warn and add guards)."""
@@ -232,7 +242,7 @@ class Roots:
         elif self.discovery is not None:
             self.quiet[me] = self.quiet.get(me, 0) + 1
             if self.quiet[me] >= DISCOVERY_STEPS and self._all_quiet():
-                self.stop_discovery()
+                self._stop_unless_a_call_is_pending()
 
     def _all_quiet(self) -> bool:
         for _, loop in self.inst.loops.states:
@@ -252,6 +262,9 @@ class Roots:
                 return None
             self.adopt(module)
             loop.pending_root = module
+            if self.discovery is None:  # stopped by another thread meanwhile: no post hook will come
+                loop.pending_root = None
+                return None
             inst.root_pre(module, loop)  # this call started before the module was a root
             self.quiet[id(loop)] = 0
         except Exception as exc:  # noqa: BLE001

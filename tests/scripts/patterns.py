@@ -107,6 +107,46 @@ def main():
         for t in threads:
             t.join()
         print("loop_ns", loop_ns["loader"], loop_ns["plain"])
+    elif kind == "stranded":
+        # A thread's first call of its model is running when the main loop, starting a
+        # new DataLoader pass, runs its own known model: the order that ended root
+        # discovery inside the other thread's call (seen once, two threads under load).
+        import threading
+
+        entered, release = threading.Event(), threading.Event()
+
+        class Slow(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 1)
+
+            def forward(self, x):
+                if not entered.is_set():
+                    entered.set()
+                    release.wait(30)  # the GIL is free meanwhile
+                return self.fc(x)
+
+        slow = Slow()
+        slow_opt = torch.optim.SGD(slow.parameters(), lr=0.01)  # known before the main loop
+        for _ in range(3):  # the main loop's model is found; discovery ends
+            for x, y in DataLoader(data, batch_size=8):
+                train_step(model, opt, x, y)
+
+        def other():
+            x, y = torch.randn(8, 16), torch.randn(8, 1)
+            for _ in range(4):
+                train_step(slow, slow_opt, x, y)
+
+        thread = threading.Thread(target=other)
+        it = iter(DataLoader(data, batch_size=8))  # a new pass: discovery looks until a known root runs
+        x, y = next(it)
+        thread.start()
+        entered.wait(30)  # the other thread's first forward is inside its discovered call
+        train_step(model, opt, x, y)  # a known root runs: discovery may end
+        release.set()
+        thread.join()
+        for x, y in it:
+            train_step(model, opt, x, y)
     print("done")
 
 

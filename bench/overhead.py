@@ -178,8 +178,6 @@ def main():
             name = f"8-layer MLP, width {width}, batch {batch}" + (", torch.compile" if compiled else "")
             print(f"| {name} | {m['step_s'] * 1e3:.2f} ms | {m['stepscope']:.4f}x | {m['us_per_step']:.1f} us "
                   f"| {m['torch.profiler']:.3f}x |", flush=True)
-
-
         if args.hooks:
             print()
             print("| model | step (no profiler) | hooks per step (median of paired chunks) | ratio |")

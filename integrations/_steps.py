@@ -47,7 +47,8 @@ class StepTracker(_native.StepTracker):
     * ``background``: set for a thread other than the main one, whose fetches make
       steps only once work (a forward, backward or optimizer step) showed in it.
 
-    What integrations report: ``fetched(t0, t1, mode)``, ``loop_started()``,
+    What integrations report (arguments by position; the defaults shown may be
+    left out): ``fetched(t0, t1, mode)``, ``loop_started()``,
     ``exhausted(t0, t1=0)``, ``forward_started(mode, now)``,
     ``forward_ended(mode, t0, t1, phase=FORWARD)``, ``loss(t0, t1)``,
     ``backward_started(now, begins_step=True)``, ``backward_ended(t0, t1)``,

@@ -54,7 +54,7 @@ def _enter(inst, original):
 
 
 def _exit(inst, original):
-    # ranges.local.stack is empty or absent where only torch's own ranges were entered
+    # ranges.local.stack is empty on a thread where only torch's own ranges were entered
     return _native.guarded_exit(original, ranges.pop, ranges.local, inst.fail)
 
 

@@ -35,6 +35,7 @@ struct Tracker {
   PyObject_HEAD
   PyObject* on_new_step;  // on_new_step(previous_had_forward) or None
   PyObject* may_begin;    // may_begin() -> False where this process runs no loop, or None
+  PyObject* guess;        // guess() -> the mode of a fetch whose work never showed, or None
   PyObject* mode;         // mode of the open step; None between loops
   PyObject* pending_mode; // a held-back fetch (pending_t0..t1) of this guessed mode; null: none
   PyObject* pending_more; // list of (t0, t1) read ahead with it
@@ -47,6 +48,7 @@ struct Tracker {
   long forwards_in_step;
   char background, worked, suspended, done, fed, has_forward_end;
   char every_step;  // on_new_step at every step; else only after one that showed no forward
+  char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
 };
 
 inline Tracker* T(PyObject* o) { return reinterpret_cast<Tracker*>(o); }
@@ -62,6 +64,15 @@ bool same(PyObject* a, PyObject* b) {
 }
 inline bool is_train(PyObject* m) { return same(m, g_train); }
 inline bool no_mode(Tracker* t) { return t->mode == Py_None; }
+inline bool has_optimizer(Tracker* t) { return t->opt_used || PySet_GET_SIZE(t->opt_known) > 0; }
+
+// A fetch's mode (new reference): as reported, or, where the fetch left it to
+// its work (None) and that work never showed, the integration's guess now.
+PyObject* mode_of(Tracker* t, PyObject* mode) {
+  if (mode != Py_None) return new_ref(mode);
+  if (t->guess == Py_None) return new_ref(g_train);
+  return PyObject_CallNoArgs(t->guess);
+}
 
 // Replaces an owned slot (value may be null).
 inline void put(PyObject** slot, PyObject* value) {
@@ -244,6 +255,21 @@ bool append_more(Tracker* t, unsigned long long t0, unsigned long long t1) {
   return r == 0;
 }
 
+// 1 when both fetches' modes are train, 0 when not, -1 on error.
+int both_train(Tracker* t, PyObject* a, PyObject* b) {
+  PyObject* ma = mode_of(t, a);
+  if (!ma) return -1;
+  int r = is_train(ma);
+  Py_DECREF(ma);
+  if (r && b != a) {
+    PyObject* mb = mode_of(t, b);
+    if (!mb) return -1;
+    r = is_train(mb);
+    Py_DECREF(mb);
+  }
+  return r;
+}
+
 // The held-back fetch begins its step; `shown`: the mode its work shows, which
 // wins over the guess made at the fetch (a loop that calls model.train() after fetching).
 bool commit_pending(PyObject* self, PyObject* shown) {
@@ -251,8 +277,10 @@ bool commit_pending(PyObject* self, PyObject* shown) {
   PyObject* mode = t->pending_mode;  // owned from here
   t->pending_mode = nullptr;
   unsigned long long t0 = t->pending_t0, t1 = t->pending_t1;
-  bool ok = begin(self, shown && shown != Py_None && PyObject_IsTrue(shown) == 1 ? shown : mode, t0);
-  Py_DECREF(mode);
+  if (shown && shown != Py_None && PyObject_IsTrue(shown) == 1) Py_SETREF(mode, new_ref(shown));
+  else Py_SETREF(mode, mode_of(t, mode));
+  bool ok = mode && begin(self, mode, t0);
+  Py_XDECREF(mode);
   if (!ok) return false;
   t->fed = 1;
   phase(kGetNext, t0, t1);
@@ -344,11 +372,13 @@ PyObject* m_fetched(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
   PyObject* mode = a[2];
   if (t->pending_mode && !drop_unworked(t)) {
-    if (is_train(mode) && is_train(t->pending_mode) && PySet_GET_SIZE(t->opt_known)) {
+    if (has_optimizer(t)) {
       // Batches read ahead before any work (the Hugging Face Trainer reads an
       // accumulation window's batches first; a skipped batch): one train step is
       // one optimizer step, so they all are this step's GetNext.
-      RET(append_more(t, t0, t1));
+      int ahead = both_train(t, mode, t->pending_mode);
+      if (ahead < 0) return nullptr;
+      if (ahead) RET(append_more(t, t0, t1));
     }
     if (!commit_pending(self, nullptr)) return nullptr;  // no visible work: its own step
     t->done = 1;
@@ -372,7 +402,9 @@ PyObject* m_exhausted(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   if (!arg_u64(a[0], &t0) || (nargs > 1 && !arg_u64(a[1], &t1))) return nullptr;
   drop_unworked(t);
   if (t->pending_mode) {
-    if (is_train(t->pending_mode) && PySet_GET_SIZE(t->opt_known)) {
+    int ahead = has_optimizer(t) ? both_train(t, t->pending_mode, t->pending_mode) : 0;
+    if (ahead < 0) return nullptr;
+    if (ahead) {
       // A loader that reads ahead (Accelerate's) runs out before the work on the
       // batches it handed out: that work is still to come in this step.
       RET(t1 <= t0 || append_more(t, t0, t1));
@@ -451,7 +483,7 @@ PyObject* m_backward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs)
   if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
   phase(kBackward, t0, t1);
   t->last_end = t1;
-  if (PySet_GET_SIZE(t->opt_known) == 0 && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
+  if (!has_optimizer(t) && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
   Py_RETURN_NONE;
 }
 
@@ -460,6 +492,14 @@ PyObject* m_optimizer_known(PyObject* self, PyObject* key) {
   if (!set_add(t->opt_known, key)) return nullptr;
   t->worked = 1;
   RET(!t->pending_mode || commit_pending(self, nullptr));
+}
+
+// An optimizer's zero_grad (which one, its range does not tell): train work on
+// the fetched batch, like a backward.
+PyObject* m_optimizer_used(PyObject* self, PyObject*) {
+  Tracker* t = T(self);
+  t->opt_used = t->worked = 1;
+  RET(!t->pending_mode || commit_pending(self, g_train));
 }
 
 PyObject* m_optimizer_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
@@ -557,6 +597,7 @@ PyMethodDef methods[] = {
     {"backward_started", FAST(m_backward_started), "begins_step=False: a backward inside an optimizer step."},
     {"backward_ended", FAST(m_backward_ended), nullptr},
     {"optimizer_known", m_optimizer_known, METH_O, "An optimizer exists (created, or zero_grad called)."},
+    {"optimizer_used", m_optimizer_used, METH_NOARGS, "An optimizer is at work (zero_grad), which one unknown."},
     {"optimizer_started", FAST(m_optimizer_started), nullptr},
     {"optimizer_ended", FAST(m_optimizer_ended), nullptr},
     {"phase_start", FAST(m_phase_start), "A forward, backward or optimizer step is starting."},
@@ -572,6 +613,7 @@ PyMethodDef methods[] = {
 PyMemberDef members[] = {
     MEMBER("on_new_step", T_OBJECT, on_new_step),
     MEMBER("may_begin", T_OBJECT, may_begin),
+    MEMBER("guess", T_OBJECT, guess),
     MEMBER("background", T_BOOL, background),
     MEMBER("every_step", T_BOOL, every_step),
     MEMBER("worked", T_BOOL, worked),
@@ -582,6 +624,7 @@ PyMemberDef members[] = {
     MEMBER("optimizers_in_step", T_OBJECT, opt_in_step),
     MEMBER("optimizers_before", T_OBJECT, opt_before),
     MEMBER("optimizers_known", T_OBJECT, opt_known),
+    MEMBER("optimizer_seen", T_BOOL, opt_used),
     MEMBER("last_end", T_ULONGLONG, last_end),
     MEMBER("forwards_in_step", T_LONG, forwards_in_step),
     {nullptr, 0, 0, 0, nullptr}};
@@ -642,14 +685,15 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Tracker* t = T(self);
   put(&t->on_new_step, on_new_step);
   put(&t->may_begin, may_begin);
-  t->background = t->worked = 0;
+  put(&t->guess, Py_None);
+  t->background = t->worked = t->opt_used = 0;
   t->every_step = 1;
   return reset(t) ? 0 : -1;
 }
 
 int tp_traverse(PyObject* self, visitproc visit, void* arg) {
   Tracker* t = T(self);
-  for (PyObject* o : {t->on_new_step, t->may_begin, t->mode, t->pending_mode, t->pending_more, t->mark_mode,
+  for (PyObject* o : {t->on_new_step, t->may_begin, t->guess, t->mode, t->pending_mode, t->pending_more, t->mark_mode,
                       t->cand_mode, t->opt_in_step, t->opt_before, t->opt_known})
     Py_VISIT(o);
   return 0;
@@ -657,7 +701,7 @@ int tp_traverse(PyObject* self, visitproc visit, void* arg) {
 
 int tp_clear(PyObject* self) {
   Tracker* t = T(self);
-  for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->mode, &t->pending_mode, &t->pending_more,
+  for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->guess, &t->mode, &t->pending_mode, &t->pending_more,
                        &t->mark_mode, &t->cand_mode, &t->opt_in_step, &t->opt_before, &t->opt_known})
     Py_CLEAR(*o);
   return 0;

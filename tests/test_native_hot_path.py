@@ -131,3 +131,128 @@ def test_method_wrappers_pass_over_prefixes_and_never_raise_what_record_raises()
     with pytest.raises(KeyError):  # what the block raises still reaches the caller
         with Wrapped("raising"):
             raise KeyError("from the block")
+
+
+class _LoopState:  # the slots the native wrappers read and set (integrations/torch/_loops.py)
+    def __init__(self, tracker):
+        self.depth = self.in_backward = self.in_optimizer = 0
+        self.iter_started = None
+        self.fetch_t0 = self.zero_grad_t0 = 0
+        self.tracker = tracker
+
+
+class _Reports(StepTracker):
+    __slots__ = ()
+    calls = []
+
+    def fetched(self, t0, t1, mode):
+        self.calls.append(("fetched", t1 >= t0 > 0, mode))
+
+    def exhausted(self, t0, t1):
+        self.calls.append(("exhausted", t1 >= t0 > 0))
+
+    def optimizer_used(self):
+        self.calls.append(("optimizer_used",))
+
+    def backward_started(self, now, begins_step):
+        self.calls.append(("backward_started", begins_step))
+
+    def backward_ended(self, t0, t1):
+        self.calls.append(("backward_ended", t1 >= t0 > 0))
+
+
+def test_loop_ranges_report_fetches_and_zero_grads_to_the_threads_tracker(run_dir):
+    enter, exit_ = vars(_Range)["__enter__"], vars(_Range)["__exit__"]
+    failures, _Reports.calls = [], []
+
+    class State:
+        s = _LoopState(_Reports())
+
+    class Local:
+        stack = []
+
+    zero_grad = _native.intern("Optimizer.zero_grad")
+    framework = _native.CATEGORIES.index("framework")
+    loop = (State, ("fetch#",), ("zero#",), framework, zero_grad)
+
+    class Wrapped(_Range):
+        __enter__ = _native.filtered_enter(enter, lambda *a: None, ("own#",), failures.append, loop)
+        __exit__ = _native.guarded_exit(exit_, lambda *a: None, Local, failures.append, loop)
+
+    run = stepscope.start(name="ranges")
+    st = State.s
+    st.iter_started = _native.now()  # a pass began before the first fetch: its time is the fetch's
+    with Wrapped("fetch#1"):
+        assert st.depth == 1 and st.iter_started is None and st.fetch_t0 > 0
+        with Wrapped("fetch#inner"):  # a loader read inside a fetch is part of it
+            assert st.depth == 2
+        with Wrapped("user range inside"):
+            pass
+    assert st.depth == 0 and _Reports.calls == [("fetched", True, None)]
+    with Wrapped("zero#SGD"):
+        pass
+    with pytest.raises(StopIteration):
+        with Wrapped("fetch#2"):
+            raise StopIteration
+    with pytest.raises(KeyError):  # a failed fetch is no fetch; the error reaches the caller
+        with Wrapped("fetch#3"):
+            raise KeyError("from the loader")
+    run.stop()
+    assert _Reports.calls == [("fetched", True, None), ("optimizer_used",), ("exhausted", True)]
+    assert st.depth == 0 and not failures
+    r = stepscope.load(run.path)
+    spans = r.events[(r.events["category"] == "framework") & (r.events["name"] == "Optimizer.zero_grad")]
+    assert len(spans) == 1 and spans["duration_ns"].iloc[0] >= 0
+
+
+def test_timed_backward_counts_nested_calls_once_and_passes_errors_through():
+    failures, _Reports.calls = [], []
+
+    class State:
+        s = _LoopState(_Reports())
+
+    class Compiler:
+        _is_compiling_flag = False
+
+    def engine(x, nested=False):
+        if nested:
+            return backward(x)
+        if x == "boom":
+            raise ValueError("from the engine")
+        return x * 2
+
+    backward = _native.timed_backward(engine, State, Compiler, failures.append)
+    assert backward(3) == 6
+    assert _Reports.calls == [("backward_started", True), ("backward_ended", True)]
+    _Reports.calls = []
+    assert backward(4, nested=True) == 8  # a backward inside a backward counts once
+    assert _Reports.calls == [("backward_started", True), ("backward_ended", True)]
+    _Reports.calls = []
+    State.s.in_optimizer = 1  # LBFGS: a backward inside the optimizer step begins no step
+    with pytest.raises(ValueError, match="from the engine"):
+        backward("boom")
+    assert _Reports.calls == [("backward_started", False), ("backward_ended", True)]
+    assert State.s.in_backward == 0
+    _Reports.calls, State.s.in_optimizer, State.s.depth = [], 0, 1  # inside a forward: no step begins
+    backward(1)
+    assert _Reports.calls == [("backward_ended", True)]
+    _Reports.calls, Compiler._is_compiling_flag = [], True  # torch.export traces: nothing timed
+    assert backward(5) == 10 and _Reports.calls == [] and not failures
+
+
+def test_a_fetch_left_to_its_work_asks_the_guess_only_when_no_work_shows():
+    asked = []
+    tracker = StepTracker()
+    tracker.guess = lambda: asked.append(1) or "eval"
+    tracker.fetched(10, 20, None)
+    tracker.forward_started("train", 30)  # the work shows the mode
+    assert tracker.mode == "train" and not asked
+    tracker.forward_ended("train", 30, 40)
+    tracker.optimizer_used()
+    tracker.backward_started(50)
+    tracker.backward_ended(50, 60)
+    tracker.optimizer_started(1, 60)
+    tracker.optimizer_ended(1, 60, 70)
+    tracker.fetched(80, 90, None)
+    tracker.fetched(90, 100, None)  # no work on the first: its own step, of the guessed mode
+    assert tracker.mode == "eval" and asked

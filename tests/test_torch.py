@@ -212,11 +212,11 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
     from stepscope.integrations import torch as st_torch
 
     st_torch.uninstrument()
-    original_next = dataloader._BaseDataLoaderIter.__next__
+    original_iter = dataloader.DataLoader.__iter__
     original_f = torch.nn.functional.mse_loss
     assert st_torch.instrument()
-    assert dataloader._BaseDataLoaderIter.__next__ is not original_next
-    assert dataloader._BaseDataLoaderIter.__next__.__qualname__ == original_next.__qualname__
+    assert dataloader.DataLoader.__iter__ is not original_iter
+    assert dataloader.DataLoader.__iter__.__qualname__ == original_iter.__qualname__
     assert torch.nn.functional.mse_loss is original_f  # functional losses are not patched (TorchScript)
     run = stepscope.start(name="inproc")
     m = torch.nn.Linear(4, 1)
@@ -227,7 +227,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
         opt.step()
     run.stop()
     st_torch.uninstrument()
-    assert dataloader._BaseDataLoaderIter.__next__ is original_next
+    assert dataloader.DataLoader.__iter__ is original_iter
     assert torch.nn.functional.mse_loss is original_f
     assert not torch.nn.modules.module._global_forward_pre_hooks
     r = stepscope.load(run.path)

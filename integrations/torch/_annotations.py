@@ -7,9 +7,12 @@ dynamo treats the class as a profiler context and never runs them, and
 ``torch.jit.script`` still compiles the class (the corpus scripts, saves and
 reloads a model with a range where stepscope is absent). torch wraps
 some of its own calls in ``record_function`` on every step (optimizer step and
-zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps): those
-duplicate stepscope's phases and are passed over by name, in native wrappers
-(``csrc/hooks.cc``): these run three times a step on each side.
+zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps), in
+native wrappers (``csrc/hooks.cc``) that run three times a step on each side.
+Two of them are the loop's own marks, and report it with no Python frame:
+a DataLoader's ``__next__`` is one fetch (GetNext), an optimizer's
+``zero_grad`` a framework span. The others duplicate stepscope's phases and
+are passed over by name.
 
 ``torch.cuda.nvtx`` is patched only where torch was built with NVTX; elsewhere
 its functions raise whatever stepscope does, and stay untouched.
@@ -24,6 +27,12 @@ from stepscope.integrations._ranges import Ranges, arg, call_then
 # torch/utils/data/dataloader.py, torch/nn/parallel, torch/profiler/profiler.py)
 TORCH_OWN = ("Optimizer.step#", "Optimizer.zero_grad#", "enumerate(DataLoader)#", "enumerate(DataPipe)#",
              "DataParallel.forward", "DistributedDataParallel.forward", "ProfilerStep#", "[pl][")
+
+# ...of which these are the loop's fetches and optimizer chores (reported natively)
+FETCHES = ("enumerate(DataLoader)#",)
+ZERO_GRADS = ("Optimizer.zero_grad#",)
+FRAMEWORK = _native.CATEGORIES.index("framework")
+ZERO_GRAD = _native.intern("Optimizer.zero_grad")
 
 ranges = Ranges()
 
@@ -48,14 +57,18 @@ def uninstall() -> None:
     ranges.clear()
 
 
+def _loop(inst) -> tuple:
+    return (inst.loops.local, FETCHES, ZERO_GRADS, FRAMEWORK, ZERO_GRAD)
+
+
 def _enter(inst, original):
     # native: a Python frame here costs ~1 us, three times a step (torch's own ranges)
-    return _native.filtered_enter(original, ranges.push, TORCH_OWN, inst.fail)
+    return _native.filtered_enter(original, ranges.push, TORCH_OWN, inst.fail, _loop(inst))
 
 
 def _exit(inst, original):
     # ranges.local.stack is empty on a thread where only torch's own ranges were entered
-    return _native.guarded_exit(original, ranges.pop, ranges.local, inst.fail)
+    return _native.guarded_exit(original, ranges.pop, ranges.local, inst.fail, _loop(inst))
 
 
 def _nvtx(inst, owner, name: str, record) -> None:

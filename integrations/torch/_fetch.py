@@ -1,7 +1,11 @@
-"""GetNext: the DataLoader's ``__next__`` (one fetch, and the step it may begin)
-and ``__iter__`` (a pass begins: its worker start belongs to the first fetch).
-Whatever runs inside a fetch (an ``nn.Module`` transform in ``__getitem__``) is
-part of the fetch, never a forward."""
+"""GetNext: ``DataLoader.__iter__`` (a pass begins: its worker start belongs to
+the first fetch). Each fetch itself is the ``record_function`` range torch
+enters in ``_BaseDataLoaderIter.__next__``, reported in native code
+(``_annotations.py``, ``csrc/hooks.cc``); ``wrap_next`` times any other
+iterator's ``next`` the same way (``timed_fetches``). Whatever runs inside a
+fetch (an ``nn.Module`` transform in ``__getitem__``) is part of the fetch,
+never a forward.
+"""
 
 from __future__ import annotations
 

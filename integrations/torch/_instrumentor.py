@@ -1,6 +1,7 @@
 """The PyTorch instrumentor: what is patched, and what each patch reports.
 
-* GetNext   ``_BaseDataLoaderIter.__next__``; ``DataLoader.__iter__`` (worker
+* GetNext   the ``record_function`` range of ``_BaseDataLoaderIter.__next__``,
+            in native code (``_annotations.py``); ``DataLoader.__iter__`` (worker
             start at each epoch) counts toward the next step's GetNext
             (``_fetch.py``); the workers' own fetches (``_workers.py``).
 * Forward   the outermost modules (``_roots.py``); Loss: outermost ``_Loss``
@@ -8,10 +9,10 @@
             functional losses are not patched: TorchScript compiles whatever
             ``F.cross_entropy`` is, so a wrapper there breaks ``jit.script``.)
 * Backward  the engine call both ``torch.autograd.backward`` and ``grad`` make
-            (``Tensor.backward`` calls the former); nested calls count once;
-            forwards inside it are ``Recompute``.
+            (``Tensor.backward`` calls the former), in native code; nested calls
+            count once; forwards inside it are ``Recompute``.
 * Optimizer the global optimizer step pre/post hooks; ``zero_grad`` is a
-            framework annotation.
+            framework annotation (its ``record_function`` range, natively).
 * Annotations the user's code already makes for other tools:
             ``record_function`` and ``torch.cuda.nvtx`` ranges (``_annotations.py``).
 
@@ -33,9 +34,6 @@ from stepscope.integrations.torch._compile import wrap_compile, wrap_module_comp
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
 from stepscope.integrations.torch._loops import LoopState, Loops
 from stepscope.integrations.torch._roots import Roots
-
-FRAMEWORK = _native.CATEGORIES.index("framework")
-ZERO_GRAD = _native.intern("Optimizer.zero_grad")
 
 class _NotCompiling:
     _is_compiling_flag = False
@@ -83,6 +81,7 @@ class TorchInstrumentor(Instrumentor):
         tracker = StepTracker(on_new_step=self.roots.step_completed,
                               may_begin=_no_steps_in_loader_workers(self.torch))
         tracker.every_step = self.roots.discovery is not None
+        tracker.guess = self.guess_fetch_mode  # a fetch leaves its mode to its work (csrc/hooks.cc)
         return tracker
 
     def _instrument(self, model=None, optimizer=None) -> None:
@@ -100,14 +99,12 @@ class TorchInstrumentor(Instrumentor):
         from torch.optim import optimizer as optim_mod
         from torch.utils.data import dataloader
 
-        self.patch(dataloader._BaseDataLoaderIter, "__next__", functools.partial(_fetch.wrap_next, self))
         self.patch(dataloader.DataLoader, "__iter__", functools.partial(_fetch.wrap_iter, self))
         self.patch_backward(torch)
         _workers.install(self, torch)
         pre, post = self.optimizer_hooks()
         self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(pre))
         self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(post))
-        self.patch(optim_mod.Optimizer, "zero_grad", self.wrap_zero_grad)
         self.patch(optim_mod.Optimizer, "__init__", self.wrap_optimizer_init)
         if hasattr(torch.nn.Module, "compile"):
             self.patch(torch.nn.Module, "compile", functools.partial(wrap_module_compile, self))
@@ -184,6 +181,10 @@ class TorchInstrumentor(Instrumentor):
         if st.forced_modes:
             return st.forced_modes[-1]
         return "train" if self.torch.is_grad_enabled() and self.is_training(module) else "eval"
+
+    def guess_fetch_mode(self) -> str:
+        """The mode of a fetched batch on which no work showed (the tracker asks)."""
+        return self.guess_mode(self.loops.local.s)
 
     def guess_mode(self, st: LoopState) -> str:
         """A fetched batch's mode, before its forward shows it."""
@@ -271,30 +272,8 @@ class TorchInstrumentor(Instrumentor):
 
     # --- backward ---------------------------------------------------------------------------
     def wrap_backward(self, original):
-        loops, fail, now = self.loops, self.fail, _native.now
-        is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
-
-        def backward(*args, **kwargs):
-            st = loops.local.s
-            if st.in_backward or is_dynamo_compiling() or compiler._is_compiling_flag:
-                return original(*args, **kwargs)
-            t0 = now()
-            try:
-                if not st.depth:
-                    st.tracker.backward_started(t0, not st.in_optimizer)
-            except Exception as exc:  # noqa: BLE001
-                fail(exc)
-            st.in_backward += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                st.in_backward -= 1
-                try:
-                    st.tracker.backward_ended(t0, now())
-                except Exception as exc:  # noqa: BLE001
-                    fail(exc)
-
-        return backward
+        # native (csrc/hooks.cc): no Python frame on every step; dynamo never reaches it
+        return _native.timed_backward(original, self.loops.local, self.compiler, self.fail)
 
     # --- optimizer --------------------------------------------------------------------------
     def optimizer_hooks(self):
@@ -329,20 +308,6 @@ class TorchInstrumentor(Instrumentor):
             return None
 
         return optimizer_pre, optimizer_post
-
-    def wrap_zero_grad(self, original):
-        inst, loops, now, span = self, self.loops, _native.now, _native.span
-
-        def zero_grad(optimizer, *args, **kwargs):
-            t0 = now()
-            try:
-                return original(optimizer, *args, **kwargs)
-            finally:
-                if inst._on:
-                    loops.local.s.tracker.optimizer_known(id(optimizer))
-                    span(FRAMEWORK, ZERO_GRAD, t0, now())
-
-        return zero_grad
 
     def wrap_optimizer_init(self, original):
         inst = self

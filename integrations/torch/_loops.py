@@ -4,7 +4,10 @@ training two models) are two sequences of steps, each with its own tracker,
 nesting depth and open forwards.
 
 The hooks read one attribute per call (``loops.local.s``): a ``threading.local``
-lookup, then plain slots.
+lookup, then plain slots. The native range wrappers (``csrc/hooks.cc``) read
+and set ``depth``, ``iter_started``, ``fetch_t0``, ``zero_grad_t0`` and
+``tracker`` by name, through the same ``local``: it is kept for the process's
+life (a forked child gets a new state in it, not a new ``local``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ class LoopState:
     """One thread's place in its loop."""
 
     __slots__ = ("depth", "in_backward", "in_optimizer", "stack", "forced_modes", "optimizer_t0",
-                 "iter_started", "setting_mode", "pending_root", "tracker")
+                 "iter_started", "fetch_t0", "zero_grad_t0", "setting_mode", "pending_root", "tracker")
 
     def __init__(self, tracker: StepTracker):
         self.depth = 0  # root forwards (or a fetch) in progress: nested work is theirs
@@ -32,6 +35,8 @@ class LoopState:
         self.forced_modes: list = []  # a framework loop that knows its mode (Keras fit/evaluate/predict)
         self.optimizer_t0 = 0
         self.iter_started = None  # tick: DataLoader.__iter__ began, no fetch since
+        self.fetch_t0 = 0  # tick: the outermost fetch in progress began (csrc/hooks.cc)
+        self.zero_grad_t0 = 0  # tick: an optimizer's zero_grad in progress began (csrc/hooks.cc)
         self.setting_mode = False  # inside Module.train(): its children's calls are its own
         self.pending_root = None  # a module whose first call is timed by the discovery post-hook
         self.tracker = tracker
@@ -87,7 +92,8 @@ class Loops:
             state.tracker.close(0 if tid == me else tid)
 
     def reset(self) -> None:
-        """A forked child: it inherits no loop of its parent's threads."""
+        """A forked child: it inherits no loop of its parent's threads (its one
+        thread gets a fresh state; the native wrappers hold ``local``)."""
         self.lock = threading.Lock()
         self.states = []
-        self.local = _PerThread(self)
+        self.local.s = self._new_state()

@@ -25,7 +25,8 @@ the integration turned off for one chunk and on for the other; the median of
 the pairs' differences, with its standard error. Short pairs see the same VM
 speed, which whole rounds of hundreds of milliseconds do not (their spread is
 tens of microseconds a step here); the session's background threads (system
-and stack samplers) run in both, so this is the hook cost alone.
+and stack samplers) run in both, so this is the hook cost alone. ``--cpu``
+times those chunks in the training thread's CPU time instead of wall time.
 """
 
 from __future__ import annotations
@@ -119,15 +120,15 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
             **{k: statistics.median(v) for k, v in ratios.items()}}
 
 
-def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25) -> dict:
+def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clock=time.perf_counter) -> dict:
     """Median of paired (on - off) differences per step over short chunks, in one session."""
     loop = make(width, batch)
     loop(20)
 
     def timed():
-        t = time.perf_counter()
+        t = clock()
         loop(chunk)
-        return time.perf_counter() - t
+        return clock() - t
 
     run = stepscope.start(dir=tmp, name=f"hooks-{width}-{time.time_ns()}")
     diffs, base = [], []
@@ -161,6 +162,8 @@ def main():
                              "the early window at steps 5-7: their cost is bench/op_windows.py's)")
     parser.add_argument("--hooks", type=int, default=0, metavar="N",
                         help="also the hook cost alone: N paired short chunks (300: ~2 minutes)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="--hooks in the training thread's CPU time (time.thread_time): preemption left out")
     args = parser.parse_args()
     if not args.op_windows:
         os.environ["STEPSCOPE_OPS"] = "0"  # the hot path alone; the Python stack sampler stays on
@@ -183,7 +186,7 @@ def main():
             print("| model | step (no profiler) | hooks per step (median of paired chunks) | ratio |")
             print("| --- | ---: | ---: | ---: |")
             for width, batch in [(16, 16), (64, 128)]:
-                h = hook_cost(width, batch, args.hooks, tmp)
+                h = hook_cost(width, batch, args.hooks, tmp, clock=time.thread_time if args.cpu else time.perf_counter)
                 print(f"| 8-layer MLP, width {width}, batch {batch} | {h['step_s'] * 1e3:.2f} ms "
                       f"| {h['us']:.1f} us +- {h['se_us']:.1f} | {1 + h['us'] / 1e6 / h['step_s']:.4f}x |", flush=True)
 

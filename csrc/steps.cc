@@ -70,7 +70,7 @@ inline bool has_optimizer(Tracker* t) { return t->opt_used || PySet_GET_SIZE(t->
 // its work (None) and that work never showed, the integration's guess now.
 PyObject* mode_of(Tracker* t, PyObject* mode) {
   if (mode != Py_None) return new_ref(mode);
-  if (t->guess == Py_None) return new_ref(g_train);
+  if (!t->guess || t->guess == Py_None) return new_ref(g_train);  // (deleted: null)
   return PyObject_CallNoArgs(t->guess);
 }
 
@@ -154,7 +154,7 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   Tracker* t = T(self);
   Py_INCREF(mode);  // held across callbacks that may change the tracker
   bool ok = false;
-  if (no_mode(t) && t->may_begin != Py_None) {
+  if (no_mode(t) && t->may_begin && t->may_begin != Py_None) {
     PyObject* r = PyObject_CallNoArgs(t->may_begin);
     if (!r) goto out;
     int yes = PyObject_IsTrue(r);
@@ -162,7 +162,8 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
     if (yes < 0) goto out;
     if (!yes) t->suspended = 1;  // checked where a loop starts: workers run none
   }
-  if (!no_mode(t) && t->on_new_step != Py_None && (t->every_step || t->forwards_in_step == 0)) {
+  if (!no_mode(t) && t->on_new_step && t->on_new_step != Py_None &&
+      (t->every_step || t->forwards_in_step == 0)) {
     PyObject* r = PyObject_CallOneArg(t->on_new_step, t->forwards_in_step > 0 ? Py_True : Py_False);
     if (!r) goto out;
     Py_DECREF(r);
@@ -596,7 +597,7 @@ PyMethodDef methods[] = {
     {"loss", FAST(m_loss), nullptr},
     {"backward_started", FAST(m_backward_started), "begins_step=False: a backward inside an optimizer step."},
     {"backward_ended", FAST(m_backward_ended), nullptr},
-    {"optimizer_known", m_optimizer_known, METH_O, "An optimizer exists (created, or zero_grad called)."},
+    {"optimizer_known", m_optimizer_known, METH_O, "An optimizer exists (created): its key."},
     {"optimizer_used", m_optimizer_used, METH_NOARGS, "An optimizer is at work (zero_grad), which one unknown."},
     {"optimizer_started", FAST(m_optimizer_started), nullptr},
     {"optimizer_ended", FAST(m_optimizer_ended), nullptr},

@@ -45,14 +45,17 @@ class StepTracker(_native.StepTracker):
     * ``may_begin()``: False where this process runs no training loop of its own
       (a DataLoader worker running transforms): nothing there is a step;
     * ``background``: set for a thread other than the main one, whose fetches make
-      steps only once work (a forward, backward or optimizer step) showed in it.
+      steps only once work (a forward, backward or optimizer step) showed in it;
+    * ``guess()``: the mode of a fetch reported with mode None (left to its work)
+      when no work showed after it; None: "train".
 
     What integrations report (arguments by position; the defaults shown may be
     left out): ``fetched(t0, t1, mode)``, ``loop_started()``,
     ``exhausted(t0, t1=0)``, ``forward_started(mode, now)``,
     ``forward_ended(mode, t0, t1, phase=FORWARD)``, ``loss(t0, t1)``,
     ``backward_started(now, begins_step=True)``, ``backward_ended(t0, t1)``,
-    ``optimizer_known(key)``, ``optimizer_started(key, now)``,
+    ``optimizer_known(key)``, ``optimizer_used()`` (a zero_grad: train work by an
+    optimizer not named), ``optimizer_started(key, now)``,
     ``optimizer_ended(key, t0, t1)``; and ``suspend()``/``resume()`` (phases
     recorded, no steps counted: Lightning's sanity check), ``in_step()``,
     ``close(thread=0)`` at session end.

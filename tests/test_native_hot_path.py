@@ -256,3 +256,6 @@ def test_a_fetch_left_to_its_work_asks_the_guess_only_when_no_work_shows():
     tracker.fetched(80, 90, None)
     tracker.fetched(90, 100, None)  # no work on the first: its own step, of the guessed mode
     assert tracker.mode == "eval" and asked
+    del tracker.guess  # no guess (deleted, or None): train, so with an optimizer known,
+    tracker.fetched(110, 120, None)  # batches read ahead of their work, all this step's GetNext
+    assert tracker.pending == (90, 100, None) and tracker.pending_more == [(110, 120)] and len(asked) == 2

@@ -97,31 +97,19 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
 // --- the loop's own ranges ------------------------------------------------------
 // Each returns false with a Python error set; the caller reports it.
 
-bool get_u64(PyObject* o, PyObject* attr, unsigned long long* out) {
+// The loop state's counters and ticks are ints (None reads as 0; ticks fit in 63 bits).
+bool get_int(PyObject* o, PyObject* attr, long long* out) {
   PyObject* v = PyObject_GetAttr(o, attr);
   if (!v) return false;
-  *out = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
+  *out = v == Py_None ? 0 : PyLong_AsLongLong(v);
   Py_DECREF(v);
-  return !PyErr_Occurred();
+  return !(*out == -1 && PyErr_Occurred());
 }
 
-bool set_u64(PyObject* o, PyObject* attr, unsigned long long value) {
-  PyObject* v = PyLong_FromUnsignedLongLong(value);
+bool set_int(PyObject* o, PyObject* attr, long long value) {
+  PyObject* v = PyLong_FromLongLong(value);
   int r = v ? PyObject_SetAttr(o, attr, v) : -1;
   Py_XDECREF(v);
-  return r == 0;
-}
-
-bool add_depth(PyObject* st, long delta, long* depth) {
-  PyObject* v = PyObject_GetAttr(st, g_depth);
-  if (!v) return false;
-  long d = PyLong_AsLong(v);
-  Py_DECREF(v);
-  if (d == -1 && PyErr_Occurred()) return false;
-  *depth = std::max(0L, d + delta);
-  PyObject* n = PyLong_FromLong(*depth);
-  int r = n ? PyObject_SetAttr(st, g_depth, n) : -1;
-  Py_XDECREF(n);
   return r == 0;
 }
 
@@ -149,16 +137,16 @@ bool report_times(PyObject* st, PyObject* method, unsigned long long a, unsigned
 bool fetch_entered(Hook* h, unsigned long long t0) {
   PyObject* st = PyObject_GetAttr(h->state, g_s);
   if (!st) return false;
-  long depth;
-  bool ok = add_depth(st, +1, &depth);  // modules run by the dataset or collate are part of the fetch
-  if (ok && depth == 1) {
-    unsigned long long began;  // DataLoader.__iter__ (worker start) belongs to the first fetch
-    ok = get_u64(st, g_iter_started, &began);
+  long long depth, began;
+  // modules run by the dataset or collate are part of the fetch
+  bool ok = get_int(st, g_depth, &depth) && set_int(st, g_depth, depth + 1);
+  if (ok && depth == 0) {
+    ok = get_int(st, g_iter_started, &began);  // DataLoader.__iter__ (worker start) belongs to the first fetch
     if (ok && began) {
-      t0 = std::min(t0, began);
+      t0 = std::min<unsigned long long>(t0, began);
       ok = PyObject_SetAttr(st, g_iter_started, Py_None) == 0;
     }
-    ok = ok && set_u64(st, g_fetch_t0, t0);
+    ok = ok && set_int(st, g_fetch_t0, t0);
   }
   Py_DECREF(st);
   return ok;
@@ -167,19 +155,13 @@ bool fetch_entered(Hook* h, unsigned long long t0) {
 bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
   PyObject* st = PyObject_GetAttr(h->state, g_s);
   if (!st) return false;
-  long before;
-  unsigned long long t0 = 0;
-  PyObject* v = PyObject_GetAttr(st, g_depth);
-  bool ok = v != nullptr;
-  if (ok) {
-    before = PyLong_AsLong(v);
-    Py_DECREF(v);
-    ok = !(before == -1 && PyErr_Occurred());
+  long long depth, t0 = 0;
+  bool ok = get_int(st, g_depth, &depth);
+  if (ok && depth > 0) {  // 0: a forked child's fresh state, no fetch open in it
+    ok = set_int(st, g_depth, depth - 1);
+    if (ok && depth == 1) ok = get_int(st, g_fetch_t0, &t0);
   }
-  long depth = 0;
-  ok = ok && before > 0 && add_depth(st, -1, &depth);  // depth 0 before: a forked child's fresh state
-  if (ok && depth == 0) ok = get_u64(st, g_fetch_t0, &t0);
-  if (ok && depth == 0 && t0) {
+  if (ok && t0) {
     bool stopped = exc_type && exc_type != Py_None && PyType_Check(exc_type) &&
                    PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(exc_type),
                                     reinterpret_cast<PyTypeObject*>(PyExc_StopIteration));
@@ -187,24 +169,24 @@ bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
     else if (!exc_type || exc_type == Py_None) ok = report_times(st, g_fetched, t0, t1, Py_None);  // mode: its work's
   }
   Py_DECREF(st);
-  return ok || !PyErr_Occurred();
+  return ok;
 }
 
 bool zero_grad_entered(Hook* h, unsigned long long t0) {
   PyObject* st = PyObject_GetAttr(h->state, g_s);
-  bool ok = st && set_u64(st, g_zero_grad_t0, t0);
+  bool ok = st && set_int(st, g_zero_grad_t0, t0);
   Py_XDECREF(st);
   return ok;
 }
 
 bool zero_grad_exited(Hook* h, unsigned long long t1) {
-  unsigned long long t0 = 0;
+  long long t0 = 0;
   PyObject* st = PyObject_GetAttr(h->state, g_s);
   if (!st) return false;
-  bool ok = get_u64(st, g_zero_grad_t0, &t0);
+  bool ok = get_int(st, g_zero_grad_t0, &t0);
   if (ok && t0) {
     record_span(h->category, h->span_name, t0, t1);
-    ok = set_u64(st, g_zero_grad_t0, 0) && report_to_tracker(st, g_optimizer_used, nullptr, 0);
+    ok = set_int(st, g_zero_grad_t0, 0) && report_to_tracker(st, g_optimizer_used, nullptr, 0);
   }
   Py_DECREF(st);
   return ok;
@@ -284,28 +266,11 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
 // (LBFGS's closure) begins no step. Dynamo never runs it: it stops its graph at
 // the backward before.
 
-bool get_long(PyObject* o, PyObject* attr, long* out) {
-  PyObject* v = PyObject_GetAttr(o, attr);
-  if (!v) return false;
-  *out = PyLong_AsLong(v);
-  Py_DECREF(v);
-  return !(*out == -1 && PyErr_Occurred());
-}
-
-bool set_long(PyObject* o, PyObject* attr, long value) {
-  PyObject* v = PyLong_FromLong(value);
-  int r = v ? PyObject_SetAttr(o, attr, v) : -1;
-  Py_XDECREF(v);
-  return r == 0;
-}
-
-
-
 PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Hook* h = reinterpret_cast<Hook*>(callable);
   PyObject* st = PyObject_GetAttr(h->state, g_s);
-  long nested = 0, depth = 0, in_optimizer = 0;
-  bool ok = st && get_long(st, g_in_backward, &nested);
+  long long nested = 0, depth = 0, in_optimizer = 0;
+  bool ok = st && get_int(st, g_in_backward, &nested);
   if (ok && !nested) {
     PyObject* flag = PyObject_GetAttr(h->compiler, g_is_compiling_flag);  // torch.export runs
     int compiling = flag ? PyObject_IsTrue(flag) : -1;
@@ -318,19 +283,19 @@ PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf
     return PyObject_Vectorcall(h->original, args, nargsf, kwnames);
   }
   unsigned long long t0 = ticks();
-  if (get_long(st, g_depth, &depth) && get_long(st, g_in_optimizer, &in_optimizer) && !depth) {
+  if (get_int(st, g_depth, &depth) && get_int(st, g_in_optimizer, &in_optimizer) && !depth) {
     PyObject* now = PyLong_FromUnsignedLongLong(t0);
     PyObject* a[2] = {now, in_optimizer ? Py_False : Py_True};  // inside an optimizer step: no new step
     if (now) report_to_tracker(st, g_backward_started, a, 2);
     Py_XDECREF(now);
   }
   if (PyErr_Occurred()) report(h);
-  bool counted = set_long(st, g_in_backward, 1);
+  bool counted = set_int(st, g_in_backward, 1);
   if (!counted) report(h);
   PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);  // what the backward raised goes to the caller, unchanged
-  if (counted && !set_long(st, g_in_backward, 0)) report(h);
+  if (counted && !set_int(st, g_in_backward, 0)) report(h);
   if (!report_times(st, g_backward_ended, t0, ticks(), nullptr)) report(h);
   PyErr_Restore(type, value, tb);
   Py_DECREF(st);

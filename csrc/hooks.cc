@@ -12,8 +12,9 @@
 //
 // `loop` = (state, fetches, zero_grads, category, name) lets the framework's own
 // ranges report the loop's phases, so that no Python wrapper runs for them:
-// `state.s` is the calling thread's loop state (integrations/torch/_loops.py:
-// its depth, iter_started, fetch_t0, zero_grad_t0 and tracker); a range whose
+// `state.s` is the calling thread's LoopState (loop.h; found through the
+// per-thread cache, its fields read in C: depth, iter_started, fetch_t0,
+// zero_grad_t0, the tracker); a range whose
 // name starts with one of `fetches` is one fetch of the loop (the outermost one
 // reports tracker.fetched(t0, t1, None), or tracker.exhausted(t0, t1) when it
 // ends in StopIteration; whatever runs inside it is nested in it: depth); one
@@ -31,10 +32,14 @@
 #include <cstddef>
 #include <utility>
 
+#include "loop.h"
+#include "pyint.h"
 #include "recorder.h"
 
 namespace stepscope {
 namespace {
+
+constexpr int kSeen = 4;
 
 struct Hook {
   PyObject_HEAD
@@ -50,12 +55,16 @@ struct Hook {
   uint32_t span_name;
   PyObject* compiler;  // timed_backward: its _is_compiling_flag (export) turns timing off
   vectorcallfunc vectorcall;
+  // Routes of the last names seen: a framework's range names come back on every
+  // step (the same string, or an equal one: the prefix tests are done once).
+  PyObject* seen_names[kSeen];
+  int8_t seen_routes[kSeen];
+  uint8_t seen_next;
 };
 
 enum Route { kUser, kPassed, kFetch, kZeroGrad };
 
-PyObject *g_name, *g_stack, *g_s, *g_depth, *g_iter_started, *g_fetch_t0, *g_zero_grad_t0, *g_tracker,
-    *g_fetched, *g_exhausted, *g_optimizer_used, *g_in_backward, *g_in_optimizer, *g_backward_started,
+PyObject *g_name, *g_stack, *g_fetched, *g_exhausted, *g_optimizer_used, *g_backward_started,
     *g_backward_ended, *g_is_compiling_flag;
 
 // record(...) failed: hand the exception to fail(exc), never to the caller.
@@ -89,34 +98,45 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
     return -1;
   }
   if (!PyUnicode_CheckExact(*name)) return kUser;
-  if (h->state && starts_with_any(*name, h->fetches)) return kFetch;
-  if (h->state && starts_with_any(*name, h->zero_grads)) return kZeroGrad;
-  return starts_with_any(*name, h->prefixes) ? kPassed : kUser;
+  for (int i = 0; i < kSeen; ++i) {
+    if (h->seen_names[i] == *name) return h->seen_routes[i];  // held: the same string
+  }
+  // An equal string made anew (the optimizer step's name is formatted on every call)
+  Py_hash_t hash = PyObject_Hash(*name);
+  for (int i = 0; i < kSeen && hash != -1; ++i) {
+    PyObject* seen = h->seen_names[i];
+    if (seen && PyObject_Hash(seen) == hash && PyUnicode_Compare(seen, *name) == 0) return h->seen_routes[i];
+  }
+  PyErr_Clear();
+  int route = kUser;
+  if (h->state && starts_with_any(*name, h->fetches)) {
+    route = kFetch;
+  } else if (h->state && starts_with_any(*name, h->zero_grads)) {
+    route = kZeroGrad;
+  } else if (starts_with_any(*name, h->prefixes)) {
+    route = kPassed;
+  }
+  int slot = h->seen_next++ % kSeen;
+  Py_INCREF(*name);
+  Py_XSETREF(h->seen_names[slot], *name);
+  h->seen_routes[slot] = int8_t(route);
+  return route;
 }
 
 // --- the loop's own ranges ------------------------------------------------------
 // Each returns false with a Python error set; the caller reports it.
 
-// The loop state's counters and ticks are ints (None reads as 0; ticks fit in 63 bits).
-bool get_int(PyObject* o, PyObject* attr, long long* out) {
-  PyObject* v = PyObject_GetAttr(o, attr);
-  if (!v) return false;
-  *out = v == Py_None ? 0 : PyLong_AsLongLong(v);
-  Py_DECREF(v);
-  return !(*out == -1 && PyErr_Occurred());
-}
-
-bool set_int(PyObject* o, PyObject* attr, long long value) {
-  PyObject* v = PyLong_FromLongLong(value);
-  int r = v ? PyObject_SetAttr(o, attr, v) : -1;
-  Py_XDECREF(v);
-  return r == 0;
-}
+// The calling thread's loop state (a new reference): `state.s`, a LoopState (loop.h).
+LoopState* state_of(Hook* h) { return loop_state_of(h->state); }
 
 // Calls tracker.<method>(args...) through the class: a subclass (or a test) may replace it.
-bool report_to_tracker(PyObject* st, PyObject* method, PyObject* const* args, size_t n) {
-  PyObject* tracker = PyObject_GetAttr(st, g_tracker);
-  if (!tracker) return false;
+bool report_to_tracker(LoopState* st, PyObject* method, PyObject* const* args, size_t n) {
+  PyObject* tracker = st->tracker;
+  if (!tracker) {
+    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
+    return false;
+  }
+  Py_INCREF(tracker);  // the call may replace it
   PyObject* stack[4] = {tracker, n > 0 ? args[0] : nullptr, n > 1 ? args[1] : nullptr, n > 2 ? args[2] : nullptr};
   PyObject* r = PyObject_VectorcallMethod(method, stack, (n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
   Py_DECREF(tracker);
@@ -124,7 +144,7 @@ bool report_to_tracker(PyObject* st, PyObject* method, PyObject* const* args, si
   return r != nullptr;
 }
 
-bool report_times(PyObject* st, PyObject* method, unsigned long long a, unsigned long long b, PyObject* c) {
+bool report_times(LoopState* st, PyObject* method, unsigned long long a, unsigned long long b, PyObject* c) {
   PyObject* x = PyLong_FromUnsignedLongLong(a);
   PyObject* y = PyLong_FromUnsignedLongLong(b);
   PyObject* args[3] = {x, y, c};
@@ -135,31 +155,36 @@ bool report_times(PyObject* st, PyObject* method, unsigned long long a, unsigned
 }
 
 bool fetch_entered(Hook* h, unsigned long long t0) {
-  PyObject* st = PyObject_GetAttr(h->state, g_s);
+  LoopState* st = state_of(h);
   if (!st) return false;
-  long long depth, began;
+  long depth = small_of(st->depth);
   // modules run by the dataset or collate are part of the fetch
-  bool ok = get_int(st, g_depth, &depth) && set_int(st, g_depth, depth + 1);
+  bool ok = set_small(&st->depth, depth + 1);
   if (ok && depth == 0) {
-    ok = get_int(st, g_iter_started, &began);  // DataLoader.__iter__ (worker start) belongs to the first fetch
-    if (ok && began) {
-      t0 = std::min<unsigned long long>(t0, began);
-      ok = PyObject_SetAttr(st, g_iter_started, Py_None) == 0;
+    unsigned long long began = 0;  // DataLoader.__iter__ (worker start) belongs to the first fetch
+    if (st->iter_started && st->iter_started != Py_None) {
+      ok = u64_of(st->iter_started, &began);
+      Py_INCREF(Py_None);
+      Py_XSETREF(st->iter_started, Py_None);
     }
-    ok = ok && set_int(st, g_fetch_t0, t0);
+    st->fetch_t0 = began ? std::min(t0, began) : t0;
   }
   Py_DECREF(st);
   return ok;
 }
 
 bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
-  PyObject* st = PyObject_GetAttr(h->state, g_s);
+  LoopState* st = state_of(h);
   if (!st) return false;
-  long long depth, t0 = 0;
-  bool ok = get_int(st, g_depth, &depth);
-  if (ok && depth > 0) {  // 0: a forked child's fresh state, no fetch open in it
-    ok = set_int(st, g_depth, depth - 1);
-    if (ok && depth == 1) ok = get_int(st, g_fetch_t0, &t0);
+  long depth = small_of(st->depth);
+  unsigned long long t0 = 0;
+  bool ok = true;
+  if (depth > 0) {  // 0: a forked child's fresh state, no fetch open in it
+    ok = set_small(&st->depth, depth - 1);
+    if (depth == 1) {
+      t0 = st->fetch_t0;
+      st->fetch_t0 = 0;
+    }
   }
   if (ok && t0) {
     bool stopped = exc_type && exc_type != Py_None && PyType_Check(exc_type) &&
@@ -173,20 +198,22 @@ bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
 }
 
 bool zero_grad_entered(Hook* h, unsigned long long t0) {
-  PyObject* st = PyObject_GetAttr(h->state, g_s);
-  bool ok = st && set_int(st, g_zero_grad_t0, t0);
-  Py_XDECREF(st);
-  return ok;
+  LoopState* st = state_of(h);
+  if (!st) return false;
+  st->zero_grad_t0 = t0;
+  Py_DECREF(st);
+  return true;
 }
 
 bool zero_grad_exited(Hook* h, unsigned long long t1) {
-  long long t0 = 0;
-  PyObject* st = PyObject_GetAttr(h->state, g_s);
+  LoopState* st = state_of(h);
   if (!st) return false;
-  bool ok = get_int(st, g_zero_grad_t0, &t0);
-  if (ok && t0) {
+  unsigned long long t0 = st->zero_grad_t0;
+  bool ok = true;
+  if (t0) {
     record_span(h->category, h->span_name, t0, t1);
-    ok = set_int(st, g_zero_grad_t0, 0) && report_to_tracker(st, g_optimizer_used, nullptr, 0);
+    st->zero_grad_t0 = 0;
+    ok = report_to_tracker(st, g_optimizer_used, nullptr, 0);
   }
   Py_DECREF(st);
   return ok;
@@ -268,34 +295,32 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
 
 PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Hook* h = reinterpret_cast<Hook*>(callable);
-  PyObject* st = PyObject_GetAttr(h->state, g_s);
-  long long nested = 0, depth = 0, in_optimizer = 0;
-  bool ok = st && get_int(st, g_in_backward, &nested);
-  if (ok && !nested) {
+  LoopState* st = state_of(h);
+  bool timed = st && !small_of(st->in_backward);
+  if (timed) {
     PyObject* flag = PyObject_GetAttr(h->compiler, g_is_compiling_flag);  // torch.export runs
     int compiling = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
-    ok = compiling == 0;
+    timed = compiling == 0;
   }
-  if (!ok || nested) {
+  if (!timed) {
     if (PyErr_Occurred()) report(h);
     Py_XDECREF(st);
     return PyObject_Vectorcall(h->original, args, nargsf, kwnames);
   }
   unsigned long long t0 = ticks();
-  if (get_int(st, g_depth, &depth) && get_int(st, g_in_optimizer, &in_optimizer) && !depth) {
+  if (!small_of(st->depth)) {
     PyObject* now = PyLong_FromUnsignedLongLong(t0);
-    PyObject* a[2] = {now, in_optimizer ? Py_False : Py_True};  // inside an optimizer step: no new step
-    if (now) report_to_tracker(st, g_backward_started, a, 2);
+    PyObject* a[2] = {now, small_of(st->in_optimizer) ? Py_False : Py_True};  // inside an optimizer step: no new step
+    if (!now || !report_to_tracker(st, g_backward_started, a, 2)) report(h);
     Py_XDECREF(now);
   }
-  if (PyErr_Occurred()) report(h);
-  bool counted = set_int(st, g_in_backward, 1);
+  bool counted = set_small(&st->in_backward, 1);
   if (!counted) report(h);
   PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);  // what the backward raised goes to the caller, unchanged
-  if (counted && !set_int(st, g_in_backward, 0)) report(h);
+  if (counted && !set_small(&st->in_backward, 0)) report(h);
   if (!report_times(st, g_backward_ended, t0, ticks(), nullptr)) report(h);
   PyErr_Restore(type, value, tb);
   Py_DECREF(st);
@@ -313,6 +338,7 @@ int hook_traverse(PyObject* o, visitproc visit, void* arg) {
   Py_VISIT(h->fetches);
   Py_VISIT(h->zero_grads);
   Py_VISIT(h->compiler);
+  for (PyObject* seen : h->seen_names) Py_VISIT(seen);
   return 0;
 }
 
@@ -327,6 +353,7 @@ int hook_clear(PyObject* o) {
   Py_CLEAR(h->fetches);
   Py_CLEAR(h->zero_grads);
   Py_CLEAR(h->compiler);
+  for (PyObject*& seen : h->seen_names) Py_CLEAR(seen);
   return 0;
 }
 
@@ -375,6 +402,8 @@ PyObject* make(PyObject* original, PyObject* record, PyObject* prefixes, PyObjec
   h->span_name = span_name;
   h->compiler = nullptr;
   h->vectorcall = call;
+  for (PyObject*& seen : h->seen_names) seen = nullptr;
+  h->seen_next = 0;
   PyObject_GC_Track(h);
   return reinterpret_cast<PyObject*>(h);
 }
@@ -437,11 +466,8 @@ PyMethodDef functions[] = {
 }  // namespace
 
 bool add_hooks(PyObject* module) {
-  for (auto [slot, text] : {std::pair{&g_name, "name"}, {&g_stack, "stack"}, {&g_s, "s"}, {&g_depth, "depth"},
-                            {&g_iter_started, "iter_started"}, {&g_fetch_t0, "fetch_t0"},
-                            {&g_zero_grad_t0, "zero_grad_t0"}, {&g_tracker, "tracker"}, {&g_fetched, "fetched"},
+  for (auto [slot, text] : {std::pair{&g_name, "name"}, {&g_stack, "stack"}, {&g_fetched, "fetched"},
                             {&g_exhausted, "exhausted"}, {&g_optimizer_used, "optimizer_used"},
-                            {&g_in_backward, "in_backward"}, {&g_in_optimizer, "in_optimizer"},
                             {&g_backward_started, "backward_started"}, {&g_backward_ended, "backward_ended"},
                             {&g_is_compiling_flag, "_is_compiling_flag"}}) {
     *slot = PyUnicode_InternFromString(text);

@@ -14,8 +14,11 @@
 #include "cupti.h"
 #include "gpu.h"
 #include "hooks.h"
+#include "loop.h"
+#include "roots.h"
 #include "pysampler.h"
 #include "reader.h"
+#include "pyint.h"
 #include "recorder.h"
 #include "sampler.h"
 #include "steps.h"
@@ -158,8 +161,10 @@ PyGetSetDef span_getset[] = {{"name", span_get_name, nullptr, "the annotation's 
 // ------------------------------------------------------- module functions
 
 bool arg_u64(PyObject* o, uint64_t* out) {
-  *out = PyLong_AsUnsignedLongLong(o);
-  return !(*out == uint64_t(-1) && PyErr_Occurred());
+  unsigned long long v;
+  bool ok = u64_of(o, &v);
+  *out = v;
+  return ok;
 }
 
 // annotate(name, category=0) -> Span; annotate(func) decorates with func's name.
@@ -397,7 +402,7 @@ NB_MODULE(_native, m) {
     phases.append(s);
   }
   m.attr("PHASES") = nb::tuple(phases);
-  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr())) throw nb::python_error();
+  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr()) || !add_loop_state(m.ptr()) || !add_roots(m.ptr())) throw nb::python_error();
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");

@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "format.h"
+#include "pyint.h"
 #include "recorder.h"
 
 namespace stepscope {
@@ -82,18 +83,15 @@ inline void put(PyObject** slot, PyObject* value) {
 
 inline void phase(uint32_t name, uint64_t t0, uint64_t t1) { record_span(kCatPhase, name, t0, t1); }
 
-bool arg_u64(PyObject* o, unsigned long long* out) {
-  *out = PyLong_AsUnsignedLongLong(o);
-  return !(*out == (unsigned long long)-1 && PyErr_Occurred());
-}
+bool arg_u64(PyObject* o, unsigned long long* out) { return u64_of(o, out); }
 
 // The operator windows' schedule (integrations/torch/_ops.py), a class attribute.
 bool ops_due(PyObject* self, long long* due) {
   PyObject* v = PyObject_GetAttr(self, g_ops_due);
   if (!v) return false;
-  *due = PyLong_AsLongLong(v);
+  bool ok = i64_of(v, due);
   Py_DECREF(v);
-  return !(*due == -1 && PyErr_Occurred());
+  return ok;
 }
 
 bool ops_step(PyObject* self, long long step, unsigned long long at) {

@@ -2,6 +2,8 @@
 tracker (csrc/steps.cc) fed the reports an integration makes, read back from a
 real run; the method wrappers (csrc/hooks.cc) on a plain context manager."""
 
+import weakref
+
 import pytest
 
 import stepscope
@@ -133,14 +135,6 @@ def test_method_wrappers_pass_over_prefixes_and_never_raise_what_record_raises()
             raise KeyError("from the block")
 
 
-class _LoopState:  # the slots the native wrappers read and set (integrations/torch/_loops.py)
-    def __init__(self, tracker):
-        self.depth = self.in_backward = self.in_optimizer = 0
-        self.iter_started = None
-        self.fetch_t0 = self.zero_grad_t0 = 0
-        self.tracker = tracker
-
-
 class _Reports(StepTracker):
     __slots__ = ()
     calls = []
@@ -166,7 +160,7 @@ def test_loop_ranges_report_fetches_and_zero_grads_to_the_threads_tracker(run_di
     failures, _Reports.calls = [], []
 
     class State:
-        s = _LoopState(_Reports())
+        s = _native.LoopState(_Reports())
 
     class Local:
         stack = []
@@ -209,7 +203,7 @@ def test_timed_backward_counts_nested_calls_once_and_passes_errors_through():
     failures, _Reports.calls = [], []
 
     class State:
-        s = _LoopState(_Reports())
+        s = _native.LoopState(_Reports())
 
     class Compiler:
         _is_compiling_flag = False
@@ -259,3 +253,130 @@ def test_a_fetch_left_to_its_work_asks_the_guess_only_when_no_work_shows():
     del tracker.guess  # no guess (deleted, or None): train, so with an optimizer known,
     tracker.fetched(110, 120, None)  # batches read ahead of their work, all this step's GetNext
     assert tracker.pending == (90, 100, None) and tracker.pending_more == [(110, 120)] and len(asked) == 2
+
+
+class _Phases(StepTracker):
+    __slots__ = ()
+    calls = []
+
+    def forward_started(self, mode, now):
+        self.calls.append(("forward_started", mode, now > 0))
+
+    def forward_ended(self, mode, t0, t1, phase):
+        self.calls.append(("forward_ended", mode, t1 >= t0 > 0, phase))
+
+    def loss(self, t0, t1):
+        self.calls.append(("loss", t1 >= t0 > 0))
+
+
+class _Module:  # what timed_root needs of a module: a weak reference and `training`
+    training = True
+
+
+def test_timed_root_reports_forwards_and_losses_and_passes_calls_through():
+    failures, seen, depths, _Phases.calls = [], [], [], []
+    forward, recompute = 11, 12
+
+    class State:
+        s = _native.LoopState(_Phases())
+
+    class Compiler:
+        _is_compiling_flag = False
+
+    class Roots:
+        stop_at_known = None
+
+        def known_root_ran(self, loop):
+            seen.append(loop)
+            self.stop_at_known = None
+
+    grad = [True]
+    module, roots = _Module(), Roots()
+
+    def call_impl(m, *args, **kwargs):
+        assert m is module
+        depths.append(State.s.depth)
+        if kwargs.get("nested"):
+            return model(1)  # a root inside a root: passed through, not timed
+        if kwargs.get("boom"):
+            raise ValueError("from the forward")
+        return args, kwargs
+
+    def make(loss, inner=None):
+        return _native.timed_root(weakref.ref(module), inner, call_impl, State, roots, lambda: grad[0],
+                                  lambda m: False, Compiler, failures.append, loss, (forward, recompute))
+
+    model, loss = make(False), make(True)
+    assert model(1, 2, k=3) == ((1, 2), {"k": 3}) and depths == [1] and State.s.depth == 0
+    assert _Phases.calls == [("forward_started", "train", True), ("forward_ended", "train", True, forward)]
+    _Phases.calls, grad[0] = [], False  # no grad: eval
+    model(nested=True)
+    assert _Phases.calls == [("forward_started", "eval", True), ("forward_ended", "eval", True, forward)]
+    _Phases.calls, grad[0] = [], True
+    State.s.forced_modes.append("predict")  # a framework loop's mode wins
+    roots.stop_at_known = State.s  # a known root ran in the loop that looked again
+    model()
+    assert _Phases.calls[0] == ("forward_started", "predict", True) and seen == [State.s]
+    State.s.forced_modes.clear()
+    _Phases.calls = []
+    assert loss(4) == ((4,), {})
+    assert _Phases.calls == [("loss", True)]
+    _Phases.calls, State.s.in_backward = [], 1  # inside a backward: recomputed forwards
+    model()
+    loss()
+    assert _Phases.calls == [("forward_ended", "train", True, recompute)] * 2
+    _Phases.calls, State.s.in_backward = [], 0
+    with pytest.raises(ValueError, match="from the forward"):  # what the call raises reaches the caller
+        model(boom=True)
+    assert _Phases.calls[-1][0] == "forward_ended" and State.s.depth == 0
+    _Phases.calls, Compiler._is_compiling_flag = [], True  # torch.export traces: nothing timed
+    assert model(5) == ((5,), {}) and _Phases.calls == []
+    Compiler._is_compiling_flag = False
+    inner = make(False, inner=lambda *a, **k: ("inner", a, k))  # the slot held a compiled call before us
+    assert inner(6, x=7) == ("inner", (6,), {"x": 7}) and len(_Phases.calls) == 2
+    many = tuple(range(20))  # more arguments than the call's stack buffer
+    assert model(*many, **{f"k{i}": i for i in range(5)})[0] == many
+    assert not failures
+
+
+def test_native_wrappers_need_a_native_loop_state_and_still_call_through():
+    failures = []
+
+    class State:
+        s = object()  # not a LoopState
+
+    backward = _native.timed_backward(lambda x: x + 1, State, type("C", (), {"_is_compiling_flag": False}),
+                                      failures.append)
+    assert backward(1) == 2
+    assert len(failures) == 1 and "LoopState" in str(failures[0])
+    st = _native.LoopState(StepTracker())
+    assert (st.depth, st.in_backward, st.in_optimizer, st.stack, st.forced_modes, st.iter_started) == \
+        (0, 0, 0, [], [], None)
+    assert st.fetch_t0 == st.zero_grad_t0 == 0
+    with pytest.raises(AttributeError):
+        st.fetch_t0 = 1  # the native wrappers' own
+
+
+def test_optimizer_hooks_bookkeeping_counts_nested_steps_once():
+    calls = []
+
+    class Tracker(StepTracker):
+        __slots__ = ()
+
+        def optimizer_started(self, key, now):
+            calls.append(("started", key, now > 0))
+
+        def optimizer_ended(self, key, t0, t1):
+            calls.append(("ended", key, t1 >= t0 > 0))
+
+    class State:
+        s = _native.LoopState(Tracker())
+
+    _native.optimizer_began(State, 7)
+    _native.optimizer_began(State, 8)  # an optimizer stepping another (a wrapper's inner step)
+    assert State.s.in_optimizer == 2
+    _native.optimizer_done(State, 8)
+    _native.optimizer_done(State, 7)
+    assert calls == [("started", 7, True), ("ended", 7, True)] and State.s.in_optimizer == 0
+    with pytest.raises(TypeError, match="LoopState"):
+        _native.optimizer_began(type("Bad", (), {"s": object()}), 1)

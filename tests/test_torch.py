@@ -116,6 +116,19 @@ def test_torch_compile_adds_no_graph_breaks_and_keeps_phases(tmp_path, kind, bac
     assert phase_counts(run) == {"Forward": 12, "Loss": 12, "Backward": 12, "Optimizer": 12}
 
 
+def test_roots_timed_in_native_code_leave_fullgraph_compiles_whole(tmp_path):
+    """A model and loss timed as roots (their slots hold native calls), then compiled
+    with fullgraph=True around them: dynamo traces the modules' own calls, never
+    the slot, so no graph break (it would raise) and the same numbers."""
+    base = run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), "fullgraph", "12", "eager", name="base",
+                      zero_edit=False)
+    prof = run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), "fullgraph", "12", "eager")
+    assert "LOSS" in prof.stdout and prof.stdout == base.stdout
+    run = stepscope.load(tmp_path / "runs" / "run")
+    check_steps(run, {"train": 12, "eval": 1})
+    assert phase_counts(run)["Forward"] >= 7  # the eager half and the last call at least
+
+
 def test_stepscope_run_launcher(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "launched", "--",
                         sys.executable, os.path.join(SCRIPTS, "loops.py"), "accum", "5"],

@@ -117,6 +117,7 @@ class TorchInstrumentor(Instrumentor):
         for name in ("trace", "trace_module"):  # tracing runs the model: no steps, no phases
             self.patch(torch.jit, name, self.hiding)
         self.patch(torch.nn.Module, "train", self.wrap_train)
+        self.hide_root_slots_from_torchscript(torch)
         if model is not None:
             self.roots.adopt(model)
         else:
@@ -147,6 +148,16 @@ class TorchInstrumentor(Instrumentor):
         if self._on and self.loops is not None:
             self.loops.reset()
             _annotations.ranges.clear()
+
+    def hide_root_slots_from_torchscript(self, torch) -> None:
+        """TorchScript (``jit.script``, and ``jit.trace`` building its module) types
+        every entry of a module's ``__dict__``: a root's slot holds a native callable
+        it cannot type (a Python function there it would skip). The slot is not the
+        model's: TorchScript is told to ignore it, as it ignores torch's own hook dicts."""
+        recursive = getattr(getattr(torch, "jit", None), "_recursive", None)
+        ignored = getattr(recursive, "ignored_attributes", None)
+        if isinstance(ignored, list) and "_compiled_call_impl" not in ignored:
+            self.replace(recursive, "ignored_attributes", [*ignored, "_compiled_call_impl"])
 
     def patch_backward(self, torch) -> None:
         """Backward is timed around the engine call that ``torch.autograd.backward``
@@ -277,20 +288,18 @@ class TorchInstrumentor(Instrumentor):
 
     # --- optimizer --------------------------------------------------------------------------
     def optimizer_hooks(self):
-        """The global optimizer step pre/post hooks. Closures over locals: they run on
-        every step, where each attribute read of the instrumentor costs."""
-        loops, only, fail, now = self.loops, self.only_optimizer, self.fail, _native.now
+        """The global optimizer step pre/post hooks: Python, as dynamo traces them when
+        a compiled function steps an optimizer (it folds the check); the bookkeeping
+        is one native call on the thread's loop state (``csrc/loop.cc``)."""
+        local, only, fail = self.loops.local, self.only_optimizer, self.fail
         is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
+        began, done = _native.optimizer_began, _native.optimizer_done
 
         def optimizer_pre(optimizer, args, kwargs):
             if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
                 return None
             try:
-                st = loops.local.s
-                st.in_optimizer += 1
-                if st.in_optimizer == 1:
-                    st.optimizer_t0 = t0 = now()
-                    st.tracker.optimizer_started(id(optimizer), t0)
+                began(local, id(optimizer))
             except Exception as exc:  # noqa: BLE001
                 fail(exc)
             return None
@@ -299,10 +308,7 @@ class TorchInstrumentor(Instrumentor):
             if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
                 return None
             try:
-                st = loops.local.s
-                st.in_optimizer -= 1
-                if st.in_optimizer == 0:
-                    st.tracker.optimizer_ended(id(optimizer), st.optimizer_t0, now())
+                done(local, id(optimizer))
             except Exception as exc:  # noqa: BLE001
                 fail(exc)
             return None

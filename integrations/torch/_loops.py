@@ -3,11 +3,11 @@ the loop (SPEC §3), so two loops in two threads (a ``ThreadPoolExecutor``
 training two models) are two sequences of steps, each with its own tracker,
 nesting depth and open forwards.
 
-The hooks read one attribute per call (``loops.local.s``): a ``threading.local``
-lookup, then plain slots. The native range wrappers (``csrc/hooks.cc``) read
-and set ``depth``, ``iter_started``, ``fetch_t0``, ``zero_grad_t0`` and
-``tracker`` by name, through the same ``local``: it is kept for the process's
-life (a forked child gets a new state in it, not a new ``local``).
+Each thread's state is ``loops.local.s`` (a ``threading.local``). The native
+wrappers (``csrc/hooks.cc``, ``csrc/roots.cc``) and the optimizer hooks find it
+through ``_native.loop_state(local)``, which caches it per OS thread, and read
+its fields in C. The ``local`` is kept for the process's life: a forked child
+gets a new state in it (and the cache is told), not a new ``local``.
 """
 
 from __future__ import annotations
@@ -15,31 +15,18 @@ from __future__ import annotations
 import threading
 from typing import Callable, List, Tuple
 
+from stepscope.core import _native
 from stepscope.integrations._steps import StepTracker
 
 
 _FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for threads it did not start
 
 
-class LoopState:
-    """One thread's place in its loop."""
-
-    __slots__ = ("depth", "in_backward", "in_optimizer", "stack", "forced_modes", "optimizer_t0",
-                 "iter_started", "fetch_t0", "zero_grad_t0", "setting_mode", "pending_root", "tracker")
-
-    def __init__(self, tracker: StepTracker):
-        self.depth = 0  # root forwards (or a fetch) in progress: nested work is theirs
-        self.in_backward = 0
-        self.in_optimizer = 0
-        self.stack: list = []  # (t0, mode, phase) of open root forwards
-        self.forced_modes: list = []  # a framework loop that knows its mode (Keras fit/evaluate/predict)
-        self.optimizer_t0 = 0
-        self.iter_started = None  # tick: DataLoader.__iter__ began, no fetch since
-        self.fetch_t0 = 0  # tick: the outermost fetch in progress began (csrc/hooks.cc)
-        self.zero_grad_t0 = 0  # tick: an optimizer's zero_grad in progress began (csrc/hooks.cc)
-        self.setting_mode = False  # inside Module.train(): its children's calls are its own
-        self.pending_root = None  # a module whose first call is timed by the discovery post-hook
-        self.tracker = tracker
+# One thread's place in its loop: depth, in_backward, in_optimizer, stack,
+# forced_modes, optimizer_t0, iter_started, setting_mode, pending_root, tracker
+# (and the native-only fetch_t0, zero_grad_t0). A C struct (csrc/loop.h): the
+# native wrappers on every step read and set it without attribute lookups.
+LoopState = _native.LoopState
 
 
 def _never() -> bool:
@@ -59,6 +46,7 @@ class Loops:
         self.lock = threading.Lock()
         self.states: List[Tuple[int, LoopState]] = []  # (native thread id, state)
         self.local = _PerThread(self)
+        _native.loop_states_changed()  # the native cache of each thread's local.s
 
     def _new_state(self) -> LoopState:
         tracker = self.make_tracker()
@@ -80,7 +68,7 @@ class Loops:
 
     @property
     def here(self) -> LoopState:
-        return self.local.s
+        return _native.loop_state(self.local)
 
     def close_all(self) -> None:
         """Closes every thread's open step (session end): another thread's step
@@ -97,3 +85,4 @@ class Loops:
         self.lock = threading.Lock()
         self.states = []
         self.local.s = self._new_state()
+        _native.loop_states_changed()

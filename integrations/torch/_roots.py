@@ -6,7 +6,7 @@ anything else (``Module.compile()`` uses it). Unlike forward hooks it is
 invisible to what users do with models: ``nn.Module.__getstate__`` drops it, so
 ``pickle``, ``copy.deepcopy`` and ``torch.save`` never carry it; TorchScript
 and ``jit.trace`` do not read it; and the module keeps torch's no-hook fast
-path, so a root costs one Python call per forward.
+path, so a root costs one native call per forward (``csrc/roots.cc``).
 
 Roots are found by a pair of global forward hooks during the first steps
 (removed after ``DISCOVERY_STEPS`` steps without a new root; back for a few
@@ -83,75 +83,14 @@ class Roots:
             self.adopt(module)
 
     def _timed_call(self, module, inner):
-        """The root's call, timed: one Python frame per forward (the hot path of
-        every step: the phase logic is inline, the tracker is called once on
-        each side of a forward and once after a loss)."""
-        inst, roots = self.inst, self
-        ref = weakref.ref(module)  # no cycle: the module's memory is freed when the user drops it
-        call_impl = self.torch.nn.Module._call_impl
-        loops = inst.loops  # per-thread state (_loops.py); the object outlives a fork
-        is_dynamo_compiling, compiler = inst.is_dynamo_compiling, inst.compiler
-        now = _native.now
-
-        if isinstance(module, self.loss_type):
-            def timed_loss(*args, **kwargs):
-                st = loops.local.s
-                if st.depth or is_dynamo_compiling() or compiler._is_compiling_flag:
-                    return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
-                st.depth += 1
-                t0 = now()
-                try:
-                    return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
-                finally:
-                    st.depth -= 1
-                    try:
-                        if st.in_backward:
-                            st.tracker.forward_ended("train", t0, now(), RECOMPUTE)
-                        else:
-                            st.tracker.loss(t0, now())
-                    except Exception as exc:  # noqa: BLE001
-                        inst.fail(exc)
-
-            return timed_loss
-
-        is_grad_enabled, is_training = self.torch.is_grad_enabled, inst.is_training
-
-        def timed_call(*args, **kwargs):
-            st = loops.local.s
-            if st.depth or is_dynamo_compiling() or compiler._is_compiling_flag:
-                return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
-            st.depth += 1
-            mode, phase = "train", RECOMPUTE
-            try:
-                if not st.in_backward:
-                    phase = FORWARD
-                    if roots.stop_at_known is st:  # a known root: the loop goes on with it
-                        roots.known_root_ran(st)
-                    if st.forced_modes:
-                        mode = st.forced_modes[-1]
-                    elif not is_grad_enabled():
-                        mode = "eval"
-                    else:
-                        m = ref()
-                        mode = "train" if m.training or is_training(m) else "eval"
-                    t0 = now()
-                    st.tracker.forward_started(mode, t0)
-                else:
-                    t0 = now()
-            except Exception as exc:  # noqa: BLE001
-                inst.fail(exc)
-                t0 = 0
-            try:
-                return call_impl(ref(), *args, **kwargs) if inner is None else inner(*args, **kwargs)
-            finally:
-                st.depth -= 1
-                if t0:
-                    try:
-                        st.tracker.forward_ended(mode, t0, now(), phase)
-                    except Exception as exc:  # noqa: BLE001
-                        inst.fail(exc)
-
-        return timed_call
+        """The root's call, timed (``csrc/roots.cc``): no Python frame on the hot
+        path of every step; the tracker is called once on each side of a forward
+        and once after a loss. A weak reference: no cycle, the module's memory is
+        freed when the user drops it."""
+        inst = self.inst
+        return _native.timed_root(weakref.ref(module), inner, self.torch.nn.Module._call_impl, inst.loops.local,
+                                  self, self.torch.is_grad_enabled, inst.is_training, inst.compiler, inst.fail,
+                                  isinstance(module, self.loss_type), (FORWARD, RECOMPUTE))
 
     def release(self) -> None:
         """Puts every root's slot back as it was (uninstrument)."""

@@ -65,6 +65,18 @@ def main():
             opt.zero_grad(); nn.functional.mse_loss(m(x), y).backward(); opt.step()
         from torch._dynamo.utils import counters
         print("GRAPH_BREAKS", dict(counters["graph_break"]))
+    elif kind == "fullgraph":  # eager steps first (the model and loss are roots), then compiled in one graph
+        opt = torch.optim.SGD(model.parameters(), lr=0.01); loss_fn = nn.MSELoss()
+        def forward_loss(x, y):
+            return loss_fn(model(x), y)
+        for i in range(N // 2):
+            opt.zero_grad(); forward_loss(x, y).backward(); opt.step()
+        step = torch.compile(forward_loss, fullgraph=True, backend=sys.argv[3])  # any graph break raises
+        whole = torch.compile(model, fullgraph=True, backend=sys.argv[3])
+        for i in range(N - N // 2):
+            opt.zero_grad(); step(x, y).backward(); opt.step()
+        with torch.no_grad():
+            print("LOSS", round(float(loss_fn(whole(x), y)), 6))
     elif kind == "evalonly":
         model.eval()
         with torch.no_grad():

@@ -1,0 +1,235 @@
+// The LoopState type (loop.h).
+#include "loop.h"
+
+#include <structmember.h>
+
+#include "clock.h"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace stepscope {
+
+PyTypeObject LoopStateType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+namespace {
+
+PyObject *g_s, *g_optimizer_started, *g_optimizer_ended;
+std::atomic<uint64_t> g_epoch{1};
+
+// This thread's last answer. Strong references: neither object can be freed
+// and its address reused while cached (at thread exit they stay alive, as the
+// integration's list of every thread's state keeps them anyway).
+struct Cached {
+  PyObject* local;
+  PyObject* state;
+  uint64_t epoch;
+};
+thread_local Cached t_cached;
+
+LoopState* L(PyObject* o) { return reinterpret_cast<LoopState*>(o); }
+
+PyObject** object_fields(LoopState* s, int i) {
+  PyObject** fields[] = {&s->depth, &s->in_backward, &s->in_optimizer, &s->stack, &s->forced_modes,
+                         &s->optimizer_t0, &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker};
+  return i < int(sizeof(fields) / sizeof(fields[0])) ? fields[i] : nullptr;
+}
+
+int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"tracker", nullptr};
+  PyObject* tracker;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:LoopState", const_cast<char**>(names), &tracker)) return -1;
+  LoopState* s = L(self);
+  PyObject* zero = PyLong_FromLong(0);
+  PyObject* stack = PyList_New(0);
+  PyObject* forced = PyList_New(0);
+  if (!zero || !stack || !forced) {
+    Py_XDECREF(zero);
+    Py_XDECREF(stack);
+    Py_XDECREF(forced);
+    return -1;
+  }
+  PyObject* values[] = {zero, zero, zero, stack, forced, zero, Py_None, Py_False, Py_None, tracker};
+  for (int i = 0; PyObject** field = object_fields(s, i); ++i) {
+    Py_INCREF(values[i]);
+    Py_XSETREF(*field, values[i]);
+  }
+  Py_DECREF(zero);
+  Py_DECREF(stack);
+  Py_DECREF(forced);
+  s->fetch_t0 = s->zero_grad_t0 = 0;
+  return 0;
+}
+
+int tp_traverse(PyObject* self, visitproc visit, void* arg) {
+  for (int i = 0; PyObject** field = object_fields(L(self), i); ++i) Py_VISIT(*field);
+  return 0;
+}
+
+int tp_clear(PyObject* self) {
+  for (int i = 0; PyObject** field = object_fields(L(self), i); ++i) Py_CLEAR(*field);
+  return 0;
+}
+
+void tp_dealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  tp_clear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+#define OBJ(field, doc) {#field, T_OBJECT_EX, offsetof(LoopState, field), 0, doc}
+PyMemberDef members[] = {
+    OBJ(depth, "root forwards (or a fetch) in progress: nested work is theirs"),
+    OBJ(in_backward, "a backward in progress: forwards inside it are Recompute"),
+    OBJ(in_optimizer, "optimizer steps in progress"),
+    OBJ(stack, "(t0, mode, phase) of open root forwards"),
+    OBJ(forced_modes, "modes a framework loop set (Keras fit/evaluate/predict)"),
+    OBJ(optimizer_t0, "tick: the outermost optimizer step began"),
+    OBJ(iter_started, "tick: DataLoader.__iter__ began, no fetch since; None"),
+    OBJ(setting_mode, "inside Module.train()"),
+    OBJ(pending_root, "a module whose first call the discovery post-hook times"),
+    OBJ(tracker, "the thread's step tracker"),
+    {"fetch_t0", T_ULONGLONG, offsetof(LoopState, fetch_t0), READONLY, "tick: the outermost fetch began"},
+    {"zero_grad_t0", T_ULONGLONG, offsetof(LoopState, zero_grad_t0), READONLY, "tick: a zero_grad began"},
+    {nullptr, 0, 0, 0, nullptr}};
+#undef OBJ
+
+PyObject* py_loop_state(PyObject*, PyObject* local) { return reinterpret_cast<PyObject*>(loop_state_of(local)); }
+
+PyObject* py_loop_states_changed(PyObject*, PyObject*) {
+  loop_states_changed();
+  Py_RETURN_NONE;
+}
+
+// tracker.<method>(key, t0[, t1]) of the thread's state.
+bool tell(LoopState* st, PyObject* method, PyObject* key, PyObject* t0, PyObject* t1) {
+  PyObject* tracker = st->tracker;
+  if (!tracker) {
+    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
+    return false;
+  }
+  Py_INCREF(tracker);
+  PyObject* args[4] = {tracker, key, t0, t1};
+  PyObject* r = PyObject_VectorcallMethod(method, args, (t1 ? 4 : 3) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  Py_DECREF(tracker);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
+// An optimizer step's pre and post hooks (integrations/torch: Python, as dynamo
+// must trace them when a compiled function steps an optimizer; the bookkeeping
+// here). The outermost step of nested ones (an optimizer stepping another) is
+// reported: tracker.optimizer_started(key, t0), tracker.optimizer_ended(key, t0, t1).
+PyObject* py_optimizer_began(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 2) {
+    PyErr_SetString(PyExc_TypeError, "optimizer_began(local, key)");
+    return nullptr;
+  }
+  LoopState* st = loop_state_of(a[0]);
+  if (!st) return nullptr;
+  long depth = small_of(st->in_optimizer) + 1;
+  bool ok = set_small(&st->in_optimizer, depth);
+  if (ok && depth == 1) {
+    PyObject* t0 = PyLong_FromUnsignedLongLong(ticks());
+    ok = t0 != nullptr;
+    if (ok) {
+      Py_INCREF(t0);
+      Py_XSETREF(st->optimizer_t0, t0);
+      ok = tell(st, g_optimizer_started, a[1], t0, nullptr);
+      Py_DECREF(t0);
+    }
+  }
+  Py_DECREF(st);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 2) {
+    PyErr_SetString(PyExc_TypeError, "optimizer_done(local, key)");
+    return nullptr;
+  }
+  LoopState* st = loop_state_of(a[0]);
+  if (!st) return nullptr;
+  long depth = small_of(st->in_optimizer) - 1;
+  bool ok = set_small(&st->in_optimizer, depth);
+  if (ok && depth == 0) {
+    PyObject* t1 = PyLong_FromUnsignedLongLong(ticks());
+    PyObject* t0 = st->optimizer_t0;
+    Py_XINCREF(t0);
+    ok = t0 && t1 && tell(st, g_optimizer_ended, a[1], t0, t1);
+    Py_XDECREF(t0);
+    Py_XDECREF(t1);
+  }
+  Py_DECREF(st);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
+#define FAST(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f)), METH_FASTCALL
+PyMethodDef functions[] = {
+    {"optimizer_began", FAST(py_optimizer_began),
+     "optimizer_began(local, key): an optimizer step's pre-hook, on the thread's loop state"},
+    {"optimizer_done", FAST(py_optimizer_done),
+     "optimizer_done(local, key): an optimizer step's post-hook, on the thread's loop state"},
+    {"loop_state", py_loop_state, METH_O, "loop_state(local): the calling thread's local.s, cached (csrc/loop.h)"},
+    {"loop_states_changed", py_loop_states_changed, METH_NOARGS,
+     "A thread's loop state was replaced (a forked child's reset): forget the cached ones."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+LoopState* loop_state_of(PyObject* local) {
+  Cached& c = t_cached;
+  uint64_t epoch = g_epoch.load(std::memory_order_acquire);
+  if (c.local == local && c.epoch == epoch) {
+    Py_INCREF(c.state);
+    return L(c.state);
+  }
+  PyObject* st = PyObject_GetAttr(local, g_s);
+  if (st && !is_loop_state(st)) {
+    PyErr_Format(PyExc_TypeError, "the loop state is a %.100s, not a LoopState", Py_TYPE(st)->tp_name);
+    Py_CLEAR(st);
+  }
+  if (!st) return nullptr;
+  PyObject *old_local = c.local, *old_state = c.state;
+  Py_INCREF(local);
+  Py_INCREF(st);
+  c = Cached{local, st, epoch};
+  Py_XDECREF(old_local);  // after the cache is whole: a deallocation may run hooks
+  Py_XDECREF(old_state);
+  return L(st);
+}
+
+void loop_states_changed() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
+
+bool add_loop_state(PyObject* module) {
+  g_s = PyUnicode_InternFromString("s");
+  g_optimizer_started = PyUnicode_InternFromString("optimizer_started");
+  g_optimizer_ended = PyUnicode_InternFromString("optimizer_ended");
+  if (!g_s || !g_optimizer_started || !g_optimizer_ended) return false;
+  LoopStateType.tp_name = "stepscope.core._native.LoopState";
+  LoopStateType.tp_basicsize = sizeof(LoopState);
+  LoopStateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  LoopStateType.tp_new = PyType_GenericNew;
+  LoopStateType.tp_init = tp_init;
+  LoopStateType.tp_dealloc = tp_dealloc;
+  LoopStateType.tp_traverse = tp_traverse;
+  LoopStateType.tp_clear = tp_clear;
+  LoopStateType.tp_members = members;
+  LoopStateType.tp_doc = "LoopState(tracker): one thread's place in its training loop (csrc/loop.h).";
+  if (PyType_Ready(&LoopStateType) < 0) return false;
+  Py_INCREF(&LoopStateType);
+  if (PyModule_AddObject(module, "LoopState", reinterpret_cast<PyObject*>(&LoopStateType)) < 0) return false;
+  for (PyMethodDef* def = functions; def->ml_name; ++def) {
+    PyObject* f = PyCFunction_New(def, nullptr);
+    if (!f || PyModule_AddObject(module, def->ml_name, f) < 0) {
+      Py_XDECREF(f);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace stepscope

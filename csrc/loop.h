@@ -1,0 +1,64 @@
+// One thread's place in its training loop (loop.cc; integrations/torch/_loops.py
+// keeps one per thread). A C struct so that the native wrappers on every step
+// (hooks.cc) read and set it directly: through attribute names it cost them
+// ~200 instructions an access (callgrind, BENCHMARKS.md). Python code reads the
+// same fields as attributes (slot members, as fast as __slots__).
+#pragma once
+
+#include <Python.h>
+
+namespace stepscope {
+
+struct LoopState {
+  PyObject_HEAD
+  // Python-facing fields: ints, lists and objects, never NULL once initialised.
+  PyObject* depth;         // root forwards (or a fetch) in progress: nested work is theirs
+  PyObject* in_backward;   // a backward in progress (forwards inside are Recompute)
+  PyObject* in_optimizer;  // optimizer steps in progress
+  PyObject* stack;         // (t0, mode, phase) of open root forwards (discovery's)
+  PyObject* forced_modes;  // a framework loop that knows its mode (Keras fit/evaluate/predict)
+  PyObject* optimizer_t0;  // tick: the outermost optimizer step began
+  PyObject* iter_started;  // tick: DataLoader.__iter__ began, no fetch since; None
+  PyObject* setting_mode;  // inside Module.train(): its children's calls are its own
+  PyObject* pending_root;  // a module whose first call is timed by the discovery post-hook
+  PyObject* tracker;       // the thread's StepTracker
+  // Native-only ticks (read-only from Python).
+  unsigned long long fetch_t0;      // the outermost fetch in progress began
+  unsigned long long zero_grad_t0;  // an optimizer's zero_grad in progress began
+};
+
+extern PyTypeObject LoopStateType;
+
+inline bool is_loop_state(PyObject* o) { return Py_IS_TYPE(o, &LoopStateType); }
+
+// A small int field (depth, counters); a non-int reads as 0.
+inline long small_of(PyObject* v) {
+  long r = v && PyLong_CheckExact(v) ? PyLong_AsLong(v) : 0;
+  if (r == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    r = 0;
+  }
+  return r;
+}
+
+// Sets a small int field; false with a Python error set.
+inline bool set_small(PyObject** field, long value) {
+  PyObject* v = PyLong_FromLong(value);  // -5..256 are shared: no allocation
+  if (!v) return false;
+  Py_XSETREF(*field, v);
+  return true;
+}
+
+// The calling thread's loop state, `local.s` (a new reference; NULL with a
+// Python error set when it is missing or not a LoopState). Cached per OS
+// thread: a threading.local lookup costs ~500 instructions, and the native
+// wrappers ask about ten times a step. Whoever replaces a thread's state (a
+// forked child's reset) calls loop_states_changed() (Python: the same name).
+LoopState* loop_state_of(PyObject* local);
+void loop_states_changed();
+
+// Adds the LoopState type, loop_state and loop_states_changed to the module;
+// false with a Python error set.
+bool add_loop_state(PyObject* module);
+
+}  // namespace stepscope

@@ -1,0 +1,314 @@
+// The timed call of a root module (integrations/torch/_roots.py): what a root's
+// `_compiled_call_impl` slot holds, so that nn.Module.__call__ reaches it on
+// every forward. In C because it runs twice a step (the model, the loss) and a
+// Python wrapper there cost ~13,000 instructions a step (callgrind,
+// BENCHMARKS.md): its frame, the arguments packed again, and the loop state's
+// fields read by name.
+//
+//   timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, is_training,
+//              compiler, fail, loss, phases)
+//
+// calls inner(*args, **kwargs), or call_impl(ref(), *args, **kwargs) when inner
+// is None, and reports it to the calling thread's tracker (local.s.tracker):
+// a model's call as forward_started(mode, t0) / forward_ended(mode, t0, t1,
+// phase), a loss module's as loss(t0, t1); inside a backward both are
+// Recompute. A call nested in a timed one (depth), or made while torch.export
+// traces (compiler._is_compiling_flag), is passed through. Dynamo never calls
+// the slot: it traces the module's _call_impl itself. Failures go to fail(exc);
+// what the call returns or raises reaches the caller unchanged.
+#include "roots.h"
+
+#include <cstring>
+
+#include "clock.h"
+#include "loop.h"
+
+namespace stepscope {
+namespace {
+
+struct Root {
+  PyObject_HEAD
+  PyObject* ref;  // weak reference to the module: no cycle through its own slot
+  PyObject* inner;
+  PyObject* call_impl;
+  PyObject* local;
+  PyObject* roots;
+  PyObject* is_grad_enabled;
+  PyObject* is_training;
+  PyObject* compiler;
+  PyObject* fail;
+  PyObject* forward;    // phase ids
+  PyObject* recompute;
+  int loss;
+  vectorcallfunc vectorcall;
+};
+
+PyObject *g_flag, *g_training, *g_stop_at_known, *g_known_root_ran, *g_forward_started, *g_forward_ended,
+    *g_loss, *g_train, *g_eval;
+
+Root* R(PyObject* o) { return reinterpret_cast<Root*>(o); }
+
+void report(Root* r) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyObject* res = value ? PyObject_CallOneArg(r->fail, value) : nullptr;
+  if (!res) PyErr_Clear();
+  Py_XDECREF(res);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
+// The module behind the weak reference (a new reference), or NULL with an error set.
+PyObject* module_of(Root* r) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* m;
+  if (PyWeakref_GetRef(r->ref, &m) < 0) return nullptr;
+#else
+  PyObject* m = PyWeakref_GetObject(r->ref);  // borrowed
+  if (!m) return nullptr;
+  if (m == Py_None) m = nullptr;
+  Py_XINCREF(m);
+#endif
+  if (!m) PyErr_SetString(PyExc_ReferenceError, "the root module is gone");
+  return m;
+}
+
+// The original call: inner(*args, **kwargs) or call_impl(module, *args, **kwargs).
+PyObject* call_through(Root* r, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (r->inner) return PyObject_Vectorcall(r->inner, args, nargsf, kwnames);
+  PyObject* module = module_of(r);
+  if (!module) return nullptr;
+  size_t n = PyVectorcall_NARGS(nargsf);
+  size_t total = n + (kwnames ? size_t(PyTuple_GET_SIZE(kwnames)) : 0);
+  PyObject* small[10];
+  PyObject** buf = total + 2 <= 10 ? small : static_cast<PyObject**>(PyMem_Malloc((total + 2) * sizeof(PyObject*)));
+  if (!buf) {
+    Py_DECREF(module);
+    return PyErr_NoMemory();
+  }
+  buf[1] = module;  // buf[0]: the slot a callee may borrow (PY_VECTORCALL_ARGUMENTS_OFFSET)
+  if (total) std::memcpy(buf + 2, args, total * sizeof(PyObject*));
+  PyObject* result = PyObject_Vectorcall(r->call_impl, buf + 1, (n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+  if (buf != small) PyMem_Free(buf);
+  Py_DECREF(module);
+  return result;
+}
+
+LoopState* state_of(Root* r) { return loop_state_of(r->local); }
+
+// 1: torch.export traces; 0: not; -1: error.
+int exporting(Root* r) {
+  PyObject* flag = PyObject_GetAttr(r->compiler, g_flag);
+  int on = flag ? PyObject_IsTrue(flag) : -1;
+  Py_XDECREF(flag);
+  return on;
+}
+
+bool tell(LoopState* st, PyObject* method, PyObject* a, PyObject* b, PyObject* c, PyObject* d) {
+  PyObject* tracker = st->tracker;
+  if (!tracker) {
+    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
+    return false;
+  }
+  Py_INCREF(tracker);
+  PyObject* stack[5] = {tracker, a, b, c, d};
+  size_t n = 1 + (a != nullptr) + (b != nullptr) + (c != nullptr) + (d != nullptr);
+  PyObject* res = PyObject_VectorcallMethod(method, stack, n | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  Py_DECREF(tracker);
+  Py_XDECREF(res);
+  return res != nullptr;
+}
+
+bool tell_span(LoopState* st, PyObject* method, PyObject* mode, unsigned long long t0, unsigned long long t1,
+               PyObject* phase) {
+  PyObject* x = PyLong_FromUnsignedLongLong(t0);
+  PyObject* y = PyLong_FromUnsignedLongLong(t1);
+  bool ok = x && y && (mode ? tell(st, method, mode, x, y, phase) : tell(st, method, x, y, nullptr, nullptr));
+  Py_XDECREF(x);
+  Py_XDECREF(y);
+  return ok;
+}
+
+// The mode of a model's forward: a framework loop's, else eval without grad, else the module's.
+PyObject* mode_of(Root* r, LoopState* st) {
+  PyObject* forced = st->forced_modes;
+  if (forced && PyList_Check(forced) && PyList_GET_SIZE(forced) > 0) {
+    PyObject* m = PyList_GET_ITEM(forced, PyList_GET_SIZE(forced) - 1);
+    Py_INCREF(m);
+    return m;
+  }
+  PyObject* grad = PyObject_CallNoArgs(r->is_grad_enabled);
+  int enabled = grad ? PyObject_IsTrue(grad) : -1;
+  Py_XDECREF(grad);
+  if (enabled < 0) return nullptr;
+  int training = 0;
+  if (enabled) {
+    PyObject* module = module_of(r);
+    if (!module) return nullptr;
+    PyObject* flag = PyObject_GetAttr(module, g_training);
+    training = flag ? PyObject_IsTrue(flag) : -1;
+    Py_XDECREF(flag);
+    if (training == 0) {  // a wrapper (DDP, Lightning's) whose own flag may lag behind its model's
+      PyObject* deep = PyObject_CallOneArg(r->is_training, module);
+      training = deep ? PyObject_IsTrue(deep) : -1;
+      Py_XDECREF(deep);
+    }
+    Py_DECREF(module);
+    if (training < 0) return nullptr;
+  }
+  PyObject* m = training ? g_train : g_eval;
+  Py_INCREF(m);
+  return m;
+}
+
+PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Root* r = R(callable);
+  LoopState* st = state_of(r);
+  int pass = !st || small_of(st->depth) ? 1 : exporting(r);
+  if (pass) {
+    if (pass < 0 || !st) report(r);
+    Py_XDECREF(st);
+    return call_through(r, args, nargsf, kwnames);
+  }
+  long depth = small_of(st->depth);
+  if (!set_small(&st->depth, depth + 1)) {
+    report(r);
+    Py_DECREF(st);
+    return call_through(r, args, nargsf, kwnames);
+  }
+  bool recompute = small_of(st->in_backward) != 0;
+  PyObject* mode = nullptr;
+  unsigned long long t0 = 0;
+  if (!r->loss) {
+    bool ok = true;
+    if (!recompute) {
+      PyObject* stop = PyObject_GetAttr(r->roots, g_stop_at_known);
+      ok = stop != nullptr;
+      if (stop == reinterpret_cast<PyObject*>(st)) {  // a known root: the loop that looked again goes on with it
+        PyObject* res = PyObject_CallMethodOneArg(r->roots, g_known_root_ran, stop);
+        ok = res != nullptr;
+        Py_XDECREF(res);
+      }
+      Py_XDECREF(stop);
+      mode = ok ? mode_of(r, st) : nullptr;
+      ok = mode != nullptr;
+      t0 = ticks();
+      if (ok) {
+        PyObject* now = PyLong_FromUnsignedLongLong(t0);
+        ok = now && tell(st, g_forward_started, mode, now, nullptr, nullptr);
+        Py_XDECREF(now);
+      }
+    } else {
+      mode = g_train;
+      Py_INCREF(mode);
+      t0 = ticks();
+    }
+    if (!ok) {
+      report(r);
+      t0 = 0;
+    }
+  } else {
+    t0 = ticks();
+  }
+  PyObject* result = call_through(r, args, nargsf, kwnames);
+  unsigned long long t1 = ticks();
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);  // what the call raised goes to the caller, unchanged
+  bool ok = set_small(&st->depth, small_of(st->depth) - 1);
+  if (ok && t0) {
+    if (r->loss && !small_of(st->in_backward)) ok = tell_span(st, g_loss, nullptr, t0, t1, nullptr);
+    else if (r->loss) ok = tell_span(st, g_forward_ended, g_train, t0, t1, r->recompute);
+    else ok = tell_span(st, g_forward_ended, mode, t0, t1, recompute ? r->recompute : r->forward);
+  }
+  if (!ok) report(r);
+  PyErr_Restore(type, value, tb);
+  Py_XDECREF(mode);
+  Py_DECREF(st);
+  return result;
+}
+
+PyObject** fields(Root* r, int i) {
+  PyObject** all[] = {&r->ref, &r->inner, &r->call_impl, &r->local, &r->roots, &r->is_grad_enabled,
+                      &r->is_training, &r->compiler, &r->fail, &r->forward, &r->recompute};
+  return i < int(sizeof(all) / sizeof(all[0])) ? all[i] : nullptr;
+}
+
+int root_traverse(PyObject* o, visitproc visit, void* arg) {
+  for (int i = 0; PyObject** f = fields(R(o), i); ++i) Py_VISIT(*f);
+  return 0;
+}
+
+int root_clear(PyObject* o) {
+  for (int i = 0; PyObject** f = fields(R(o), i); ++i) Py_CLEAR(*f);
+  return 0;
+}
+
+void root_dealloc(PyObject* o) {
+  PyObject_GC_UnTrack(o);
+  root_clear(o);
+  PyObject_GC_Del(o);
+}
+
+PyTypeObject RootType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 11 || !PyWeakref_CheckRef(a[0]) || !PyTuple_Check(a[10]) || PyTuple_GET_SIZE(a[10]) != 2) {
+    PyErr_SetString(PyExc_TypeError, "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, "
+                                     "is_training, compiler, fail, loss, (forward, recompute))");
+    return nullptr;
+  }
+  int loss = PyObject_IsTrue(a[9]);
+  if (loss < 0) return nullptr;
+  Root* r = PyObject_GC_New(Root, &RootType);
+  if (!r) return nullptr;
+  PyObject* values[] = {a[0], a[1] == Py_None ? nullptr : a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
+                        PyTuple_GET_ITEM(a[10], 0), PyTuple_GET_ITEM(a[10], 1)};
+  for (int i = 0; PyObject** f = fields(r, i); ++i) {
+    Py_XINCREF(values[i]);
+    *f = values[i];
+  }
+  r->loss = loss;
+  r->vectorcall = root_call;
+  PyObject_GC_Track(r);
+  return reinterpret_cast<PyObject*>(r);
+}
+
+PyMethodDef methods[] = {
+    {"timed_root", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_root)), METH_FASTCALL,
+     "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, is_training, compiler, fail, loss, "
+     "(forward, recompute)): a root module's timed call (csrc/roots.cc)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+bool add_roots(PyObject* module) {
+  for (auto [slot, text] : {std::pair{&g_flag, "_is_compiling_flag"}, {&g_training, "training"},
+                            {&g_stop_at_known, "stop_at_known"}, {&g_known_root_ran, "known_root_ran"},
+                            {&g_forward_started, "forward_started"}, {&g_forward_ended, "forward_ended"},
+                            {&g_loss, "loss"}, {&g_train, "train"}, {&g_eval, "eval"}}) {
+    *slot = PyUnicode_InternFromString(text);
+    if (!*slot) return false;
+  }
+  RootType.tp_name = "stepscope.core._native.TimedRoot";
+  RootType.tp_basicsize = sizeof(Root);
+  RootType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  RootType.tp_vectorcall_offset = offsetof(Root, vectorcall);
+  RootType.tp_call = PyVectorcall_Call;
+  RootType.tp_dealloc = root_dealloc;
+  RootType.tp_traverse = root_traverse;
+  RootType.tp_clear = root_clear;
+  RootType.tp_doc = "A root module's timed call (csrc/roots.cc).";
+  if (PyType_Ready(&RootType) < 0) return false;
+  for (PyMethodDef* def = methods; def->ml_name; ++def) {
+    PyObject* f = PyCFunction_New(def, nullptr);
+    if (!f || PyModule_AddObject(module, def->ml_name, f) < 0) {
+      Py_XDECREF(f);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace stepscope

@@ -187,6 +187,32 @@ def test_instrumented_model_pickles_copies_saves_and_scripts(run_dir, tmp_path):
     assert "LOADED Net 2" in r.stdout
 
 
+def test_data_parallel_replicas_call_themselves_not_the_timed_original(run_dir):
+    """nn.DataParallel replicates a module by copying its __dict__: a root's slot
+    must not come along (it would run the original module on every device)."""
+    st_torch.instrumentor.ensure()
+    session = stepscope.start(name="replicas")
+
+    class Who(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            return self
+
+    model = Who()
+    model.train()  # a model not timed yet: discovery looks for it
+    with torch.no_grad():
+        model(torch.randn(2))  # adopted as a root
+    assert "_compiled_call_impl" in model.__dict__
+    replica = model._replicate_for_data_parallel()
+    assert "_compiled_call_impl" not in replica.__dict__
+    with torch.no_grad():
+        assert replica(torch.randn(2)) is replica and model(torch.randn(2)) is model
+    session.stop()
+
+
 def test_deepcopy_in_every_step_records_the_true_steps(run_dir):
     """An EMA copy made each step is not a model of the loop."""
     st_torch.instrumentor.ensure()

@@ -118,6 +118,8 @@ class TorchInstrumentor(Instrumentor):
             self.patch(torch.jit, name, self.hiding)
         self.patch(torch.nn.Module, "train", self.wrap_train)
         self.hide_root_slots_from_torchscript(torch)
+        if hasattr(torch.nn.Module, "_replicate_for_data_parallel"):
+            self.patch(torch.nn.Module, "_replicate_for_data_parallel", self.wrap_replicate)
         if model is not None:
             self.roots.adopt(model)
         else:
@@ -148,6 +150,19 @@ class TorchInstrumentor(Instrumentor):
         if self._on and self.loops is not None:
             self.loops.reset()
             _annotations.ranges.clear()
+
+    def wrap_replicate(self, original):
+        inst = self
+
+        def _replicate_for_data_parallel(module):
+            replica = original(module)
+            try:
+                inst.roots.drop_from_replica(module, replica)
+            except Exception as exc:  # noqa: BLE001
+                inst.fail(exc)
+            return replica
+
+        return _replicate_for_data_parallel
 
     def hide_root_slots_from_torchscript(self, torch) -> None:
         """TorchScript (``jit.script``, and ``jit.trace`` building its module) types

@@ -103,6 +103,17 @@ class Roots:
                     module.__dict__["_compiled_call_impl"] = before
         self.timed = weakref.WeakKeyDictionary()
 
+    def drop_from_replica(self, module, replica) -> None:
+        """nn.DataParallel's replicas copy the module's ``__dict__``, our slot with
+        it: it would call the original module from every device's thread. A replica
+        gets the slot's value from before us."""
+        entry = self.timed.get(module)
+        if entry is not None and replica.__dict__.get("_compiled_call_impl") is entry[0]:
+            if entry[1] is None:
+                del replica.__dict__["_compiled_call_impl"]
+            else:
+                replica.__dict__["_compiled_call_impl"] = entry[1]
+
     def _refresh_models(self, _dead=None) -> None:
         self.model_refs = [ref for ref in self.model_refs if ref() is not None]
         self.models = [weakref.proxy(m) for m in (ref() for ref in self.model_refs) if m is not None]

@@ -68,17 +68,7 @@ PyObject *g_name, *g_stack, *g_fetched, *g_exhausted, *g_optimizer_used, *g_back
     *g_backward_ended, *g_is_compiling_flag;
 
 // record(...) failed: hand the exception to fail(exc), never to the caller.
-void report(Hook* h) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  PyObject* r = value ? PyObject_CallOneArg(h->fail, value) : nullptr;
-  if (!r) PyErr_Clear();
-  Py_XDECREF(r);
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
-}
+void report(Hook* h) { hand_error_to(h->fail); }
 
 bool starts_with_any(PyObject* name, PyObject* prefixes) {
   if (!prefixes) return false;
@@ -129,26 +119,10 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
 // The calling thread's loop state (a new reference): `state.s`, a LoopState (loop.h).
 LoopState* state_of(Hook* h) { return loop_state_of(h->state); }
 
-// Calls tracker.<method>(args...) through the class: a subclass (or a test) may replace it.
-bool report_to_tracker(LoopState* st, PyObject* method, PyObject* const* args, size_t n) {
-  PyObject* tracker = st->tracker;
-  if (!tracker) {
-    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
-    return false;
-  }
-  Py_INCREF(tracker);  // the call may replace it
-  PyObject* stack[4] = {tracker, n > 0 ? args[0] : nullptr, n > 1 ? args[1] : nullptr, n > 2 ? args[2] : nullptr};
-  PyObject* r = PyObject_VectorcallMethod(method, stack, (n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  Py_DECREF(tracker);
-  Py_XDECREF(r);
-  return r != nullptr;
-}
-
 bool report_times(LoopState* st, PyObject* method, unsigned long long a, unsigned long long b, PyObject* c) {
   PyObject* x = PyLong_FromUnsignedLongLong(a);
   PyObject* y = PyLong_FromUnsignedLongLong(b);
-  PyObject* args[3] = {x, y, c};
-  bool ok = x && y && report_to_tracker(st, method, args, c ? 3 : 2);
+  bool ok = x && y && tell_tracker(st, method, x, y, c);
   Py_XDECREF(x);
   Py_XDECREF(y);
   return ok;
@@ -213,7 +187,7 @@ bool zero_grad_exited(Hook* h, unsigned long long t1) {
   if (t0) {
     record_span(h->category, h->span_name, t0, t1);
     st->zero_grad_t0 = 0;
-    ok = report_to_tracker(st, g_optimizer_used, nullptr, 0);
+    ok = tell_tracker(st, g_optimizer_used);
   }
   Py_DECREF(st);
   return ok;
@@ -311,8 +285,8 @@ PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf
   unsigned long long t0 = ticks();
   if (!small_of(st->depth)) {
     PyObject* now = PyLong_FromUnsignedLongLong(t0);
-    PyObject* a[2] = {now, small_of(st->in_optimizer) ? Py_False : Py_True};  // inside an optimizer step: no new step
-    if (!now || !report_to_tracker(st, g_backward_started, a, 2)) report(h);
+    PyObject* begins = small_of(st->in_optimizer) ? Py_False : Py_True;  // inside an optimizer step: no new step
+    if (!now || !tell_tracker(st, g_backward_started, now, begins)) report(h);
     Py_XDECREF(now);
   }
   bool counted = set_small(&st->in_backward, 1);

@@ -30,7 +30,8 @@ thread_local Cached t_cached;
 
 LoopState* L(PyObject* o) { return reinterpret_cast<LoopState*>(o); }
 
-PyObject** object_fields(LoopState* s, int i) {
+PyObject** object_fields(PyObject* self, int i) {
+  LoopState* s = L(self);
   PyObject** fields[] = {&s->depth, &s->in_backward, &s->in_optimizer, &s->stack, &s->forced_modes,
                          &s->optimizer_t0, &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker};
   return i < int(sizeof(fields) / sizeof(fields[0])) ? fields[i] : nullptr;
@@ -51,7 +52,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   PyObject* values[] = {zero, zero, zero, stack, forced, zero, Py_None, Py_False, Py_None, tracker};
-  for (int i = 0; PyObject** field = object_fields(s, i); ++i) {
+  for (int i = 0; PyObject** field = object_fields(self, i); ++i) {
     Py_INCREF(values[i]);
     Py_XSETREF(*field, values[i]);
   }
@@ -62,15 +63,9 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   return 0;
 }
 
-int tp_traverse(PyObject* self, visitproc visit, void* arg) {
-  for (int i = 0; PyObject** field = object_fields(L(self), i); ++i) Py_VISIT(*field);
-  return 0;
-}
+int tp_traverse(PyObject* self, visitproc visit, void* arg) { return visit_fields(self, object_fields, visit, arg); }
 
-int tp_clear(PyObject* self) {
-  for (int i = 0; PyObject** field = object_fields(L(self), i); ++i) Py_CLEAR(*field);
-  return 0;
-}
+int tp_clear(PyObject* self) { return clear_fields(self, object_fields); }
 
 void tp_dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
@@ -102,21 +97,6 @@ PyObject* py_loop_states_changed(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
-// tracker.<method>(key, t0[, t1]) of the thread's state.
-bool tell(LoopState* st, PyObject* method, PyObject* key, PyObject* t0, PyObject* t1) {
-  PyObject* tracker = st->tracker;
-  if (!tracker) {
-    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
-    return false;
-  }
-  Py_INCREF(tracker);
-  PyObject* args[4] = {tracker, key, t0, t1};
-  PyObject* r = PyObject_VectorcallMethod(method, args, (t1 ? 4 : 3) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  Py_DECREF(tracker);
-  Py_XDECREF(r);
-  return r != nullptr;
-}
-
 // An optimizer step's pre and post hooks (integrations/torch: Python, as dynamo
 // must trace them when a compiled function steps an optimizer; the bookkeeping
 // here). The outermost step of nested ones (an optimizer stepping another) is
@@ -136,7 +116,7 @@ PyObject* py_optimizer_began(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (ok) {
       Py_INCREF(t0);
       Py_XSETREF(st->optimizer_t0, t0);
-      ok = tell(st, g_optimizer_started, a[1], t0, nullptr);
+      ok = tell_tracker(st, g_optimizer_started, a[1], t0);
       Py_DECREF(t0);
     }
   }
@@ -158,7 +138,7 @@ PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyObject* t1 = PyLong_FromUnsignedLongLong(ticks());
     PyObject* t0 = st->optimizer_t0;
     Py_XINCREF(t0);
-    ok = t0 && t1 && tell(st, g_optimizer_ended, a[1], t0, t1);
+    ok = t0 && t1 && tell_tracker(st, g_optimizer_ended, a[1], t0, t1);
     Py_XDECREF(t0);
     Py_XDECREF(t1);
   }
@@ -202,6 +182,34 @@ LoopState* loop_state_of(PyObject* local) {
   return L(st);
 }
 
+bool tell_tracker(LoopState* st, PyObject* method, PyObject* a, PyObject* b, PyObject* c, PyObject* d) {
+  PyObject* tracker = st->tracker;
+  if (!tracker) {
+    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
+    return false;
+  }
+  Py_INCREF(tracker);  // the call may replace it
+  PyObject* args[5] = {tracker, a, b, c, d};
+  size_t n = 1;
+  while (n < 5 && args[n]) ++n;
+  PyObject* r = PyObject_VectorcallMethod(method, args, n | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  Py_DECREF(tracker);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
+void hand_error_to(PyObject* fail) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  PyObject* r = value && fail ? PyObject_CallOneArg(fail, value) : nullptr;
+  if (!r) PyErr_Clear();
+  Py_XDECREF(r);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+}
+
 void loop_states_changed() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 bool add_loop_state(PyObject* module) {
@@ -222,14 +230,7 @@ bool add_loop_state(PyObject* module) {
   if (PyType_Ready(&LoopStateType) < 0) return false;
   Py_INCREF(&LoopStateType);
   if (PyModule_AddObject(module, "LoopState", reinterpret_cast<PyObject*>(&LoopStateType)) < 0) return false;
-  for (PyMethodDef* def = functions; def->ml_name; ++def) {
-    PyObject* f = PyCFunction_New(def, nullptr);
-    if (!f || PyModule_AddObject(module, def->ml_name, f) < 0) {
-      Py_XDECREF(f);
-      return false;
-    }
-  }
-  return true;
+  return PyModule_AddFunctions(module, functions) == 0;
 }
 
 }  // namespace stepscope

@@ -57,6 +57,27 @@ inline bool set_small(PyObject** field, long value) {
 LoopState* loop_state_of(PyObject* local);
 void loop_states_changed();
 
+// tracker.<method>(a, b, ...) of the state's tracker (arguments up to the first
+// NULL), through the tracker's type: a subclass, or a test, may replace a
+// method. False with a Python error set.
+bool tell_tracker(LoopState* st, PyObject* method, PyObject* a = nullptr, PyObject* b = nullptr,
+                  PyObject* c = nullptr, PyObject* d = nullptr);
+
+// GC support of a native type whose object fields `fields(self, i)` lists
+// (NULL after the last): its tp_traverse and tp_clear.
+using FieldList = PyObject** (*)(PyObject* self, int i);
+inline int visit_fields(PyObject* self, FieldList fields, visitproc visit, void* arg) {
+  for (int i = 0; PyObject** field = fields(self, i); ++i) Py_VISIT(*field);
+  return 0;
+}
+inline int clear_fields(PyObject* self, FieldList fields) {
+  for (int i = 0; PyObject** field = fields(self, i); ++i) Py_CLEAR(*field);
+  return 0;
+}
+
+// Hands the current Python error to fail(exc), never to the caller.
+void hand_error_to(PyObject* fail);
+
 // Adds the LoopState type, loop_state and loop_states_changed to the module;
 // false with a Python error set.
 bool add_loop_state(PyObject* module);

@@ -48,17 +48,7 @@ PyObject *g_flag, *g_training, *g_stop_at_known, *g_known_root_ran, *g_forward_s
 
 Root* R(PyObject* o) { return reinterpret_cast<Root*>(o); }
 
-void report(Root* r) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  PyObject* res = value ? PyObject_CallOneArg(r->fail, value) : nullptr;
-  if (!res) PyErr_Clear();
-  Py_XDECREF(res);
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
-}
+void report(Root* r) { hand_error_to(r->fail); }
 
 // The module behind the weak reference (a new reference), or NULL with an error set.
 PyObject* module_of(Root* r) {
@@ -106,26 +96,11 @@ int exporting(Root* r) {
   return on;
 }
 
-bool tell(LoopState* st, PyObject* method, PyObject* a, PyObject* b, PyObject* c, PyObject* d) {
-  PyObject* tracker = st->tracker;
-  if (!tracker) {
-    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
-    return false;
-  }
-  Py_INCREF(tracker);
-  PyObject* stack[5] = {tracker, a, b, c, d};
-  size_t n = 1 + (a != nullptr) + (b != nullptr) + (c != nullptr) + (d != nullptr);
-  PyObject* res = PyObject_VectorcallMethod(method, stack, n | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  Py_DECREF(tracker);
-  Py_XDECREF(res);
-  return res != nullptr;
-}
-
 bool tell_span(LoopState* st, PyObject* method, PyObject* mode, unsigned long long t0, unsigned long long t1,
                PyObject* phase) {
   PyObject* x = PyLong_FromUnsignedLongLong(t0);
   PyObject* y = PyLong_FromUnsignedLongLong(t1);
-  bool ok = x && y && (mode ? tell(st, method, mode, x, y, phase) : tell(st, method, x, y, nullptr, nullptr));
+  bool ok = x && y && (mode ? tell_tracker(st, method, mode, x, y, phase) : tell_tracker(st, method, x, y));
   Py_XDECREF(x);
   Py_XDECREF(y);
   return ok;
@@ -197,7 +172,7 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
       t0 = ticks();
       if (ok) {
         PyObject* now = PyLong_FromUnsignedLongLong(t0);
-        ok = now && tell(st, g_forward_started, mode, now, nullptr, nullptr);
+        ok = now && tell_tracker(st, g_forward_started, mode, now);
         Py_XDECREF(now);
       }
     } else {
@@ -229,21 +204,16 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   return result;
 }
 
-PyObject** fields(Root* r, int i) {
+PyObject** fields(PyObject* o, int i) {
+  Root* r = R(o);
   PyObject** all[] = {&r->ref, &r->inner, &r->call_impl, &r->local, &r->roots, &r->is_grad_enabled,
                       &r->is_training, &r->compiler, &r->fail, &r->forward, &r->recompute};
   return i < int(sizeof(all) / sizeof(all[0])) ? all[i] : nullptr;
 }
 
-int root_traverse(PyObject* o, visitproc visit, void* arg) {
-  for (int i = 0; PyObject** f = fields(R(o), i); ++i) Py_VISIT(*f);
-  return 0;
-}
+int root_traverse(PyObject* o, visitproc visit, void* arg) { return visit_fields(o, fields, visit, arg); }
 
-int root_clear(PyObject* o) {
-  for (int i = 0; PyObject** f = fields(R(o), i); ++i) Py_CLEAR(*f);
-  return 0;
-}
+int root_clear(PyObject* o) { return clear_fields(o, fields); }
 
 void root_dealloc(PyObject* o) {
   PyObject_GC_UnTrack(o);
@@ -265,7 +235,7 @@ PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (!r) return nullptr;
   PyObject* values[] = {a[0], a[1] == Py_None ? nullptr : a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
                         PyTuple_GET_ITEM(a[10], 0), PyTuple_GET_ITEM(a[10], 1)};
-  for (int i = 0; PyObject** f = fields(r, i); ++i) {
+  for (int i = 0; PyObject** f = fields(reinterpret_cast<PyObject*>(r), i); ++i) {
     Py_XINCREF(values[i]);
     *f = values[i];
   }
@@ -301,14 +271,7 @@ bool add_roots(PyObject* module) {
   RootType.tp_clear = root_clear;
   RootType.tp_doc = "A root module's timed call (csrc/roots.cc).";
   if (PyType_Ready(&RootType) < 0) return false;
-  for (PyMethodDef* def = methods; def->ml_name; ++def) {
-    PyObject* f = PyCFunction_New(def, nullptr);
-    if (!f || PyModule_AddObject(module, def->ml_name, f) < 0) {
-      Py_XDECREF(f);
-      return false;
-    }
-  }
-  return true;
+  return PyModule_AddFunctions(module, methods) == 0;
 }
 
 }  // namespace stepscope

@@ -65,12 +65,13 @@ class GPUMemoryIncrease(Rule):
                 runs_out = (f"; at that rate its free {(capacity - judged['last_value']) / MB:.0f} MB are used up "
                             f"in {steady.duration_text(left)}" if left is not None else "")
                 warm = (f"after a warm-up of {judged['warmup']} steps" if judged["warmup"] else "from the first step")
+                steady_ev = steady.evidence_of(judged, MB)  # the rate the message states is the evidence's
                 out.append(Finding(
                     rule=self.name, rank=rank, severity="warning",
                     message=(f"{gpu} on {node}: used memory grew from {first / MB:.0f} MB to {last / MB:.0f} MB "
                              f"({100 * growth / capacity:.0f}% of its {capacity / MB:.0f} MB) during training, "
                              f"{warm} to the end (steps {judged['steps'][0]}-{judged['steps'][1]}), and is still "
-                             f"growing {judged['rate_per_s'] * 60 / MB:.0f} MB/min{runs_out}"),
+                             f"growing {steady_ev['rate_mb_per_min']:.0f} MB/min{runs_out}"),
                     recommendation=("Tensors that stay referenced across steps: accumulating the loss or outputs "
                                     "with their graph (total += loss; use loss.item() or loss.detach()), lists of "
                                     "predictions kept on the GPU (move them to the CPU), caches keyed by input "
@@ -79,7 +80,7 @@ class GPUMemoryIncrease(Rule):
                     evidence={"node": node, "gpu": gpu, "used_start_mb": round(first / MB, 1),
                               "used_end_mb": round(last / MB, 1), "growth_mb": round(growth / MB, 1),
                               "growth_percent_of_total": round(100 * growth / capacity, 2),
-                              **steady.evidence_of(judged, MB),
+                              **steady_ev,
                               "free_mb": round((capacity - judged["last_value"]) / MB, 1),
                               "time_to_full_s": round(left, 1) if left is not None else None}))
         return out

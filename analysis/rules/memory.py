@@ -82,17 +82,18 @@ class HostMemoryIncrease(Rule):
             runs_out = (f"; at that rate{others} the host's {free / 2**30:.1f} GiB of free memory is used up in "
                         f"{steady.duration_text(left)}" if left is not None else "")
             warm = (f"after a warm-up of {g['warmup']} steps" if g["warmup"] else "from the first step")
+            steady_ev = steady.evidence_of(g, MB)  # the rate the message states is the evidence's
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)}: host memory grew from {g['first'] / MB:.0f} MB to "
                          f"{g['last'] / MB:.0f} MB during training, {warm} to the end (steps {g['steps'][0]}-"
-                         f"{g['steps'][1]}), and still grows {g['rate_per_s'] * 60 / MB:.0f} MB/min{runs_out}"),
+                         f"{g['steps'][1]}), and still grows {steady_ev['rate_mb_per_min']:.0f} MB/min{runs_out}"),
                 recommendation=("Something keeps references across steps: a list of losses or outputs that "
                                 "still hold tensors (store loss.item() instead), caches without a bound, "
                                 "growing logs. Left alone it ends in an out-of-memory kill."),
                 evidence={"process": str(process), "rss_start_mb": round(g["first"] / MB, 1),
                           "rss_end_mb": round(g["last"] / MB, 1), "growth_mb": round(g["growth"] / MB, 1),
-                          **steady.evidence_of(g, MB),
+                          **steady_ev,
                           "host_free_mb": round(free / MB, 1) if np.isfinite(free) else None,
                           "host_rate_mb_per_min": round(node_rate[node] * 60 / MB, 1),
                           "time_to_full_s": round(left, 1) if left is not None else None}))

@@ -18,9 +18,10 @@ nothing is written, the same hot path.
 Instructions are not time: a Python attribute lookup and a cache miss weigh
 differently. But a change that removes instructions from every step is real,
 and this count shows it in one run where wall-clock pairs need hundreds. The
-count of a run also moves by ~2,000 a step with the interpreter's method cache
-(type-attribute lookups that collide depending on where strings and types
-were allocated): compare differences, and read ``callgrind_annotate`` of the
+count also moves by up to ~5,000 a step with memory layout (a rebuild, even a
+longer argv): the interpreter's attribute caches collide and its dicts probe
+depending on where strings and types were allocated. Compare a few thousand
+only through ``callgrind_annotate`` of the
 ``cg-*.out`` files kept in --keep for which functions changed.
 """
 

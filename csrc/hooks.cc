@@ -65,7 +65,7 @@ struct Hook {
 enum Route { kUser, kPassed, kFetch, kZeroGrad };
 
 PyObject *g_name, *g_stack, *g_fetched, *g_exhausted, *g_optimizer_used, *g_backward_started,
-    *g_backward_ended, *g_is_compiling_flag;
+    *g_backward_ended;
 
 // record(...) failed: hand the exception to fail(exc), never to the caller.
 void report(Hook* h) { hand_error_to(h->fail); }
@@ -119,15 +119,6 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
 // The calling thread's loop state (a new reference): `state.s`, a LoopState (loop.h).
 LoopState* state_of(Hook* h) { return loop_state_of(h->state); }
 
-bool report_times(LoopState* st, PyObject* method, unsigned long long a, unsigned long long b, PyObject* c) {
-  PyObject* x = PyLong_FromUnsignedLongLong(a);
-  PyObject* y = PyLong_FromUnsignedLongLong(b);
-  bool ok = x && y && tell_tracker(st, method, x, y, c);
-  Py_XDECREF(x);
-  Py_XDECREF(y);
-  return ok;
-}
-
 bool fetch_entered(Hook* h, unsigned long long t0) {
   LoopState* st = state_of(h);
   if (!st) return false;
@@ -164,8 +155,8 @@ bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
     bool stopped = exc_type && exc_type != Py_None && PyType_Check(exc_type) &&
                    PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(exc_type),
                                     reinterpret_cast<PyTypeObject*>(PyExc_StopIteration));
-    if (stopped) ok = report_times(st, g_exhausted, t0, t1, nullptr);
-    else if (!exc_type || exc_type == Py_None) ok = report_times(st, g_fetched, t0, t1, Py_None);  // mode: its work's
+    if (stopped) ok = tell_span(st, g_exhausted, nullptr, t0, t1);
+    else if (!exc_type || exc_type == Py_None) ok = tell_span(st, g_fetched, nullptr, t0, t1, Py_None);  // mode: its work's
   }
   Py_DECREF(st);
   return ok;
@@ -271,12 +262,7 @@ PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf
   Hook* h = reinterpret_cast<Hook*>(callable);
   LoopState* st = state_of(h);
   bool timed = st && !small_of(st->in_backward);
-  if (timed) {
-    PyObject* flag = PyObject_GetAttr(h->compiler, g_is_compiling_flag);  // torch.export runs
-    int compiling = flag ? PyObject_IsTrue(flag) : -1;
-    Py_XDECREF(flag);
-    timed = compiling == 0;
-  }
+  if (timed) timed = exporting(h->compiler) == 0;
   if (!timed) {
     if (PyErr_Occurred()) report(h);
     Py_XDECREF(st);
@@ -295,7 +281,7 @@ PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);  // what the backward raised goes to the caller, unchanged
   if (counted && !set_small(&st->in_backward, 0)) report(h);
-  if (!report_times(st, g_backward_ended, t0, ticks(), nullptr)) report(h);
+  if (!tell_span(st, g_backward_ended, nullptr, t0, ticks())) report(h);
   PyErr_Restore(type, value, tb);
   Py_DECREF(st);
   return result;
@@ -442,8 +428,7 @@ PyMethodDef functions[] = {
 bool add_hooks(PyObject* module) {
   for (auto [slot, text] : {std::pair{&g_name, "name"}, {&g_stack, "stack"}, {&g_fetched, "fetched"},
                             {&g_exhausted, "exhausted"}, {&g_optimizer_used, "optimizer_used"},
-                            {&g_backward_started, "backward_started"}, {&g_backward_ended, "backward_ended"},
-                            {&g_is_compiling_flag, "_is_compiling_flag"}}) {
+                            {&g_backward_started, "backward_started"}, {&g_backward_ended, "backward_ended"}}) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }

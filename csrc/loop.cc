@@ -15,7 +15,7 @@ PyTypeObject LoopStateType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 namespace {
 
-PyObject *g_s, *g_optimizer_started, *g_optimizer_ended;
+PyObject *g_s, *g_optimizer_started, *g_optimizer_ended, *g_is_compiling_flag;
 std::atomic<uint64_t> g_epoch{1};
 
 // This thread's last answer. Strong references: neither object can be freed
@@ -33,7 +33,7 @@ LoopState* L(PyObject* o) { return reinterpret_cast<LoopState*>(o); }
 PyObject** object_fields(PyObject* self, int i) {
   LoopState* s = L(self);
   PyObject** fields[] = {&s->depth, &s->in_backward, &s->in_optimizer, &s->stack, &s->forced_modes,
-                         &s->optimizer_t0, &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker};
+                         &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker};
   return i < int(sizeof(fields) / sizeof(fields[0])) ? fields[i] : nullptr;
 }
 
@@ -51,7 +51,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     Py_XDECREF(forced);
     return -1;
   }
-  PyObject* values[] = {zero, zero, zero, stack, forced, zero, Py_None, Py_False, Py_None, tracker};
+  PyObject* values[] = {zero, zero, zero, stack, forced, Py_None, Py_False, Py_None, tracker};
   for (int i = 0; PyObject** field = object_fields(self, i); ++i) {
     Py_INCREF(values[i]);
     Py_XSETREF(*field, values[i]);
@@ -59,7 +59,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Py_DECREF(zero);
   Py_DECREF(stack);
   Py_DECREF(forced);
-  s->fetch_t0 = s->zero_grad_t0 = 0;
+  s->optimizer_t0 = s->fetch_t0 = s->zero_grad_t0 = 0;
   return 0;
 }
 
@@ -80,11 +80,11 @@ PyMemberDef members[] = {
     OBJ(in_optimizer, "optimizer steps in progress"),
     OBJ(stack, "(t0, mode, phase) of open root forwards"),
     OBJ(forced_modes, "modes a framework loop set (Keras fit/evaluate/predict)"),
-    OBJ(optimizer_t0, "tick: the outermost optimizer step began"),
     OBJ(iter_started, "tick: DataLoader.__iter__ began, no fetch since; None"),
     OBJ(setting_mode, "inside Module.train()"),
     OBJ(pending_root, "a module whose first call the discovery post-hook times"),
     OBJ(tracker, "the thread's step tracker"),
+    {"optimizer_t0", T_ULONGLONG, offsetof(LoopState, optimizer_t0), READONLY, "tick: the optimizer step began"},
     {"fetch_t0", T_ULONGLONG, offsetof(LoopState, fetch_t0), READONLY, "tick: the outermost fetch began"},
     {"zero_grad_t0", T_ULONGLONG, offsetof(LoopState, zero_grad_t0), READONLY, "tick: a zero_grad began"},
     {nullptr, 0, 0, 0, nullptr}};
@@ -111,14 +111,10 @@ PyObject* py_optimizer_began(PyObject*, PyObject* const* a, Py_ssize_t n) {
   long depth = small_of(st->in_optimizer) + 1;
   bool ok = set_small(&st->in_optimizer, depth);
   if (ok && depth == 1) {
-    PyObject* t0 = PyLong_FromUnsignedLongLong(ticks());
-    ok = t0 != nullptr;
-    if (ok) {
-      Py_INCREF(t0);
-      Py_XSETREF(st->optimizer_t0, t0);
-      ok = tell_tracker(st, g_optimizer_started, a[1], t0);
-      Py_DECREF(t0);
-    }
+    st->optimizer_t0 = ticks();
+    PyObject* t0 = PyLong_FromUnsignedLongLong(st->optimizer_t0);
+    ok = t0 && tell_tracker(st, g_optimizer_started, a[1], t0);
+    Py_XDECREF(t0);
   }
   Py_DECREF(st);
   if (!ok) return nullptr;
@@ -135,12 +131,7 @@ PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
   long depth = small_of(st->in_optimizer) - 1;
   bool ok = set_small(&st->in_optimizer, depth);
   if (ok && depth == 0) {
-    PyObject* t1 = PyLong_FromUnsignedLongLong(ticks());
-    PyObject* t0 = st->optimizer_t0;
-    Py_XINCREF(t0);
-    ok = t0 && t1 && tell_tracker(st, g_optimizer_ended, a[1], t0, t1);
-    Py_XDECREF(t0);
-    Py_XDECREF(t1);
+    ok = tell_span(st, g_optimizer_ended, a[1], st->optimizer_t0, ticks());
   }
   Py_DECREF(st);
   if (!ok) return nullptr;
@@ -198,6 +189,23 @@ bool tell_tracker(LoopState* st, PyObject* method, PyObject* a, PyObject* b, PyO
   return r != nullptr;
 }
 
+bool tell_span(LoopState* st, PyObject* method, PyObject* lead, unsigned long long t0, unsigned long long t1,
+               PyObject* tail) {
+  PyObject* x = PyLong_FromUnsignedLongLong(t0);
+  PyObject* y = PyLong_FromUnsignedLongLong(t1);
+  bool ok = x && y && (lead ? tell_tracker(st, method, lead, x, y, tail) : tell_tracker(st, method, x, y, tail));
+  Py_XDECREF(x);
+  Py_XDECREF(y);
+  return ok;
+}
+
+int exporting(PyObject* compiler) {
+  PyObject* flag = PyObject_GetAttr(compiler, g_is_compiling_flag);
+  int on = flag ? PyObject_IsTrue(flag) : -1;
+  Py_XDECREF(flag);
+  return on;
+}
+
 void hand_error_to(PyObject* fail) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
@@ -216,7 +224,8 @@ bool add_loop_state(PyObject* module) {
   g_s = PyUnicode_InternFromString("s");
   g_optimizer_started = PyUnicode_InternFromString("optimizer_started");
   g_optimizer_ended = PyUnicode_InternFromString("optimizer_ended");
-  if (!g_s || !g_optimizer_started || !g_optimizer_ended) return false;
+  g_is_compiling_flag = PyUnicode_InternFromString("_is_compiling_flag");
+  if (!g_s || !g_optimizer_started || !g_optimizer_ended || !g_is_compiling_flag) return false;
   LoopStateType.tp_name = "stepscope.core._native.LoopState";
   LoopStateType.tp_basicsize = sizeof(LoopState);
   LoopStateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;

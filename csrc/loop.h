@@ -17,12 +17,12 @@ struct LoopState {
   PyObject* in_optimizer;  // optimizer steps in progress
   PyObject* stack;         // (t0, mode, phase) of open root forwards (discovery's)
   PyObject* forced_modes;  // a framework loop that knows its mode (Keras fit/evaluate/predict)
-  PyObject* optimizer_t0;  // tick: the outermost optimizer step began
   PyObject* iter_started;  // tick: DataLoader.__iter__ began, no fetch since; None
   PyObject* setting_mode;  // inside Module.train(): its children's calls are its own
   PyObject* pending_root;  // a module whose first call is timed by the discovery post-hook
   PyObject* tracker;       // the thread's StepTracker
   // Native-only ticks (read-only from Python).
+  unsigned long long optimizer_t0;  // the outermost optimizer step in progress began
   unsigned long long fetch_t0;      // the outermost fetch in progress began
   unsigned long long zero_grad_t0;  // an optimizer's zero_grad in progress began
 };
@@ -63,6 +63,14 @@ void loop_states_changed();
 bool tell_tracker(LoopState* st, PyObject* method, PyObject* a = nullptr, PyObject* b = nullptr,
                   PyObject* c = nullptr, PyObject* d = nullptr);
 
+// tracker.<method>([lead,] t0, t1[, tail]) with the ticks as ints: a span's report.
+bool tell_span(LoopState* st, PyObject* method, PyObject* lead, unsigned long long t0, unsigned long long t1,
+               PyObject* tail = nullptr);
+
+// Whether torch.export traces (`compiler._is_compiling_flag`): 1, 0, or -1 with
+// a Python error set. Timing is off then.
+int exporting(PyObject* compiler);
+
 // GC support of a native type whose object fields `fields(self, i)` lists
 // (NULL after the last): its tp_traverse and tp_clear.
 using FieldList = PyObject** (*)(PyObject* self, int i);
@@ -78,8 +86,8 @@ inline int clear_fields(PyObject* self, FieldList fields) {
 // Hands the current Python error to fail(exc), never to the caller.
 void hand_error_to(PyObject* fail);
 
-// Adds the LoopState type, loop_state and loop_states_changed to the module;
-// false with a Python error set.
+// Adds the LoopState type, loop_state, loop_states_changed, optimizer_began and
+// optimizer_done to the module; false with a Python error set.
 bool add_loop_state(PyObject* module);
 
 }  // namespace stepscope

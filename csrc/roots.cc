@@ -43,7 +43,7 @@ struct Root {
   vectorcallfunc vectorcall;
 };
 
-PyObject *g_flag, *g_training, *g_stop_at_known, *g_known_root_ran, *g_forward_started, *g_forward_ended,
+PyObject *g_training, *g_stop_at_known, *g_known_root_ran, *g_forward_started, *g_forward_ended,
     *g_loss, *g_train, *g_eval;
 
 Root* R(PyObject* o) { return reinterpret_cast<Root*>(o); }
@@ -88,24 +88,6 @@ PyObject* call_through(Root* r, PyObject* const* args, size_t nargsf, PyObject* 
 
 LoopState* state_of(Root* r) { return loop_state_of(r->local); }
 
-// 1: torch.export traces; 0: not; -1: error.
-int exporting(Root* r) {
-  PyObject* flag = PyObject_GetAttr(r->compiler, g_flag);
-  int on = flag ? PyObject_IsTrue(flag) : -1;
-  Py_XDECREF(flag);
-  return on;
-}
-
-bool tell_span(LoopState* st, PyObject* method, PyObject* mode, unsigned long long t0, unsigned long long t1,
-               PyObject* phase) {
-  PyObject* x = PyLong_FromUnsignedLongLong(t0);
-  PyObject* y = PyLong_FromUnsignedLongLong(t1);
-  bool ok = x && y && (mode ? tell_tracker(st, method, mode, x, y, phase) : tell_tracker(st, method, x, y));
-  Py_XDECREF(x);
-  Py_XDECREF(y);
-  return ok;
-}
-
 // The mode of a model's forward: a framework loop's, else eval without grad, else the module's.
 PyObject* mode_of(Root* r, LoopState* st) {
   PyObject* forced = st->forced_modes;
@@ -141,7 +123,7 @@ PyObject* mode_of(Root* r, LoopState* st) {
 PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Root* r = R(callable);
   LoopState* st = state_of(r);
-  int pass = !st || small_of(st->depth) ? 1 : exporting(r);
+  int pass = !st || small_of(st->depth) ? 1 : exporting(r->compiler);
   if (pass) {
     if (pass < 0 || !st) report(r);
     Py_XDECREF(st);
@@ -193,7 +175,7 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   PyErr_Fetch(&type, &value, &tb);  // what the call raised goes to the caller, unchanged
   bool ok = set_small(&st->depth, small_of(st->depth) - 1);
   if (ok && t0) {
-    if (r->loss && !small_of(st->in_backward)) ok = tell_span(st, g_loss, nullptr, t0, t1, nullptr);
+    if (r->loss && !small_of(st->in_backward)) ok = tell_span(st, g_loss, nullptr, t0, t1);
     else if (r->loss) ok = tell_span(st, g_forward_ended, g_train, t0, t1, r->recompute);
     else ok = tell_span(st, g_forward_ended, mode, t0, t1, recompute ? r->recompute : r->forward);
   }
@@ -254,7 +236,7 @@ PyMethodDef methods[] = {
 }  // namespace
 
 bool add_roots(PyObject* module) {
-  for (auto [slot, text] : {std::pair{&g_flag, "_is_compiling_flag"}, {&g_training, "training"},
+  for (auto [slot, text] : {std::pair{&g_training, "training"},
                             {&g_stop_at_known, "stop_at_known"}, {&g_known_root_ran, "known_root_ran"},
                             {&g_forward_started, "forward_started"}, {&g_forward_ended, "forward_ended"},
                             {&g_loss, "loss"}, {&g_train, "train"}, {&g_eval, "eval"}}) {

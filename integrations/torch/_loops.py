@@ -23,8 +23,8 @@ _FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for th
 
 
 # One thread's place in its loop: depth, in_backward, in_optimizer, stack,
-# forced_modes, optimizer_t0, iter_started, setting_mode, pending_root, tracker
-# (and the native-only fetch_t0, zero_grad_t0). A C struct (csrc/loop.h): the
+# forced_modes, iter_started, setting_mode, pending_root, tracker
+# (and the native-only optimizer_t0, fetch_t0, zero_grad_t0). A C struct (csrc/loop.h): the
 # native wrappers on every step read and set it without attribute lookups.
 LoopState = _native.LoopState
 

@@ -5,7 +5,8 @@ A root module (the model, a loss module) is timed through its per-instance
 anything else (``Module.compile()`` uses it). Unlike forward hooks it is
 invisible to what users do with models: ``nn.Module.__getstate__`` drops it, so
 ``pickle``, ``copy.deepcopy`` and ``torch.save`` never carry it; TorchScript
-and ``jit.trace`` do not read it; and the module keeps torch's no-hook fast
+and ``jit.trace`` are told to ignore it, and ``nn.DataParallel``'s replicas do
+not copy it (``_instrumentor.py``); and the module keeps torch's no-hook fast
 path, so a root costs one native call per forward (``csrc/roots.cc``).
 
 Roots are found by a pair of global forward hooks during the first steps

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.pipeline import tfdata_stages
-from stepscope.core.vocabulary import GETNEXT, PHASES, TRAIN
+from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, PHASES, TRAIN
 
 GETNEXT_BINS = 60
 MAX_BOXES = 32  # workers or GPUs per box plot
@@ -170,13 +170,10 @@ def getnext_stats(run) -> pd.DataFrame:
 
 
 def worker_fetches(run) -> pd.DataFrame:
-    """Per-worker fetch spans where an integration recorded them: spans named ``*DataLoader*``
-    (not phases) whose ``arg`` is the worker id, durations in ms."""
-    names = run.event_names(containing="DataLoader")
-    if not names:
-        return pd.DataFrame(columns=["process", "worker", "ms"])
-    sel = run.select(kinds=["span"], names=names, columns=["process", "category", "start_ns", "end_ns", "arg"])
-    sel = sel[(sel["category"] != "phase") & (sel["arg"] >= 0)]
+    """Per-worker fetch spans where an integration recorded them (``LOADER_FETCH``, whose
+    ``arg`` is the worker id), durations in ms."""
+    sel = run.select(kinds=["span"], names=[LOADER_FETCH], columns=["process", "start_ns", "end_ns", "arg"])
+    sel = sel[sel["arg"] >= 0]
     # a worker records in its own process folder: shown under the training process that started it
     procs = run.processes
     parent = dict(zip(procs["process"].astype(str), procs["parent"])) if "parent" in procs else {}

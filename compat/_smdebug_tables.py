@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.tables import _attribute
-from stepscope.core.vocabulary import GETNEXT, MODES
+from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, MODES
 
 MODE_KEYS = {mode: f"Step:ModeKeys.{mode.upper()}" for mode in MODES}  # train -> Step:ModeKeys.TRAIN
 GETNEXT_METRIC = "DataLoaderIter::GetNext"  # what Debugger's dataloader analysis searches for
@@ -155,8 +155,8 @@ def _gpu_parts(run, host_of) -> list:
 
 
 def dataloader_rows(run, framework: pd.DataFrame) -> pd.DataFrame:
-    """The loop's fetches, the loader worker processes, and DataLoader spans recorded by
-    an integration (name containing ``DataLoader``; ``arg`` is their worker id when set)."""
+    """The loop's fetches, the loader worker processes, and spans whose name contains
+    ``DataLoader`` (the worker id: a ``LOADER_FETCH`` span's ``arg``)."""
     fetch = framework[framework["framework_metric"] == GETNEXT]
     parts = [pd.DataFrame({
         "start_epoch_us": fetch["start_epoch_us"], "end_epoch_us": fetch["end_epoch_us"], "pid": fetch["pid"],
@@ -171,7 +171,8 @@ def dataloader_rows(run, framework: pd.DataFrame) -> pd.DataFrame:
             "start_epoch_us": _epoch_us(spans["start_ns"]), "end_epoch_us": _epoch_us(spans["end_ns"]),
             "pid": spans["pid"].to_numpy(np.int64), "framework_metric": name.to_numpy(),
             "step": _steps_of(run, spans["process"], spans["start_ns"].to_numpy()),
-            "worker_id": np.where(spans["arg"] >= 0, spans["arg"], -1),
+            # only the integration's fetch spans carry a worker id (torch's ranges, an op's)
+            "worker_id": np.where((name == LOADER_FETCH) & (spans["arg"] >= 0), spans["arg"], -1),
             "process": name.str.split(r"[.:]", regex=True).str[0].to_numpy(), "node_id": spans["host"].astype(str)}))
     parts.append(_workers(run))
     out = pd.concat([p for p in parts if len(p)] or parts[:1], ignore_index=True)

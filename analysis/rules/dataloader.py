@@ -15,7 +15,7 @@ from stepscope.analysis.quantities import ms, phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import node_of
-from stepscope.core.vocabulary import GETNEXT, TRAIN
+from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY, TRAIN
 
 
 
@@ -47,11 +47,10 @@ def _children(run, process) -> list:
 
 def worker_fetches(run, process) -> dict:
     """Per worker id, the fetch spans recorded by ``process`` or by its workers' own
-    folders (``DataLoader.fetch``, integrations/torch/_workers.py: name with ``DataLoader``,
-    ``arg`` the worker id): count, median and p95 in ms. Empty when none were recorded."""
-    ev = run.select(kinds=["span"], names=run.event_names(containing="DataLoader"),
-                    processes=[str(process), *_children(run, process)])
-    spans = ev[(ev["category"] != "phase") & (ev["arg"] >= 0)]
+    folders (``LOADER_FETCH``, integrations/torch/_workers.py: ``arg`` the worker id):
+    count, median and p95 in ms. Empty when none were recorded."""
+    ev = run.select(kinds=["span"], names=[LOADER_FETCH], processes=[str(process), *_children(run, process)])
+    spans = ev[ev["arg"] >= 0]
     out = {}
     for worker, g in spans.groupby("arg"):
         d = (g["end_ns"] - g["start_ns"]).to_numpy(dtype=float) / 1e6
@@ -64,14 +63,14 @@ def configured_workers(run, process) -> int:
     """The most ``num_workers`` of ``process``'s loaders (``DataLoader.num_workers``, recorded
     at each pass by the torch integration), 0 when not recorded: the sampler can miss
     short-lived workers."""
-    marks = run.select(kinds=["instant"], names=["DataLoader.num_workers"], processes=[str(process)])
+    marks = run.select(kinds=["instant"], names=[LOADER_NUM_WORKERS], processes=[str(process)])
     return int(marks["arg"].max()) if len(marks) else 0
 
 
 def pin_memory(run, process):
     """Whether ``process``'s multi-process loaders pin memory (the last pass's setting,
     ``DataLoader.pin_memory``), or None when not recorded."""
-    marks = run.select(kinds=["instant"], names=["DataLoader.pin_memory"], processes=[str(process)])
+    marks = run.select(kinds=["instant"], names=[LOADER_PIN_MEMORY], processes=[str(process)])
     return bool(marks["arg"].iloc[-1]) if len(marks) else None
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import functools
 
 from stepscope.core import _native
+from stepscope.core.vocabulary import LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
-FETCH = _native.intern("DataLoader.fetch")
-NUM_WORKERS = _native.intern("DataLoader.num_workers")
-PIN_MEMORY = _native.intern("DataLoader.pin_memory")
+FETCH = _native.intern(LOADER_FETCH)
+NUM_WORKERS = _native.intern(LOADER_NUM_WORKERS)
+PIN_MEMORY = _native.intern(LOADER_PIN_MEMORY)
 
 
 def install(inst, torch) -> None:

@@ -35,6 +35,7 @@
 #include "loop.h"
 #include "pyint.h"
 #include "recorder.h"
+#include "tell.h"
 
 namespace stepscope {
 namespace {
@@ -64,8 +65,7 @@ struct Hook {
 
 enum Route { kUser, kPassed, kFetch, kZeroGrad };
 
-PyObject *g_name, *g_stack, *g_fetched, *g_exhausted, *g_optimizer_used, *g_backward_started,
-    *g_backward_ended;
+PyObject *g_name, *g_stack;
 
 // record(...) failed: hand the exception to fail(exc), never to the caller.
 void report(Hook* h) { hand_error_to(h->fail); }
@@ -155,8 +155,8 @@ bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
     bool stopped = exc_type && exc_type != Py_None && PyType_Check(exc_type) &&
                    PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(exc_type),
                                     reinterpret_cast<PyTypeObject*>(PyExc_StopIteration));
-    if (stopped) ok = tell_span(st, g_exhausted, nullptr, t0, t1);
-    else if (!exc_type || exc_type == Py_None) ok = tell_span(st, g_fetched, nullptr, t0, t1, Py_None);  // mode: its work's
+    if (stopped) ok = tell::exhausted(st, t0, t1);
+    else if (!exc_type || exc_type == Py_None) ok = tell::fetched(st, t0, t1, Py_None);  // mode: its work's
   }
   Py_DECREF(st);
   return ok;
@@ -178,7 +178,7 @@ bool zero_grad_exited(Hook* h, unsigned long long t1) {
   if (t0) {
     record_span(h->category, h->span_name, t0, t1);
     st->zero_grad_t0 = 0;
-    ok = tell_tracker(st, g_optimizer_used);
+    ok = tell::optimizer_used(st);
   }
   Py_DECREF(st);
   return ok;
@@ -269,19 +269,15 @@ PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf
     return PyObject_Vectorcall(h->original, args, nargsf, kwnames);
   }
   unsigned long long t0 = ticks();
-  if (!small_of(st->depth)) {
-    PyObject* now = PyLong_FromUnsignedLongLong(t0);
-    PyObject* begins = small_of(st->in_optimizer) ? Py_False : Py_True;  // inside an optimizer step: no new step
-    if (!now || !tell_tracker(st, g_backward_started, now, begins)) report(h);
-    Py_XDECREF(now);
-  }
+  // inside an optimizer step: no new step
+  if (!small_of(st->depth) && !tell::backward_started(st, t0, !small_of(st->in_optimizer))) report(h);
   bool counted = set_small(&st->in_backward, 1);
   if (!counted) report(h);
   PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);  // what the backward raised goes to the caller, unchanged
   if (counted && !set_small(&st->in_backward, 0)) report(h);
-  if (!tell_span(st, g_backward_ended, nullptr, t0, ticks())) report(h);
+  if (!tell::backward_ended(st, t0, ticks())) report(h);
   PyErr_Restore(type, value, tb);
   Py_DECREF(st);
   return result;
@@ -426,9 +422,7 @@ PyMethodDef functions[] = {
 }  // namespace
 
 bool add_hooks(PyObject* module) {
-  for (auto [slot, text] : {std::pair{&g_name, "name"}, {&g_stack, "stack"}, {&g_fetched, "fetched"},
-                            {&g_exhausted, "exhausted"}, {&g_optimizer_used, "optimizer_used"},
-                            {&g_backward_started, "backward_started"}, {&g_backward_ended, "backward_ended"}}) {
+  for (auto [slot, text] : {std::pair{&g_name, "name"}, {&g_stack, "stack"}}) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }

@@ -4,6 +4,7 @@
 #include <structmember.h>
 
 #include "clock.h"
+#include "tell.h"
 
 #include <atomic>
 #include <cstddef>
@@ -15,7 +16,7 @@ PyTypeObject LoopStateType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 namespace {
 
-PyObject *g_s, *g_optimizer_started, *g_optimizer_ended, *g_is_compiling_flag;
+PyObject *g_s, *g_is_compiling_flag;
 std::atomic<uint64_t> g_epoch{1};
 
 // This thread's last answer. Strong references: neither object can be freed
@@ -112,9 +113,7 @@ PyObject* py_optimizer_began(PyObject*, PyObject* const* a, Py_ssize_t n) {
   bool ok = set_small(&st->in_optimizer, depth);
   if (ok && depth == 1) {
     st->optimizer_t0 = ticks();
-    PyObject* t0 = PyLong_FromUnsignedLongLong(st->optimizer_t0);
-    ok = t0 && tell_tracker(st, g_optimizer_started, a[1], t0);
-    Py_XDECREF(t0);
+    ok = tell::optimizer_started(st, a[1], st->optimizer_t0);
   }
   Py_DECREF(st);
   if (!ok) return nullptr;
@@ -131,7 +130,7 @@ PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
   long depth = small_of(st->in_optimizer) - 1;
   bool ok = set_small(&st->in_optimizer, depth);
   if (ok && depth == 0) {
-    ok = tell_span(st, g_optimizer_ended, a[1], st->optimizer_t0, ticks());
+    ok = tell::optimizer_ended(st, a[1], st->optimizer_t0, ticks());
   }
   Py_DECREF(st);
   if (!ok) return nullptr;
@@ -173,32 +172,6 @@ LoopState* loop_state_of(PyObject* local) {
   return L(st);
 }
 
-bool tell_tracker(LoopState* st, PyObject* method, PyObject* a, PyObject* b, PyObject* c, PyObject* d) {
-  PyObject* tracker = st->tracker;
-  if (!tracker) {
-    PyErr_SetString(PyExc_AttributeError, "the loop state has no tracker");
-    return false;
-  }
-  Py_INCREF(tracker);  // the call may replace it
-  PyObject* args[5] = {tracker, a, b, c, d};
-  size_t n = 1;
-  while (n < 5 && args[n]) ++n;
-  PyObject* r = PyObject_VectorcallMethod(method, args, n | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  Py_DECREF(tracker);
-  Py_XDECREF(r);
-  return r != nullptr;
-}
-
-bool tell_span(LoopState* st, PyObject* method, PyObject* lead, unsigned long long t0, unsigned long long t1,
-               PyObject* tail) {
-  PyObject* x = PyLong_FromUnsignedLongLong(t0);
-  PyObject* y = PyLong_FromUnsignedLongLong(t1);
-  bool ok = x && y && (lead ? tell_tracker(st, method, lead, x, y, tail) : tell_tracker(st, method, x, y, tail));
-  Py_XDECREF(x);
-  Py_XDECREF(y);
-  return ok;
-}
-
 int exporting(PyObject* compiler) {
   PyObject* flag = PyObject_GetAttr(compiler, g_is_compiling_flag);
   int on = flag ? PyObject_IsTrue(flag) : -1;
@@ -222,10 +195,8 @@ void loop_states_changed() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 bool add_loop_state(PyObject* module) {
   g_s = PyUnicode_InternFromString("s");
-  g_optimizer_started = PyUnicode_InternFromString("optimizer_started");
-  g_optimizer_ended = PyUnicode_InternFromString("optimizer_ended");
   g_is_compiling_flag = PyUnicode_InternFromString("_is_compiling_flag");
-  if (!g_s || !g_optimizer_started || !g_optimizer_ended || !g_is_compiling_flag) return false;
+  if (!g_s || !g_is_compiling_flag || !tell::init()) return false;
   LoopStateType.tp_name = "stepscope.core._native.LoopState";
   LoopStateType.tp_basicsize = sizeof(LoopState);
   LoopStateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;

@@ -57,16 +57,6 @@ inline bool set_small(PyObject** field, long value) {
 LoopState* loop_state_of(PyObject* local);
 void loop_states_changed();
 
-// tracker.<method>(a, b, ...) of the state's tracker (arguments up to the first
-// NULL), through the tracker's type: a subclass, or a test, may replace a
-// method. False with a Python error set.
-bool tell_tracker(LoopState* st, PyObject* method, PyObject* a = nullptr, PyObject* b = nullptr,
-                  PyObject* c = nullptr, PyObject* d = nullptr);
-
-// tracker.<method>([lead,] t0, t1[, tail]) with the ticks as ints: a span's report.
-bool tell_span(LoopState* st, PyObject* method, PyObject* lead, unsigned long long t0, unsigned long long t1,
-               PyObject* tail = nullptr);
-
 // Whether torch.export traces (`compiler._is_compiling_flag`): 1, 0, or -1 with
 // a Python error set. Timing is off then.
 int exporting(PyObject* compiler);

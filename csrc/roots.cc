@@ -22,6 +22,7 @@
 
 #include "clock.h"
 #include "loop.h"
+#include "tell.h"
 
 namespace stepscope {
 namespace {
@@ -43,8 +44,7 @@ struct Root {
   vectorcallfunc vectorcall;
 };
 
-PyObject *g_training, *g_stop_at_known, *g_known_root_ran, *g_forward_started, *g_forward_ended,
-    *g_loss, *g_train, *g_eval;
+PyObject *g_training, *g_stop_at_known, *g_known_root_ran, *g_train, *g_eval;
 
 Root* R(PyObject* o) { return reinterpret_cast<Root*>(o); }
 
@@ -152,11 +152,7 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
       mode = ok ? mode_of(r, st) : nullptr;
       ok = mode != nullptr;
       t0 = ticks();
-      if (ok) {
-        PyObject* now = PyLong_FromUnsignedLongLong(t0);
-        ok = now && tell_tracker(st, g_forward_started, mode, now);
-        Py_XDECREF(now);
-      }
+      ok = ok && tell::forward_started(st, mode, t0);
     } else {
       mode = g_train;
       Py_INCREF(mode);
@@ -175,9 +171,9 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   PyErr_Fetch(&type, &value, &tb);  // what the call raised goes to the caller, unchanged
   bool ok = set_small(&st->depth, small_of(st->depth) - 1);
   if (ok && t0) {
-    if (r->loss && !small_of(st->in_backward)) ok = tell_span(st, g_loss, nullptr, t0, t1);
-    else if (r->loss) ok = tell_span(st, g_forward_ended, g_train, t0, t1, r->recompute);
-    else ok = tell_span(st, g_forward_ended, mode, t0, t1, recompute ? r->recompute : r->forward);
+    if (r->loss && !small_of(st->in_backward)) ok = tell::loss(st, t0, t1);
+    else if (r->loss) ok = tell::forward_ended(st, g_train, t0, t1, r->recompute);
+    else ok = tell::forward_ended(st, mode, t0, t1, recompute ? r->recompute : r->forward);
   }
   if (!ok) report(r);
   PyErr_Restore(type, value, tb);
@@ -238,8 +234,7 @@ PyMethodDef methods[] = {
 bool add_roots(PyObject* module) {
   for (auto [slot, text] : {std::pair{&g_training, "training"},
                             {&g_stop_at_known, "stop_at_known"}, {&g_known_root_ran, "known_root_ran"},
-                            {&g_forward_started, "forward_started"}, {&g_forward_ended, "forward_ended"},
-                            {&g_loss, "loss"}, {&g_train, "train"}, {&g_eval, "eval"}}) {
+                            {&g_train, "train"}, {&g_eval, "eval"}}) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }

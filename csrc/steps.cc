@@ -355,31 +355,23 @@ int another_loop(Tracker* t, PyObject* key) {
   return PyObject_RichCompareBool(t->opt_in_step, t->opt_before, Py_EQ);
 }
 
-// ------------------------------------------------------------ Python methods
+}  // namespace
 
-#define RET(ok) return (ok) ? new_ref(Py_None) : nullptr
-#define NARGS(lo, hi, sig)                                          \
-  if (nargs < (lo) || nargs > (hi)) {                                \
-    PyErr_SetString(PyExc_TypeError, "StepTracker." sig);            \
-    return nullptr;                                                  \
-  }
+// --- the reports, typed: the native hooks call these directly (steps.h) ------------------
+namespace track {
 
-PyObject* m_fetched(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
-  NARGS(3, 3, "fetched(t0, t1, mode)");
+bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObject* mode) {
   Tracker* t = T(self);
-  unsigned long long t0, t1;
-  if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
-  PyObject* mode = a[2];
   if (t->pending_mode && !drop_unworked(t)) {
     if (has_optimizer(t)) {
       // Batches read ahead before any work (the Hugging Face Trainer reads an
       // accumulation window's batches first; a skipped batch): one train step is
       // one optimizer step, so they all are this step's GetNext.
       int ahead = both_train(t, mode, t->pending_mode);
-      if (ahead < 0) return nullptr;
-      if (ahead) RET(append_more(t, t0, t1));
+      if (ahead < 0) return false;
+      if (ahead) return append_more(t, t0, t1);
     }
-    if (!commit_pending(self, nullptr)) return nullptr;  // no visible work: its own step
+    if (!commit_pending(self, nullptr)) return false;  // no visible work: its own step
     t->done = 1;
   }
   if (no_mode(t) || t->done) {
@@ -391,99 +383,188 @@ PyObject* m_fetched(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
     t->fed = 1;
     t->last_end = t1;
   }
-  Py_RETURN_NONE;
+  return true;
 }
 
-PyObject* m_exhausted(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
-  NARGS(1, 2, "exhausted(t0, t1=0)");
+bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
   Tracker* t = T(self);
-  unsigned long long t0, t1 = 0;
-  if (!arg_u64(a[0], &t0) || (nargs > 1 && !arg_u64(a[1], &t1))) return nullptr;
   drop_unworked(t);
   if (t->pending_mode) {
     int ahead = has_optimizer(t) ? both_train(t, t->pending_mode, t->pending_mode) : 0;
-    if (ahead < 0) return nullptr;
+    if (ahead < 0) return false;
     if (ahead) {
       // A loader that reads ahead (Accelerate's) runs out before the work on the
       // batches it handed out: that work is still to come in this step.
-      RET(t1 <= t0 || append_more(t, t0, t1));
+      return t1 <= t0 || append_more(t, t0, t1);
     }
-    if (!commit_pending(self, nullptr)) return nullptr;
+    if (!commit_pending(self, nullptr)) return false;
   }
   if (!no_mode(t)) {
     if (t1 > t0) phase(kGetNext, t0, t1);
-    if (!end(self, std::max(t0, t1), 0)) return nullptr;
+    if (!end(self, std::max(t0, t1), 0)) return false;
     put(&t->mode, Py_None);
     t->done = 0;
   }
-  Py_RETURN_NONE;
+  return true;
 }
 
-PyObject* m_forward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
-  NARGS(2, 2, "forward_started(mode, now)");
+bool forward_started(PyObject* self, PyObject* mode, unsigned long long now) {
   Tracker* t = T(self);
-  unsigned long long now;
-  if (!arg_u64(a[1], &now)) return nullptr;
-  if (t->pending_mode || t->done || !same(t->mode, a[0])) {
-    if (!phase_start(self, a[0], now)) return nullptr;
+  if (t->pending_mode || t->done || !same(t->mode, mode)) {
+    if (!phase_start(self, mode, now)) return false;
   } else {  // inside its step already (gradient accumulation's forwards, a second model)
     t->worked = 1;
   }
   t->forwards_in_step += 1;
-  Py_RETURN_NONE;
+  return true;
+}
+
+bool forward_ended(PyObject* self, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t ph) {
+  Tracker* t = T(self);
+  phase(ph, t0, t1);
+  t->last_end = t1;
+  if (ph == kForward && is_train(mode)) {
+    t->forward_end = t1;
+    t->has_forward_end = 1;
+  } else if (ph == kForward && same(t->mode, mode) && !is_train(mode)) {
+    t->done = 1;  // an eval/predict step is one forward
+  }
+  return true;
+}
+
+bool loss(PyObject* self, unsigned long long t0, unsigned long long t1) {
+  Tracker* t = T(self);
+  phase(kLoss, t0, t1);
+  t->has_forward_end = 0;
+  t->last_end = t1;
+  return true;
+}
+
+bool backward_started(PyObject* self, unsigned long long now, bool begins) {
+  Tracker* t = T(self);
+  if (begins && (t->pending_mode || t->done || !is_train(t->mode)) && !phase_start(self, g_train, now))
+    return false;
+  t->worked = 1;
+  if (t->has_forward_end && now > t->forward_end) phase(kLoss, t->forward_end, now);  // no loss seen: what ran between
+  t->has_forward_end = 0;
+  return true;
+}
+
+bool backward_ended(PyObject* self, unsigned long long t0, unsigned long long t1) {
+  Tracker* t = T(self);
+  phase(kBackward, t0, t1);
+  t->last_end = t1;
+  if (!has_optimizer(t) && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
+  return true;
+}
+
+// An optimizer's zero_grad (which one, its range does not tell): train work on
+// the fetched batch, like a backward.
+bool optimizer_used(PyObject* self) {
+  Tracker* t = T(self);
+  t->opt_used = t->worked = 1;
+  return !t->pending_mode || commit_pending(self, g_train);
+}
+
+bool optimizer_started(PyObject* self, PyObject* key, unsigned long long now) {
+  Tracker* t = T(self);
+  if (!set_add(t->opt_known, key)) return false;
+  t->worked = 1;
+  if (!t->cand_mode) return !(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now);
+  // Stepping again begins a new iteration, unless a loader drives this loop and
+  // several optimizers take turns on its batch (WGAN: critic updates, then the
+  // generator's): then only the next fetch does.
+  int in = PySet_Contains(t->opt_in_step, key);
+  if (in < 0) return false;
+  bool again = in && !(t->fed && PySet_GET_SIZE(t->opt_known) > 1);
+  int other = again ? 0 : another_loop(t, key);
+  if (other < 0) return false;
+  if (again || other) {
+    char fed = t->fed;
+    PyObject* mode = t->cand_mode;
+    Py_INCREF(mode);
+    bool ok = begin(self, mode, t->cand_at);  // this optimizer steps again: a new iteration began there
+    Py_DECREF(mode);
+    if (!ok) return false;
+    t->fed = fed;  // still the same loader's loop
+  } else {
+    Py_CLEAR(t->cand_mode);  // another optimizer of the same iteration
+  }
+  return true;
+}
+
+bool optimizer_ended(PyObject* self, PyObject* key, unsigned long long t0, unsigned long long t1) {
+  Tracker* t = T(self);
+  phase(kOptimizer, t0, t1);
+  if (!set_add(t->opt_in_step, key)) return false;
+  t->last_end = t1;
+  t->done = 1;
+  t->has_forward_end = 0;
+  return true;
+}
+
+}  // namespace track
+
+namespace {
+
+// ------------------------------------------------------------ Python methods
+
+#define RET(ok) return (ok) ? new_ref(Py_None) : nullptr
+#define NARGS(lo, hi, sig)                                          \
+  if (nargs < (lo) || nargs > (hi)) {                                \
+    PyErr_SetString(PyExc_TypeError, "StepTracker." sig);            \
+    return nullptr;                                                  \
+  }
+
+PyObject* m_fetched(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(3, 3, "fetched(t0, t1, mode)");
+  unsigned long long t0, t1;
+  if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
+  RET(track::fetched(self, t0, t1, a[2]));
+}
+
+PyObject* m_exhausted(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(1, 2, "exhausted(t0, t1=0)");
+  unsigned long long t0, t1 = 0;
+  if (!arg_u64(a[0], &t0) || (nargs > 1 && !arg_u64(a[1], &t1))) return nullptr;
+  RET(track::exhausted(self, t0, t1));
+}
+
+PyObject* m_forward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(2, 2, "forward_started(mode, now)");
+  unsigned long long now;
+  if (!arg_u64(a[1], &now)) return nullptr;
+  RET(track::forward_started(self, a[0], now));
 }
 
 PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(3, 4, "forward_ended(mode, t0, t1, phase=FORWARD)");
-  Tracker* t = T(self);
   unsigned long long t0, t1, ph = kForward;
   if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !arg_u64(a[3], &ph))) return nullptr;
-  phase(uint32_t(ph), t0, t1);
-  t->last_end = t1;
-  if (ph == kForward && is_train(a[0])) {
-    t->forward_end = t1;
-    t->has_forward_end = 1;
-  } else if (ph == kForward && same(t->mode, a[0]) && !is_train(a[0])) {
-    t->done = 1;  // an eval/predict step is one forward
-  }
-  Py_RETURN_NONE;
+  RET(track::forward_ended(self, a[0], t0, t1, uint32_t(ph)));
 }
 
 PyObject* m_loss(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(2, 2, "loss(t0, t1)");
-  Tracker* t = T(self);
   unsigned long long t0, t1;
   if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
-  phase(kLoss, t0, t1);
-  t->has_forward_end = 0;
-  t->last_end = t1;
-  Py_RETURN_NONE;
+  RET(track::loss(self, t0, t1));
 }
 
 PyObject* m_backward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(1, 2, "backward_started(now, begins_step=True)");
-  Tracker* t = T(self);
   unsigned long long now;
   if (!arg_u64(a[0], &now)) return nullptr;
   int begins = nargs > 1 ? PyObject_IsTrue(a[1]) : 1;  // False: a backward inside an optimizer step
   if (begins < 0) return nullptr;
-  if (begins && (t->pending_mode || t->done || !is_train(t->mode)) && !phase_start(self, g_train, now))
-    return nullptr;
-  t->worked = 1;
-  if (t->has_forward_end && now > t->forward_end) phase(kLoss, t->forward_end, now);  // no loss seen: what ran between
-  t->has_forward_end = 0;
-  Py_RETURN_NONE;
+  RET(track::backward_started(self, now, begins));
 }
 
 PyObject* m_backward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(2, 2, "backward_ended(t0, t1)");
-  Tracker* t = T(self);
   unsigned long long t0, t1;
   if (!arg_u64(a[0], &t0) || !arg_u64(a[1], &t1)) return nullptr;
-  phase(kBackward, t0, t1);
-  t->last_end = t1;
-  if (!has_optimizer(t) && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
-  Py_RETURN_NONE;
+  RET(track::backward_ended(self, t0, t1));
 }
 
 PyObject* m_optimizer_known(PyObject* self, PyObject* key) {
@@ -493,56 +574,20 @@ PyObject* m_optimizer_known(PyObject* self, PyObject* key) {
   RET(!t->pending_mode || commit_pending(self, nullptr));
 }
 
-// An optimizer's zero_grad (which one, its range does not tell): train work on
-// the fetched batch, like a backward.
-PyObject* m_optimizer_used(PyObject* self, PyObject*) {
-  Tracker* t = T(self);
-  t->opt_used = t->worked = 1;
-  RET(!t->pending_mode || commit_pending(self, g_train));
-}
+PyObject* m_optimizer_used(PyObject* self, PyObject*) { RET(track::optimizer_used(self)); }
 
 PyObject* m_optimizer_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(2, 2, "optimizer_started(key, now)");
-  Tracker* t = T(self);
   unsigned long long now;
-  if (!arg_u64(a[1], &now) || !set_add(t->opt_known, a[0])) return nullptr;
-  t->worked = 1;
-  if (!t->cand_mode) {
-    RET(!(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now));
-  }
-  // Stepping again begins a new iteration, unless a loader drives this loop and
-  // several optimizers take turns on its batch (WGAN: critic updates, then the
-  // generator's): then only the next fetch does.
-  int in = PySet_Contains(t->opt_in_step, a[0]);
-  if (in < 0) return nullptr;
-  bool again = in && !(t->fed && PySet_GET_SIZE(t->opt_known) > 1);
-  int other = again ? 0 : another_loop(t, a[0]);
-  if (other < 0) return nullptr;
-  if (again || other) {
-    char fed = t->fed;
-    PyObject* mode = t->cand_mode;
-    Py_INCREF(mode);
-    bool ok = begin(self, mode, t->cand_at);  // this optimizer steps again: a new iteration began there
-    Py_DECREF(mode);
-    if (!ok) return nullptr;
-    t->fed = fed;  // still the same loader's loop
-  } else {
-    Py_CLEAR(t->cand_mode);  // another optimizer of the same iteration
-  }
-  Py_RETURN_NONE;
+  if (!arg_u64(a[1], &now)) return nullptr;
+  RET(track::optimizer_started(self, a[0], now));
 }
 
 PyObject* m_optimizer_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(3, 3, "optimizer_ended(key, t0, t1)");
-  Tracker* t = T(self);
   unsigned long long t0, t1;
   if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1)) return nullptr;
-  phase(kOptimizer, t0, t1);
-  if (!set_add(t->opt_in_step, a[0])) return nullptr;
-  t->last_end = t1;
-  t->done = 1;
-  t->has_forward_end = 0;
-  Py_RETURN_NONE;
+  RET(track::optimizer_ended(self, a[0], t0, t1));
 }
 
 PyObject* m_phase_start(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
@@ -715,7 +760,34 @@ void tp_dealloc(PyObject* self) {
 
 PyTypeObject TrackerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// The type whose reports were last found native, at its version tag (0: none).
+PyTypeObject* g_native_type = nullptr;
+unsigned int g_native_tag = 0;
+const char* const kReports[] = {"fetched", "exhausted", "forward_started", "forward_ended", "loss",
+                                "backward_started", "backward_ended", "optimizer_used", "optimizer_started",
+                                "optimizer_ended"};
+
 }  // namespace
+
+bool native_reports(PyObject* tracker) {
+  PyTypeObject* type = Py_TYPE(tracker);
+  if (type == g_native_type && type->tp_version_tag == g_native_tag && g_native_tag) return true;
+  if (!PyType_IsSubtype(type, &TrackerType)) return false;
+  PyObject* base_dict = TrackerType.tp_dict;
+  for (const char* name : kReports) {
+    // a report's descriptor as the type resolves it; PyType_Lookup's own cache keys on the tag
+    PyObject* mine = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), name);
+    bool same = mine && mine == PyDict_GetItemString(base_dict, name);
+    Py_XDECREF(mine);
+    if (!same) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  g_native_type = type;  // the tag, assigned by those lookups; 0 where the type has none (never cached)
+  g_native_tag = type->tp_version_tag;
+  return true;
+}
 
 bool add_step_tracker(PyObject* module) {
   g_train = PyUnicode_InternFromString("train");

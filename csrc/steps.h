@@ -13,4 +13,26 @@ int64_t intern_pyname(PyObject* name);
 // Adds the StepTracker type to the module; false with a Python error set.
 bool add_step_tracker(PyObject* module);
 
+// Whether `tracker` is a StepTracker whose type leaves the reports below as they
+// are: then the native hooks call them directly, without boxing the ticks or
+// looking the method up. A subclass or a patch that replaces a report (tests
+// inject failures so) is told through its methods. Cached by type and version
+// tag (a patch on the class changes the tag).
+bool native_reports(PyObject* tracker);
+
+// The tracker's reports, typed: what its Python methods of the same names do
+// (integrations/_steps.py documents them). False with a Python error set.
+namespace track {
+bool fetched(PyObject* tracker, unsigned long long t0, unsigned long long t1, PyObject* mode);
+bool exhausted(PyObject* tracker, unsigned long long t0, unsigned long long t1);
+bool forward_started(PyObject* tracker, PyObject* mode, unsigned long long now);
+bool forward_ended(PyObject* tracker, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t phase);
+bool loss(PyObject* tracker, unsigned long long t0, unsigned long long t1);
+bool backward_started(PyObject* tracker, unsigned long long now, bool begins_step);
+bool backward_ended(PyObject* tracker, unsigned long long t0, unsigned long long t1);
+bool optimizer_used(PyObject* tracker);
+bool optimizer_started(PyObject* tracker, PyObject* key, unsigned long long now);
+bool optimizer_ended(PyObject* tracker, PyObject* key, unsigned long long t0, unsigned long long t1);
+}  // namespace track
+
 }  // namespace stepscope

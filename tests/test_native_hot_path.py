@@ -380,3 +380,28 @@ def test_optimizer_hooks_bookkeeping_counts_nested_steps_once():
     assert calls == [("started", 7, True), ("ended", 7, True)] and State.s.in_optimizer == 0
     with pytest.raises(TypeError, match="LoopState"):
         _native.optimizer_began(type("Bad", (), {"s": object()}), 1)
+
+
+def test_reports_go_native_until_the_class_replaces_one():
+    """The hooks call a StepTracker's reports natively (csrc/tell.cc); a report replaced
+    on the class afterwards (a patch, a test's injected failure) is called from then on."""
+
+    class Plain(StepTracker):
+        __slots__ = ()
+
+    class State:
+        s = _native.LoopState(Plain())
+
+    tracker = State.s.tracker
+    _native.optimizer_began(State, 7)
+    _native.optimizer_done(State, 7)
+    assert 7 in tracker.optimizers_known and 7 in tracker.optimizers_in_step
+    calls = []
+    Plain.optimizer_ended = lambda self, key, t0, t1: calls.append((key, t1 >= t0 > 0))
+    _native.optimizer_began(State, 8)
+    _native.optimizer_done(State, 8)
+    assert calls == [(8, True)] and 8 in tracker.optimizers_known and 8 not in tracker.optimizers_in_step
+    del Plain.optimizer_ended
+    _native.optimizer_began(State, 9)
+    _native.optimizer_done(State, 9)
+    assert calls == [(8, True)] and 9 in tracker.optimizers_in_step

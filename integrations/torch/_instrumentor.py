@@ -26,7 +26,7 @@ import functools
 import os
 import weakref
 
-from stepscope.core import _native, runinfo, session
+from stepscope.core import _native, importhook, runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
 from stepscope.integrations.torch import _annotations, _fetch, _handover, _ops, _workers
@@ -309,9 +309,15 @@ class TorchInstrumentor(Instrumentor):
         local, only, fail = self.loops.local, self.only_optimizer, self.fail
         is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
         began, done = _native.optimizer_began, _native.optimizer_done
+        # Dynamo can trace only once torch._dynamo is imported (a torch.compile): until then
+        # the two is_dynamo_compiling() frames a step are skipped. Dynamo reads the flag's
+        # real value (True) while tracing, then folds the call.
+        dynamo = [False]
+        importhook.when_imported("torch._dynamo", lambda _: dynamo.__setitem__(0, True))
 
         def optimizer_pre(optimizer, args, kwargs):
-            if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
+            if ((dynamo[0] and is_dynamo_compiling()) or compiler._is_compiling_flag
+                    or (only is not None and id(optimizer) != only)):
                 return None
             try:
                 began(local, id(optimizer))
@@ -320,7 +326,8 @@ class TorchInstrumentor(Instrumentor):
             return None
 
         def optimizer_post(optimizer, args, kwargs):
-            if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
+            if ((dynamo[0] and is_dynamo_compiling()) or compiler._is_compiling_flag
+                    or (only is not None and id(optimizer) != only)):
                 return None
             try:
                 done(local, id(optimizer))

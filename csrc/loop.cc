@@ -98,25 +98,12 @@ PyObject* py_loop_states_changed(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
-// An optimizer step's pre and post hooks (integrations/torch: Python, as dynamo
-// must trace them when a compiled function steps an optimizer; the bookkeeping
-// here). The outermost step of nested ones (an optimizer stepping another) is
-// reported: tracker.optimizer_started(key, t0), tracker.optimizer_ended(key, t0, t1).
 PyObject* py_optimizer_began(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (n != 2) {
     PyErr_SetString(PyExc_TypeError, "optimizer_began(local, key)");
     return nullptr;
   }
-  LoopState* st = loop_state_of(a[0]);
-  if (!st) return nullptr;
-  long depth = small_of(st->in_optimizer) + 1;
-  bool ok = set_small(&st->in_optimizer, depth);
-  if (ok && depth == 1) {
-    st->optimizer_t0 = ticks();
-    ok = tell::optimizer_started(st, a[1], st->optimizer_t0);
-  }
-  Py_DECREF(st);
-  if (!ok) return nullptr;
+  if (!optimizer_began(a[0], a[1])) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -125,15 +112,7 @@ PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "optimizer_done(local, key)");
     return nullptr;
   }
-  LoopState* st = loop_state_of(a[0]);
-  if (!st) return nullptr;
-  long depth = small_of(st->in_optimizer) - 1;
-  bool ok = set_small(&st->in_optimizer, depth);
-  if (ok && depth == 0) {
-    ok = tell::optimizer_ended(st, a[1], st->optimizer_t0, ticks());
-  }
-  Py_DECREF(st);
-  if (!ok) return nullptr;
+  if (!optimizer_done(a[0], a[1])) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -189,6 +168,29 @@ void hand_error_to(PyObject* fail) {
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);
+}
+
+bool optimizer_began(PyObject* local, PyObject* key) {
+  LoopState* st = loop_state_of(local);
+  if (!st) return false;
+  long depth = small_of(st->in_optimizer) + 1;
+  bool ok = set_small(&st->in_optimizer, depth);
+  if (ok && depth == 1) {
+    st->optimizer_t0 = ticks();
+    ok = tell::optimizer_started(st, key, st->optimizer_t0);
+  }
+  Py_DECREF(st);
+  return ok;
+}
+
+bool optimizer_done(PyObject* local, PyObject* key) {
+  LoopState* st = loop_state_of(local);
+  if (!st) return false;
+  long depth = small_of(st->in_optimizer) - 1;
+  bool ok = set_small(&st->in_optimizer, depth);
+  if (ok && depth == 0) ok = tell::optimizer_ended(st, key, st->optimizer_t0, ticks());
+  Py_DECREF(st);
+  return ok;
 }
 
 void loop_states_changed() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }

@@ -57,6 +57,13 @@ inline bool set_small(PyObject** field, long value) {
 LoopState* loop_state_of(PyObject* local);
 void loop_states_changed();
 
+// An optimizer step's pre and post hooks' bookkeeping, on the calling thread's
+// loop state: the outermost step of nested ones (an optimizer stepping another)
+// is reported, tracker.optimizer_started(key, t0) and optimizer_ended(key, t0,
+// t1). False with a Python error set.
+bool optimizer_began(PyObject* local, PyObject* key);
+bool optimizer_done(PyObject* local, PyObject* key);
+
 // Whether torch.export traces (`compiler._is_compiling_flag`): 1, 0, or -1 with
 // a Python error set. Timing is off then.
 int exporting(PyObject* compiler);

@@ -15,6 +15,7 @@
 #include "gpu.h"
 #include "hooks.h"
 #include "loop.h"
+#include "optimizer_hooks.h"
 #include "roots.h"
 #include "pysampler.h"
 #include "reader.h"
@@ -402,7 +403,9 @@ NB_MODULE(_native, m) {
     phases.append(s);
   }
   m.attr("PHASES") = nb::tuple(phases);
-  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr()) || !add_loop_state(m.ptr()) || !add_roots(m.ptr())) throw nb::python_error();
+  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr()) || !add_loop_state(m.ptr()) || !add_roots(m.ptr()) ||
+      !add_optimizer_hooks(m.ptr()))
+    throw nb::python_error();
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");

@@ -405,3 +405,51 @@ def test_reports_go_native_until_the_class_replaces_one():
     _native.optimizer_began(State, 9)
     _native.optimizer_done(State, 9)
     assert calls == [(8, True)] and 9 in tracker.optimizers_in_step
+
+
+def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
+    """csrc/optimizer_hooks.cc: the global optimizer hooks of eager jobs. The one optimizer
+    asked for (or every one), nothing while torch.export traces, a failure handed to fail()."""
+    calls, failures = [], []
+
+    class Tracker(StepTracker):
+        __slots__ = ()
+
+        def optimizer_started(self, key, now):
+            calls.append(("started", key))
+
+        def optimizer_ended(self, key, t0, t1):
+            calls.append(("ended", key, t1 >= t0 > 0))
+
+    class State:
+        s = _native.LoopState(Tracker())
+
+    class Compiler:
+        _is_compiling_flag = False
+
+    first, second = object(), object()
+    pre, post = (_native.optimizer_hook(State, Compiler, None, failures.append, p) for p in (False, True))
+    assert pre(first, (), {}) is None and pre(second, (), {}) is None  # an optimizer stepping another
+    post(second, (), {})
+    post(first, (), {})
+    assert calls == [("started", id(first)), ("ended", id(first), True)] and State.s.in_optimizer == 0
+    only_pre, only_post = (_native.optimizer_hook(State, Compiler, id(second), failures.append, p)
+                           for p in (False, True))
+    calls.clear()
+    for optimizer in (first, second):
+        only_pre(optimizer, (), {})
+        only_post(optimizer, (), {})
+    assert calls == [("started", id(second)), ("ended", id(second), True)]
+    calls.clear()
+    Compiler._is_compiling_flag = True  # torch.export traces: nothing
+    pre(first, (), {})
+    post(first, (), {})
+    assert calls == [] and State.s.in_optimizer == 0
+    Compiler._is_compiling_flag = False
+
+    class Broken:
+        pass  # no loop state: optimizer_began fails
+
+    broken = _native.optimizer_hook(Broken, Compiler, None, failures.append, False)
+    assert broken(first, (), {}) is None and len(failures) == 1 and isinstance(failures[0], AttributeError)
+    assert not failures[1:]

@@ -246,3 +246,18 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
     r = stepscope.load(run.path)
     assert len(r.steps) == 3
     assert np.all(r.steps[["Forward", "Loss", "Backward", "Optimizer"]].to_numpy() > 0)
+
+
+def test_optimizer_hooks_are_native_until_something_compiles(tmp_path):
+    """The optimizer step's hooks are C callables (no Python frame a step) until
+    torch.compile is called, then the Python ones dynamo can trace; steps and the
+    Optimizer phase are the same on both sides; uninstrument() leaves none."""
+    r = run_script(tmp_path, os.path.join(SCRIPTS, "optimizer_hooks.py"), str(tmp_path / "runs"), zero_edit=False)
+    assert "dynamo imported True" in r.stdout
+    assert "hooks eager ['OptimizerHook', 'OptimizerHook']" in r.stdout
+    assert "hooks after compile ['function', 'function']" in r.stdout
+    assert "compiled [2.0, 2.0]" in r.stdout
+    assert "hooks after uninstrument [] optimize restored True" in r.stdout
+    run = stepscope.load(tmp_path / "runs" / "run")
+    steps = check_steps(run, {"train": 8})
+    assert (steps["Optimizer"] > 0).all() and (steps["Backward"] > 0).all()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 
 from stepscope.core import _native, importhook, runinfo, session
@@ -60,6 +61,8 @@ class TorchInstrumentor(Instrumentor):
         self.loops = None
         self.roots = None
         self.hook_handles = []
+        self.native_hook_handles = []  # the C optimizer hooks' handles, until dynamo may trace
+        self.swap_lock = threading.Lock()
         self.fork_hook = False
         self.noted: set = set()  # compiled functions already noted in run.json
 
@@ -102,9 +105,7 @@ class TorchInstrumentor(Instrumentor):
         self.patch(dataloader.DataLoader, "__iter__", functools.partial(_fetch.wrap_iter, self))
         self.patch_backward(torch)
         _workers.install(self, torch)
-        pre, post = self.optimizer_hooks()
-        self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(pre))
-        self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(post))
+        self.install_optimizer_hooks(optim_mod)
         self.patch(optim_mod.Optimizer, "__init__", self.wrap_optimizer_init)
         if hasattr(torch.nn.Module, "compile"):
             self.patch(torch.nn.Module, "compile", functools.partial(wrap_module_compile, self))
@@ -137,6 +138,7 @@ class TorchInstrumentor(Instrumentor):
         _annotations.uninstall()
         if self.roots is not None:
             self.roots.release()
+        self.native_hook_handles = []
         for handle in self.hook_handles:
             handle.remove()
         self.hook_handles.clear()
@@ -302,22 +304,65 @@ class TorchInstrumentor(Instrumentor):
         return _native.timed_backward(original, self.loops.local, self.compiler, self.fail)
 
     # --- optimizer --------------------------------------------------------------------------
+    def install_optimizer_hooks(self, optim_mod) -> None:
+        """The global optimizer step pre/post hooks: C callables (``csrc/optimizer_hooks.cc``,
+        no Python frame a step) until dynamo may trace, then the Python ones, which dynamo
+        inlines when a compiled function steps an optimizer (a C callable would break its
+        graph). Dynamo traces only what ``torch._dynamo.optimize`` (what ``torch.compile``
+        calls) or ``optimize_assert`` wrapped: the first call of either swaps the hooks."""
+        local, compiler, fail = self.loops.local, self.compiler, self.fail
+        self.optim_mod = optim_mod
+        native = [_native.optimizer_hook(local, compiler, self.only_optimizer, fail, post) for post in (False, True)]
+        self.native_hook_handles = self.register_optimizer_hooks(optim_mod, *native)
+        # torch._dynamo is imported by the first optimizer's construction (torch._disable_dynamo),
+        # long before anything compiles: its entry points are patched then
+        importhook.when_imported("torch._dynamo", self.watch_dynamo)
+
+    def watch_dynamo(self, dynamo) -> None:
+        if self.native_hook_handles:  # not uninstrumented, not swapped yet
+            for name in ("optimize", "optimize_assert"):
+                if callable(getattr(dynamo, name, None)):
+                    self.patch(dynamo, name, self.wrap_dynamo_entry)
+
+    def wrap_dynamo_entry(self, original):
+        inst = self
+
+        @functools.wraps(original)
+        def entry(*args, **kwargs):
+            try:
+                inst.dynamo_may_trace()
+            except Exception as exc:  # noqa: BLE001
+                inst.fail(exc)
+            return original(*args, **kwargs)
+
+        return entry
+
+    def dynamo_may_trace(self) -> None:
+        """Swaps the native optimizer hooks for the Python ones (once)."""
+        with self.swap_lock:
+            handles, self.native_hook_handles = self.native_hook_handles, []
+            if not handles:
+                return
+            for handle in handles:
+                handle.remove()
+                self.hook_handles.remove(handle)
+            self.register_optimizer_hooks(self.optim_mod, *self.optimizer_hooks())
+
+    def register_optimizer_hooks(self, optim_mod, pre, post) -> list:
+        handles = [optim_mod.register_optimizer_step_pre_hook(pre), optim_mod.register_optimizer_step_post_hook(post)]
+        self.hook_handles.extend(handles)
+        return handles
+
     def optimizer_hooks(self):
-        """The global optimizer step pre/post hooks: Python, as dynamo traces them when
-        a compiled function steps an optimizer (it folds the check); the bookkeeping
-        is one native call on the thread's loop state (``csrc/loop.cc``)."""
+        """The Python hooks: dynamo inlines them when a compiled function steps an
+        optimizer and folds their ``is_dynamo_compiling()`` check; the bookkeeping is one
+        native call on the thread's loop state (``csrc/loop.cc``)."""
         local, only, fail = self.loops.local, self.only_optimizer, self.fail
         is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
         began, done = _native.optimizer_began, _native.optimizer_done
-        # Dynamo can trace only once torch._dynamo is imported (a torch.compile): until then
-        # the two is_dynamo_compiling() frames a step are skipped. Dynamo reads the flag's
-        # real value (True) while tracing, then folds the call.
-        dynamo = [False]
-        importhook.when_imported("torch._dynamo", lambda _: dynamo.__setitem__(0, True))
 
         def optimizer_pre(optimizer, args, kwargs):
-            if ((dynamo[0] and is_dynamo_compiling()) or compiler._is_compiling_flag
-                    or (only is not None and id(optimizer) != only)):
+            if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
                 return None
             try:
                 began(local, id(optimizer))
@@ -326,8 +371,7 @@ class TorchInstrumentor(Instrumentor):
             return None
 
         def optimizer_post(optimizer, args, kwargs):
-            if ((dynamo[0] and is_dynamo_compiling()) or compiler._is_compiling_flag
-                    or (only is not None and id(optimizer) != only)):
+            if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
                 return None
             try:
                 done(local, id(optimizer))

@@ -1,0 +1,116 @@
+// The optimizer step's global pre and post hooks as C callables, for jobs that
+// never import torch._dynamo: two Python frames a step fewer. Dynamo would see
+// these as opaque (a graph break where a compiled function steps an optimizer),
+// so integrations/torch swaps in its Python hooks, whose is_dynamo_compiling()
+// check dynamo folds, the moment torch._dynamo is imported (nothing can trace
+// before that import).
+//
+// hook(optimizer, args, kwargs) -> None: nothing while torch.export traces
+// (`compiler._is_compiling_flag`) or for an optimizer other than the one asked
+// for; else optimizer_began/optimizer_done(local, id(optimizer)) (loop.h). A
+// failure goes to fail(exc), never to the optimizer step.
+#include "optimizer_hooks.h"
+
+#include <cstddef>
+
+#include "loop.h"
+
+namespace stepscope {
+namespace {
+
+struct Hook {
+  PyObject_HEAD
+  PyObject* local;
+  PyObject* compiler;
+  PyObject* fail;
+  void* only;  // the one optimizer to time (its address, as id() gives it); null: every one
+  int post;
+  vectorcallfunc vectorcall;
+};
+
+Hook* H(PyObject* o) { return reinterpret_cast<Hook*>(o); }
+
+PyObject* hook_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject*) {
+  Hook* h = H(callable);
+  if (PyVectorcall_NARGS(nargsf) < 1) Py_RETURN_NONE;
+  PyObject* optimizer = args[0];
+  if (h->only && static_cast<void*>(optimizer) != h->only) Py_RETURN_NONE;
+  int exported = exporting(h->compiler);
+  bool ok = exported == 0;
+  if (ok) {
+    PyObject* key = PyLong_FromVoidPtr(optimizer);  // id(optimizer)
+    ok = key && (h->post ? optimizer_done(h->local, key) : optimizer_began(h->local, key));
+    Py_XDECREF(key);
+  }
+  if (!ok && PyErr_Occurred()) hand_error_to(h->fail);
+  Py_RETURN_NONE;
+}
+
+PyObject** fields(PyObject* o, int i) {
+  Hook* h = H(o);
+  PyObject** all[] = {&h->local, &h->compiler, &h->fail};
+  return i < int(sizeof(all) / sizeof(all[0])) ? all[i] : nullptr;
+}
+
+int hook_traverse(PyObject* o, visitproc visit, void* arg) { return visit_fields(o, fields, visit, arg); }
+
+int hook_clear(PyObject* o) { return clear_fields(o, fields); }
+
+void hook_dealloc(PyObject* o) {
+  PyObject_GC_UnTrack(o);
+  hook_clear(o);
+  PyObject_GC_Del(o);
+}
+
+PyTypeObject HookType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (n != 5) {
+    PyErr_SetString(PyExc_TypeError, "optimizer_hook(local, compiler, only, fail, post)");
+    return nullptr;
+  }
+  void* only = nullptr;
+  if (a[2] != Py_None) {
+    only = PyLong_AsVoidPtr(a[2]);
+    if (!only && PyErr_Occurred()) return nullptr;
+  }
+  int post = PyObject_IsTrue(a[4]);
+  if (post < 0) return nullptr;
+  Hook* h = PyObject_GC_New(Hook, &HookType);
+  if (!h) return nullptr;
+  PyObject* values[] = {a[0], a[1], a[3]};
+  for (int i = 0; PyObject** f = fields(reinterpret_cast<PyObject*>(h), i); ++i) {
+    Py_INCREF(values[i]);
+    *f = values[i];
+  }
+  h->only = only;
+  h->post = post;
+  h->vectorcall = hook_call;
+  PyObject_GC_Track(h);
+  return reinterpret_cast<PyObject*>(h);
+}
+
+PyMethodDef methods[] = {
+    {"optimizer_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(optimizer_hook)),
+     METH_FASTCALL,
+     "optimizer_hook(local, compiler, only, fail, post): a global optimizer step pre-hook (post False) or "
+     "post-hook in C (csrc/optimizer_hooks.cc); only: id() of the one optimizer to time, or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+bool add_optimizer_hooks(PyObject* module) {
+  HookType.tp_name = "stepscope.core._native.OptimizerHook";
+  HookType.tp_basicsize = sizeof(Hook);
+  HookType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  HookType.tp_vectorcall_offset = offsetof(Hook, vectorcall);
+  HookType.tp_call = PyVectorcall_Call;
+  HookType.tp_dealloc = hook_dealloc;
+  HookType.tp_traverse = hook_traverse;
+  HookType.tp_clear = hook_clear;
+  HookType.tp_doc = "An optimizer step's pre or post hook (csrc/optimizer_hooks.cc).";
+  if (PyType_Ready(&HookType) < 0) return false;
+  return PyModule_AddFunctions(module, methods) == 0;
+}
+
+}  // namespace stepscope

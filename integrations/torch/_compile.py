@@ -1,6 +1,7 @@
-"""torch.compile: compiled modules are roots timed outside dynamo (global hooks
-end: they warn and add guards); a compiled function that shows no phase inside
-is timed as one Forward."""
+"""torch.compile: compiled modules are roots timed outside dynamo (root discovery's
+global hooks end: they warn and add guards); a compiled function that shows no
+phase inside is timed as one Forward, or as an optimizer's step where it stepped
+one (its hooks fold away in the graph)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ from stepscope.core import _native, session
 
 def wrap_compile(inst, original):
     def compile(*args, **kwargs):
-        try:
-            inst.roots.compile_called()
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
-        result = original(*args, **kwargs)
         target = args[0] if args else kwargs.get("model")
+        if isinstance(target, inst.torch.nn.Module):
+            _compiling(inst)  # a compiled function stops root discovery at its first call instead
+        result = original(*args, **kwargs)
         if target is None:  # @torch.compile(...) with options: a decorator
             decorator = result
             return functools.wraps(decorator)(lambda fn: compiled(inst, fn, decorator(fn)))
@@ -36,15 +35,22 @@ def compiled(inst, target, result):
             return _timed_compiled_function(inst, result, getattr(target, "__qualname__", repr(target)))
     except Exception as exc:  # noqa: BLE001
         inst.fail(exc)
+    _compiling(inst)  # anything else: at once
     return result
+
+
+def _compiling(inst) -> None:
+    """Dynamo is about to trace: root discovery's global module hooks go (they
+    would warn, and their removal later would fail dynamo's guards: recompiles)."""
+    try:
+        inst.roots.compile_called()
+    except Exception as exc:  # noqa: BLE001
+        inst.fail(exc)
 
 
 def wrap_module_compile(inst, original):
     def compile(module, *args, **kwargs):
-        try:
-            inst.roots.compile_called()
-        except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
+        _compiling(inst)
         result = original(module, *args, **kwargs)
         try:
             inst.roots.rewrap(module)
@@ -63,18 +69,30 @@ def _timed_compiled_function(inst, compiled, name: str):
     with no loader). Outside both it computed on plain tensors (post-processing
     after the loop): a Forward there would open a step of its own. One that ran a
     whole step with graph breaks (its backward and optimizer seen eagerly) is left
-    alone, and run.json notes that its forward is not separated."""
+    alone, and run.json notes that its forward is not separated. A call that
+    stepped an optimizer (dynamo folds the optimizer's hooks away; its parameters'
+    versions tell) is that optimizer's step: an Optimizer span."""
 
     @functools.wraps(compiled)
     def call(*args, **kwargs):
+        # Not at torch.compile: the recipe that compiles an optimizer step (or a loss)
+        # before its loop would leave the model undiscovered, its Forward unseen.
+        _compiling(inst)
         if not inst._on or inst.loops.local.s.depth or inst.is_compiling():
             return compiled(*args, **kwargs)
         st = inst.loops.local.s
         tracker = st.tracker
         t0, seen = _native.now(), tracker.last_end
+        before = _parameter_versions(inst)
         result = compiled(*args, **kwargs)
         try:
-            if tracker.last_end == seen and inst._on:
+            stepped = [opt for opt, version in before if _first_parameter_version(opt) != version]
+            if tracker.last_end == seen and inst._on and stepped:
+                t1 = _native.now()
+                for opt in stepped:
+                    tracker.optimizer_started(id(opt), t0)
+                    tracker.optimizer_ended(id(opt), t0, t1)
+            elif tracker.last_end == seen and inst._on:
                 if not (tracker.in_step() or _carries_grad(result)):
                     return result
                 mode = inst.guess_mode(st)
@@ -89,6 +107,22 @@ def _timed_compiled_function(inst, compiled, name: str):
         return result
 
     return call
+
+
+def _parameter_versions(inst) -> list:
+    """(optimizer, the version counter of its first parameter) of the optimizers an
+    optimizer step would be reported for: every in-place update bumps it, and an
+    optimizer step updates every parameter that has a gradient."""
+    only = inst.only_optimizer
+    return [(opt, _first_parameter_version(opt)) for opt in list(inst.optimizers)
+            if only is None or id(opt) == only]
+
+
+def _first_parameter_version(optimizer):
+    for group in getattr(optimizer, "param_groups", ()):
+        for p in group.get("params", ()):
+            return getattr(p, "_version", None)
+    return None
 
 
 def _carries_grad(result) -> bool:

@@ -99,6 +99,7 @@ class TorchInstrumentor(Instrumentor):
         self.roots = Roots(self, torch, fixed=model is not None)
         self.loops = Loops(self._new_tracker)
         self.loaders_seen = weakref.WeakSet()  # DataLoaders iterated before (discovery: see loop_starting)
+        self.optimizers = weakref.WeakSet()  # created since: a compiled call's step is told by their parameters
         from torch.optim import optimizer as optim_mod
         from torch.utils.data import dataloader
 
@@ -387,6 +388,7 @@ class TorchInstrumentor(Instrumentor):
         def __init__(optimizer, *args, **kwargs):
             original(optimizer, *args, **kwargs)
             if inst._on:
+                inst.optimizers.add(optimizer)
                 inst.loops.local.s.tracker.optimizer_known(id(optimizer))
                 inst.roots.look_again()
 

@@ -769,9 +769,18 @@ const char* const kReports[] = {"fetched", "exhausted", "forward_started", "forw
 
 }  // namespace
 
+// A type's version tag while valid, else 0. Since 3.11 a change to the type zeroes the
+// tag; before, it only clears the VALID flag (and the next lookup assigns a new tag).
+static unsigned int version_tag(PyTypeObject* type) {
+#if PY_VERSION_HEX < 0x030B0000
+  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+  return type->tp_version_tag;
+}
+
 bool native_reports(PyObject* tracker) {
   PyTypeObject* type = Py_TYPE(tracker);
-  if (type == g_native_type && type->tp_version_tag == g_native_tag && g_native_tag) return true;
+  if (type == g_native_type && g_native_tag && version_tag(type) == g_native_tag) return true;
   if (!PyType_IsSubtype(type, &TrackerType)) return false;
   PyObject* base_dict = TrackerType.tp_dict;
   for (const char* name : kReports) {
@@ -785,7 +794,7 @@ bool native_reports(PyObject* tracker) {
     }
   }
   g_native_type = type;  // the tag, assigned by those lookups; 0 where the type has none (never cached)
-  g_native_tag = type->tp_version_tag;
+  g_native_tag = version_tag(type);
   return true;
 }
 

@@ -248,6 +248,32 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
     assert np.all(r.steps[["Forward", "Loss", "Backward", "Optimizer"]].to_numpy() > 0)
 
 
+def test_an_unhashable_optimizer_is_timed_and_never_hashed(run_dir, capsys):
+    """An optimizer class with __eq__ and no __hash__ (a wrapper's): stepscope keeps
+    optimizers by id, never in a set."""
+    from stepscope.integrations import torch as st_torch
+
+    class Compared(torch.optim.SGD):
+        def __eq__(self, other):
+            return self is other
+
+    assert Compared.__hash__ is None
+    st_torch.uninstrument()
+    assert st_torch.instrument()
+    run = stepscope.start(name="unhashable")
+    m = torch.nn.Linear(4, 1)
+    opt = Compared(m.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
+        opt.step()
+    run.stop()
+    st_torch.uninstrument()
+    assert "stepscope:" not in capsys.readouterr().err
+    r = stepscope.load(run.path)
+    assert len(r.steps) == 3 and (r.steps["Optimizer"] > 0).all()
+
+
 def test_optimizer_hooks_are_native_until_something_compiles(tmp_path):
     """The optimizer step's hooks are C callables (no Python frame a step) until
     torch.compile is called, then the Python ones dynamo can trace; steps and the

@@ -83,7 +83,11 @@ def _timed_compiled_function(inst, compiled, name: str):
         st = inst.loops.local.s
         tracker = st.tracker
         t0, seen = _native.now(), tracker.last_end
-        before = _parameter_versions(inst)
+        try:
+            before = _parameter_versions(inst)
+        except Exception as exc:  # noqa: BLE001
+            before = []
+            inst.fail(exc)
         result = compiled(*args, **kwargs)
         try:
             stepped = [opt for opt, version in before if _first_parameter_version(opt) != version]
@@ -114,7 +118,7 @@ def _parameter_versions(inst) -> list:
     optimizer step would be reported for: every in-place update bumps it, and an
     optimizer step updates every parameter that has a gradient."""
     only = inst.only_optimizer
-    return [(opt, _first_parameter_version(opt)) for opt in list(inst.optimizers)
+    return [(opt, _first_parameter_version(opt)) for opt in list(inst.optimizers.values())
             if only is None or id(opt) == only]
 
 

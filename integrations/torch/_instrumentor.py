@@ -99,7 +99,8 @@ class TorchInstrumentor(Instrumentor):
         self.roots = Roots(self, torch, fixed=model is not None)
         self.loops = Loops(self._new_tracker)
         self.loaders_seen = weakref.WeakSet()  # DataLoaders iterated before (discovery: see loop_starting)
-        self.optimizers = weakref.WeakSet()  # created since: a compiled call's step is told by their parameters
+        # optimizers created since, by id (values: no hashing): a compiled call's step is told by their parameters
+        self.optimizers = weakref.WeakValueDictionary()
         from torch.optim import optimizer as optim_mod
         from torch.utils.data import dataloader
 
@@ -388,8 +389,14 @@ class TorchInstrumentor(Instrumentor):
         def __init__(optimizer, *args, **kwargs):
             original(optimizer, *args, **kwargs)
             if inst._on:
-                inst.optimizers.add(optimizer)
-                inst.loops.local.s.tracker.optimizer_known(id(optimizer))
-                inst.roots.look_again()
+                try:
+                    inst.optimizers[id(optimizer)] = optimizer
+                except TypeError:  # a class with __slots__ and no __weakref__: its compiled steps go unseen
+                    pass
+                try:
+                    inst.loops.local.s.tracker.optimizer_known(id(optimizer))
+                    inst.roots.look_again()
+                except Exception as exc:  # noqa: BLE001
+                    inst.fail(exc)
 
         return __init__

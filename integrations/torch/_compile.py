@@ -75,10 +75,12 @@ def _timed_compiled_function(inst, compiled, name: str):
 
     @functools.wraps(compiled)
     def call(*args, **kwargs):
+        if not inst._on:
+            return compiled(*args, **kwargs)
         # Not at torch.compile: the recipe that compiles an optimizer step (or a loss)
         # before its loop would leave the model undiscovered, its Forward unseen.
         _compiling(inst)
-        if not inst._on or inst.loops.local.s.depth or inst.is_compiling():
+        if inst.loops.local.s.depth or inst.is_compiling():
             return compiled(*args, **kwargs)
         st = inst.loops.local.s
         tracker = st.tracker
@@ -90,7 +92,7 @@ def _timed_compiled_function(inst, compiled, name: str):
             inst.fail(exc)
         result = compiled(*args, **kwargs)
         try:
-            stepped = [opt for opt, version in before if _first_parameter_version(opt) != version]
+            stepped = [opt for opt, p, version in before if p._version != version]
             if tracker.last_end == seen and inst._on and stepped:
                 t1 = _native.now()
                 for opt in stepped:
@@ -114,18 +116,25 @@ def _timed_compiled_function(inst, compiled, name: str):
 
 
 def _parameter_versions(inst) -> list:
-    """(optimizer, the version counter of its first parameter) of the optimizers an
-    optimizer step would be reported for: every in-place update bumps it, and an
-    optimizer step updates every parameter that has a gradient."""
+    """(optimizer, a parameter, its version counter) of the optimizers an optimizer
+    step would be reported for. Every in-place update bumps the counter, and a step
+    updates the parameters that train: the last one that requires grad is watched."""
     only = inst.only_optimizer
-    return [(opt, _first_parameter_version(opt)) for opt in list(inst.optimizers.values())
-            if only is None or id(opt) == only]
+    out = []
+    for opt in list(inst.optimizers.values()):
+        if only is None or id(opt) == only:
+            p = _watched_parameter(opt)
+            if p is not None:
+                out.append((opt, p, p._version))
+    return out
 
 
-def _first_parameter_version(optimizer):
-    for group in getattr(optimizer, "param_groups", ()):
-        for p in group.get("params", ()):
-            return getattr(p, "_version", None)
+def _watched_parameter(optimizer):
+    # from the end: a fine-tuned model's frozen layers come first, its trained head last
+    for group in reversed(getattr(optimizer, "param_groups", ())):
+        for p in reversed(group.get("params", ())):
+            if p.requires_grad:
+                return p
     return None
 
 

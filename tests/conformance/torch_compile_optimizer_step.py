@@ -1,7 +1,8 @@
 """The optimizer step compiled on its own (torch.compile of a function calling
 opt.step(), as in PyTorch's "compiled optimizer" recipe; backend aot_eager), forward
-and backward eager, over a DataLoader: dynamo folds the optimizer's hooks away, so
-the step is told by the optimizer's parameters changing inside the compiled call.
+and backward eager, over a DataLoader, the first layer frozen: dynamo folds the
+optimizer's hooks away, so the step is told by a trained parameter changing inside
+the compiled call.
 The graph counts dynamo reports must not change under profiling."""
 # expect: {"train": 8,
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]},
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+model[0].requires_grad_(False)  # a frozen first layer, still in the optimizer (fine-tuning): never updated
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
 loss_fn = nn.MSELoss()
 

@@ -184,6 +184,27 @@ def test_user_profiler_gets_its_trace_and_no_window_runs_meanwhile(tmp_path, sta
         assert ops.empty
 
 
+GPU_TRACING_ON = """
+import stepscope.core.gpu as gpu
+calls = []
+gpu.activity_tracing = lambda: True  # as where CUPTI traces: the window asks Kineto which activities it has
+gpu.pause_activity_tracing = lambda: calls.append("pause")
+gpu.resume_activity_tracing = lambda *a, **k: calls.append("resume")
+""" + TRAIN + """
+print("CALLS", calls)
+"""
+
+
+def test_window_asks_torch_for_its_activities_where_gpu_tracing_runs(tmp_path):
+    """With stepscope's CUPTI tracing on, a window asks torch whether Kineto has CUDA
+    (torch._C._autograd._supported_activities: a wrong name was only seen on a GPU, where
+    every window then failed). On this CPU build: no CUDA, so CUPTI is never paused."""
+    r, run = profiled(tmp_path, GPU_TRACING_ON, 12)
+    assert "stepscope:" not in r.stderr, r.stderr[-2000:]
+    assert "CALLS []" in r.stdout
+    assert sampled_steps(run.ops) == [5, 6, 7]
+
+
 def test_window_cost_stays_small_on_a_longer_run(tmp_path):
     r, run = profiled(tmp_path, TRAIN, 20000)
     t0, t1 = map(int, r.stdout.split("LOOP")[1].split())

@@ -221,7 +221,7 @@ class Windows:
         w = Window(tracker, first, last, now)
         activities = {self._profiler.ProfilerActivity.CPU}
         # Kineto with CUDA registers CUPTI's callbacks: stepscope's own tracing stands aside.
-        if gpu.activity_tracing() and self._profiler.ProfilerActivity.CUDA in self._profiler._supported_activities():
+        if gpu.activity_tracing() and self._profiler.ProfilerActivity.CUDA in self._autograd._supported_activities():
             activities.add(self._profiler.ProfilerActivity.CUDA)
             gpu.pause_activity_tracing()
             w.cuda = True

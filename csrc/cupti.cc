@@ -424,6 +424,12 @@ bool cupti_pause() {
   std::lock_guard<std::mutex> lk(g_ctl_mu);
   if (!g_active || g_paused) return false;
   disable_and_flush();
+  {
+    // Names are cached by CUPTI's string pointers, which the other profiler's
+    // teardown may free and reuse: start the cache afresh after it.
+    std::lock_guard<std::mutex> dk(g_decode_mu);
+    g_kernel_names.clear();
+  }
   g_paused = true;
   return true;
 }
@@ -432,13 +438,17 @@ std::string cupti_resume() {
   std::lock_guard<std::mutex> lk(g_ctl_mu);
   if (!g_active || !g_paused) return {};
   g_paused = false;
+  // Kineto may have finalized CUPTI (its teardown), which drops our timestamp
+  // callback with everything else: the next call re-initializes CUPTI, and the
+  // callback must be registered again or records come stamped in CUPTI's clock.
+  g_clock_callback = g_api.register_timestamp && g_api.register_timestamp(mono_timestamp) == kSuccess;
   std::string what;
   CUptiResult r = enable_all(&what);
   if (r != kSuccess) {
     g_active = false;
     return explain(r, what);
   }
-  if (!g_clock_callback) g_offset_ns = measure_offset();
+  g_offset_ns = g_clock_callback ? 0 : measure_offset();
   if (g_step_off) set_kinds(false);
   return {};
 }

@@ -507,6 +507,14 @@ def test_nvml_utilization_agrees_with_kernel_busy_time(tmp_path):
                 & (sysm["timestamp_ns"] >= start) & (sysm["timestamp_ns"] <= end)]["value"]
     assert len(util) >= 20
     assert abs(util.mean() - busy_pct) <= 15, (util.mean(), busy_pct)
+    # energy and the driver's samples: read once a second (each costs milliseconds of CPU)
+    mine = sysm[sysm["device"] == device]
+    ours = mine[mine["metric"] == "gpu_util"]["timestamp_ns"]
+    span_s = (ours.max() - ours.min()) / 1e9
+    energy = mine[mine["metric"] == "gpu_energy"]
+    assert span_s / 1.5 <= len(energy) <= span_s + 2, (len(energy), span_s)
+    driver = mine[mine["metric"] == "gpu_util_driver"]["timestamp_ns"]
+    assert len(driver) >= len(energy) and driver.min() >= ours.min() - 1_000_000_000  # none from before the run
 
 
 @pytest.mark.gpu

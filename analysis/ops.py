@@ -9,8 +9,8 @@
 * ``op_summary``: per phase and operator over the sampled steps with ops in
   that phase: count, self and total time, self time per step, and the share
   of the phase's time in those steps (self time / the phase's exclusive time).
-* ``kernel_ops``: each GPU kernel's launching operator (CUDA, written without
-  a GPU: untested on real traces).
+* ``kernel_ops``: each GPU kernel's launching operator (checked on a run
+  recorded on an H200: tests/test_gpu_fixtures.py).
 
 On disk (docs/format.md "Operator spans"): an op span's argument packs the
 sequence number + 1 (bits 0-31) and the op's index in its process (bits
@@ -125,7 +125,7 @@ def op_summary(ops: pd.DataFrame, steps: pd.DataFrame, top: int = 0) -> pd.DataF
 def kernel_ops(kernels: pd.DataFrame, cuda_api: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     """The kernels of the sampled steps with the operator that launched them: the innermost
     op on the launching thread running when the launch call began (``op``, ``op_index``:
-    the row in ``ops``). Untested on a GPU."""
+    the row in ``ops``)."""
     cols = ["process", "correlation", "name", "start_ns", "duration_ns", "op", "op_index"]
     if not len(kernels) or not len(cuda_api) or not len(ops):
         return _empty(cols)

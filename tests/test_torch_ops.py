@@ -222,8 +222,8 @@ def test_window_cost_stays_small_on_a_longer_run(tmp_path):
 
 
 def test_kernels_link_to_the_op_running_at_their_launch():
-    """analysis/ops.kernel_ops over plain tables (the CUDA path itself is untested here:
-    no GPU): a kernel's launch call lies in the innermost op of its thread."""
+    """analysis/ops.kernel_ops over plain tables (a real GPU run: test_gpu_fixtures.py):
+    a kernel's launch call lies in the innermost op of its thread."""
     import pandas as pd
 
     from stepscope.analysis.ops import kernel_ops
@@ -289,3 +289,65 @@ def test_per_step_totals_agree_with_torch_profiler(tmp_path):
         if abs(mine - theirs["self_us"]) <= 0.1 * theirs["self_us"]:
             return
     pytest.fail(f"per-step aten self time (stepscope, torch.profiler) in us: {seen}")
+
+
+class _Event211:
+    """The part of torch 2.11's _KinetoEvent that classifies an event: no activity_type()
+    (seen on an H200: its kernels and runtime calls were written as CPU ops)."""
+
+    def __init__(self, name, device, annotation=False, nbytes=0, meta=""):
+        self._name, self._device, self._annotation, self._nbytes, self._meta = name, device, annotation, nbytes, meta
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        return getattr(torch._C._autograd.DeviceType, self._device)
+
+    def is_user_annotation(self):
+        return self._annotation
+
+    def nbytes(self):
+        return self._nbytes
+
+    def metadata_json(self):
+        return self._meta
+
+
+@pytest.mark.parametrize("name,device,annotation,kind", [
+    ("cudaLaunchKernel", "CPU", False, "cuda_runtime"),
+    ("cudaMemcpyAsync", "CPU", False, "cuda_runtime"),
+    ("cuLaunchKernel", "CPU", False, "cuda_driver"),
+    ("aten::addmm", "CPU", False, "cpu_op"),
+    ("Optimizer.step#SGD.step", "CPU", True, "cpu_op"),
+    ("Optimizer.step#SGD.step", "CUDA", True, "gpu_user_annotation"),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x5_tn_align1>(cutlass_80_simt_sgemm_64x64_8x5_tn_align1"
+     "::Params)", "CUDA", False, "kernel"),
+    ("Memcpy HtoD (Pinned -> Device)", "CUDA", False, "gpu_memcpy"),
+    ("Memset (Device)", "CUDA", False, "gpu_memset"),
+    ("Context Sync", "CUDA", False, "cuda_sync"),
+    ("Stream Wait Event", "CUDA", False, "cuda_sync"),
+])
+def test_kineto_events_are_classified_without_activity_type(name, device, annotation, kind):
+    from stepscope.integrations.torch import _ops
+
+    assert _ops._kind(_Event211(name, device, annotation)) == kind
+
+
+def test_copy_bytes_come_from_nbytes_or_the_metadata():
+    from stepscope.integrations.torch import _ops
+
+    assert _ops._nbytes(_Event211("Memcpy HtoD (Pinned -> Device)", "CUDA", nbytes=512)) == 512
+    assert _ops._nbytes(_Event211("Memcpy HtoD (Pinned -> Device)", "CUDA",
+                                  meta='"device": 0, "bytes": 262144, "memory bandwidth (GB/s)": 21.1')) == 262144
+
+
+def test_window_kernels_take_their_launch_configuration_from_kinetos_metadata():
+    from stepscope.integrations.torch import _ops
+
+    meta = ('"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": 3458, "registers per thread": 74, '
+            '"shared memory": 20480, "blocks per SM": 0.06, "warps per SM": 0.24, "grid": [8, 1, 7], '
+            '"block": [128, 1, 1], "est. achieved occupancy %": 0')
+    cfg = _ops._launch_config(_Event211("void cutlass::Kernel2<...>", "CUDA", meta=meta))
+    assert cfg == {"grid": (8, 1, 7), "block": (128, 1, 1), "registers": 74, "dynamic_smem": 20480}
+    assert _ops._launch_config(_Event211("k", "CUDA", meta="")) == {}

@@ -30,7 +30,7 @@ started (even in its schedule's wait) or the autograd profiler runs, no window
 opens; a user profiler starting during a window ends the window first (its ops
 are dropped) with one stderr line, and the user's trace is complete.
 
-With CUDA (untested: built without a GPU), Kineto owns CUPTI for the window:
+With CUDA (seen on an H200, torch 2.11), Kineto owns CUPTI for the window:
 stepscope's own activity tracing is paused, and the window's kernels, copies,
 memsets and runtime calls are written back as GPU records with Kineto's
 correlation ids, the runtime calls on the thread of the operator that
@@ -39,6 +39,7 @@ launched them, so ``analysis/ops.py`` links kernels to operators.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -208,10 +209,19 @@ class Windows:
         return (now - t0) / (step - s0) if step > s0 else 0.0
 
     # --- open / close ------------------------------------------------------------------
-    def _config(self):
+    def _config(self, cuda: bool):
         # state, input shapes, memory, stack, flops, modules, experimental config (, trace id: torch >= 2.4)
         p = self._profiler
-        args = (p.ProfilerState.KINETO, True, False, False, False, False, p._ExperimentalConfig())
+        # With CUDA, Kineto's synchronization records stand in for the ones CUPTI gave
+        # stepscope, and its metadata holds a copy's bytes (nbytes() reads it).
+        for extra in ({"enable_cuda_sync_events": cuda, "expose_kineto_event_metadata": cuda},
+                      {"enable_cuda_sync_events": cuda}, {}):
+            try:
+                experimental = p._ExperimentalConfig(**extra)
+                break
+            except TypeError:
+                continue
+        args = (p.ProfilerState.KINETO, True, False, False, False, False, experimental)
         try:
             return p.ProfilerConfig(*args, "")
         except TypeError:
@@ -228,7 +238,7 @@ class Windows:
         self.window = w
         StepTracker.ops_due = 0  # every step begin comes here until the window closes
         try:
-            config = self._config()
+            config = self._config(w.cuda)
             with native_logs_dropped(KINETO_LOGS):
                 self._autograd._prepare_profiler(config, activities)
                 self._autograd._enable_profiler(config, activities)
@@ -360,7 +370,7 @@ class Windows:
         mine, foreign, device, calls, thread_of_op = 0, {}, [], [], {}
         for e in events:
             if w.cuda:  # Kineto's CUDA activity: written back as GPU records below
-                kind = e.activity_type()
+                kind = _kind(e)
                 if kind in DEVICE_KINDS:
                     device.append(e)
                     continue
@@ -415,10 +425,58 @@ class Windows:
         return mine
 
 
-DEVICE_KINDS = {"kernel", "gpu_memcpy", "gpu_memset"}  # Kineto's activity names
+DEVICE_KINDS = {"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"}  # Kineto's activity names
 CALL_KINDS = {"cuda_runtime", "cuda_driver"}
 MEMCPY = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
 MEMORY = {"Pageable": "pageable", "Pinned": "pinned", "Device": "device", "Managed": "managed"}
+CUDA_CALL = re.compile(r"cu(da)?[A-Z]\w*$")  # cudaLaunchKernel (runtime), cuLaunchKernel (driver)
+BYTES = re.compile(r'"bytes": *(\d+)')
+SYNCS = {"Event Sync": "event_synchronize", "Stream Wait Event": "stream_wait_event",  # Kineto's names
+         "Stream Sync": "stream_synchronize", "Context Sync": "context_synchronize"}
+
+
+def _kind(e) -> str:
+    """Kineto's activity type of an event. A torch without ``activity_type()`` (2.11
+    has none; seen on an H200): device events are told by name (a GPU annotation is
+    flagged as one), runtime and driver calls by name."""
+    get = getattr(e, "activity_type", None)
+    if get is not None:
+        return get()
+    name = e.name()
+    if name in SYNCS:
+        return "cuda_sync"
+    if str(e.device_type()).endswith("CUDA"):
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        if name.startswith("Memset"):
+            return "gpu_memset"
+        return "gpu_user_annotation" if e.is_user_annotation() else "kernel"
+    if CUDA_CALL.match(name):
+        return "cuda_runtime" if name.startswith("cuda") else "cuda_driver"
+    return "cpu_op"
+
+
+def _launch_config(e) -> dict:
+    """A kernel's grid, block, registers and shared memory from Kineto's metadata
+    (``"grid": [x, y, z], "block": [...], "registers per thread": n, "shared memory": n``,
+    the last static and dynamic together); nothing where the metadata lacks them."""
+    try:
+        meta = json.loads("{" + (e.metadata_json() or "") + "}")
+        return {"grid": tuple(int(v) for v in meta["grid"]), "block": tuple(int(v) for v in meta["block"]),
+                "registers": int(meta.get("registers per thread", 0)),
+                "dynamic_smem": int(meta.get("shared memory", 0))}
+    except Exception:  # noqa: BLE001 - no metadata (an older torch), or another shape of it
+        return {}
+
+
+def _nbytes(e) -> int:
+    """Bytes a copy or memset moved: ``nbytes()`` where torch has it, else its metadata."""
+    get = getattr(e, "nbytes", None)
+    n = int(get() or 0) if get is not None else 0
+    if n == 0 and hasattr(e, "metadata_json"):
+        m = BYTES.search(e.metadata_json() or "")
+        n = int(m.group(1)) if m else 0
+    return n
 
 
 def _monotonic(w: Window, to_tick, x_base: int, tpn: float):
@@ -445,34 +503,39 @@ def _write_all(records, calls=(), mono=None) -> None:
 
 def _write_calls(calls, mono) -> None:
     """CUDA runtime/driver calls as stepscope's, on the writing thread's id, so that the
-    ops written on that thread contain them (untested: no GPU where this was written)."""
+    ops written on that thread contain them."""
     from stepscope.core import gpu_records
 
     tid = threading.get_native_id()
     for c in calls:
         gpu_records.api(c.name(), mono(c.start_ns()), mono(c.end_ns()), c.correlation_id(), thread=tid,
-                        driver=c.activity_type() == "cuda_driver")
+                        driver=_kind(c) == "cuda_driver")
 
 
 def _write_device(events, mono) -> None:
     """Kineto's kernels, copies and memsets of a window as stepscope GPU records, with
-    Kineto's (CUPTI's) correlation ids (untested: no GPU where this was written)."""
+    Kineto's (CUPTI's) correlation ids."""
     from stepscope.core import gpu_records
 
     for e in events:
-        kind, t0, t1, corr = e.activity_type(), mono(e.start_ns()), mono(e.end_ns()), e.correlation_id()
+        kind, t0, t1, corr = _kind(e), mono(e.start_ns()), mono(e.end_ns()), e.correlation_id()
         where = {"device": e.device_index(), "stream": e.device_resource_id()}
-        nbytes = int(getattr(e, "nbytes", lambda: 0)() or 0)
+        nbytes = _nbytes(e)
         if kind == "kernel":
-            gpu_records.kernel(e.name(), t0, t1, corr, **where)
+            gpu_records.kernel(e.name(), t0, t1, corr, **where, **_launch_config(e))
         elif kind == "gpu_memcpy":
             m = MEMCPY.search(e.name())
             copy = m.group(1) if m and m.group(1) in gpu_records.COPY_KINDS else "HtoD"
             src = MEMORY.get(m.group(2), "pageable") if m else "pageable"
             dst = MEMORY.get(m.group(3), "device") if m else "device"
             gpu_records.memcpy(copy, nbytes, t0, t1, corr, src=src, dst=dst, **where)
-        else:
+        elif kind == "gpu_memset":
             gpu_records.memset(nbytes, t0, t1, corr, **where)
+        else:
+            sync = SYNCS.get(e.name(), "unknown")
+            if sync not in ("stream_synchronize", "stream_wait_event"):
+                where["stream"] = gpu_records.CONTEXT_STREAM
+            gpu_records.sync(sync, t0, t1, corr, **where)
 
 
 _windows: Optional[Windows] = None

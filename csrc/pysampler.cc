@@ -1,9 +1,10 @@
 // Python stack sampler. A native thread wakes `hz` times a second, takes the
-// GIL (so every other thread is at a safe point), walks each thread's frames
-// through the C API that CPython 3.9-3.13 all have (PyThreadState_GetFrame,
-// PyFrame_GetBack, PyFrame_GetCode, PyFrame_GetLineNumber), and releases the
-// GIL before anything else: interning is done on thread-local tables, handing
-// the pass to the writer takes a mutex only after the GIL is given back.
+// GIL (so every other thread is at a safe point), takes each thread's top frame
+// from sys._current_frames() (which holds CPython's lock of the thread list:
+// see walk()), walks the frames through the C API that CPython 3.9-3.13 all
+// have (PyFrame_GetBack, PyFrame_GetCode, PyFrame_GetLineNumber), and releases
+// the GIL before anything else: interning is done on thread-local tables,
+// handing the pass to the writer takes a mutex only after the GIL is given back.
 //
 // Samples are wall-clock: a thread blocked in C with the GIL released (torch
 // kernels, a queue wait) is sampled where it waits, which is where its time goes.
@@ -90,7 +91,7 @@ struct State {
   std::unordered_map<uint64_t, uint32_t> offset_ids;  // code index << 32 | instruction offset
   std::unordered_map<PyObject*, uint32_t> code_index;
   std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
-  std::unordered_map<uint64_t, uint64_t> native_ids;  // PyThreadState id -> OS thread id (before 3.11)
+  PyObject* threading_name = nullptr;  // "threading", made once
   // One pass's additions, moved to the shared tables after the GIL is released.
   std::vector<std::string> new_strings;
   std::vector<Frame> new_frames;
@@ -180,52 +181,57 @@ uint32_t stack_id(int32_t parent, uint32_t frame) {
   return id;
 }
 
-// The OS thread id, which the trace's tracks use (threading.get_native_id()).
-uint64_t native_id(PyThreadState* t) {
-#if PY_VERSION_HEX >= 0x030B0000
-  return t->native_thread_id;
-#else
-  // Before 3.11 the thread state does not keep it: ask threading's registry
-  // (a dict of Thread objects by ident; _native_id is a plain attribute), once.
-  const uint64_t key = PyThreadState_GetID(t);
-  auto it = g_p.native_ids.find(key);
-  if (it != g_p.native_ids.end()) return it->second;
+// The OS thread id, which the trace's tracks use (threading.get_native_id()):
+// threading's registry (a dict of Thread objects by ident; _native_id is a plain
+// attribute) knows it for threads that threading started or met. A thread that
+// only native code started (one that calls into Python through PyGILState_Ensure)
+// is not there: its ident stands in, stable for the thread's life.
+uint64_t native_id(PyObject* active, PyObject* ident) {
   uint64_t tid = 0;
-  PyObject* modname = PyUnicode_FromString("threading");
-  PyObject* threading = modname ? PyImport_GetModule(modname) : nullptr;
-  Py_XDECREF(modname);
-  if (threading) {
-    if (PyObject* active = PyObject_GetAttrString(threading, "_active")) {
-      PyObject* ident = PyLong_FromUnsignedLong(t->thread_id);
-      PyObject* thread = ident && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident) : nullptr;
-      if (thread) {
-        if (PyObject* n = PyObject_GetAttrString(thread, "_native_id")) {
-          tid = PyLong_Check(n) ? PyLong_AsUnsignedLongLong(n) : 0;
-          Py_DECREF(n);
-        }
-      }
-      Py_XDECREF(ident);
-      Py_DECREF(active);
+  PyObject* thread = active && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident) : nullptr;
+  if (thread) {
+    if (PyObject* n = PyObject_GetAttrString(thread, "_native_id")) {
+      tid = PyLong_Check(n) ? PyLong_AsUnsignedLongLong(n) : 0;
+      Py_DECREF(n);
     }
-    Py_DECREF(threading);
   }
   PyErr_Clear();
-  if (tid == uint64_t(-1)) tid = 0;
-  if (tid == 0) tid = t->thread_id;  // not a threading thread: its ident, at least stable
-  g_p.native_ids.emplace(key, tid);
-  return tid;
-#endif
+  if (tid == uint64_t(-1) || tid == 0) tid = PyLong_AsUnsignedLongLong(ident);
+  PyErr_Clear();
+  return tid == uint64_t(-1) ? 0 : tid;
 }
 
 // One pass with the GIL held: every thread with a Python frame, but ours.
-void walk(PyThreadState* self) {
+//
+// The frames come from sys._current_frames(), which walks the interpreter's
+// thread states under CPython's own lock of that list. The GIL alone does not
+// make that walk safe: a thread that native code started creates its thread
+// state (PyGILState_Ensure, pybind11's gil_scoped_acquire) without holding the
+// GIL, and a sampler that walked the list itself read one half made and crashed
+// (seen in a Lightning DDP job on gloo: SIGSEGV in PyThreadState_GetFrame).
+void walk() {
   const uint64_t tick = ticks();
+  PyObject* current_frames = PySys_GetObject("_current_frames");  // borrowed
+  PyObject* frames = current_frames ? PyObject_CallNoArgs(current_frames) : nullptr;
+  if (!frames || !PyDict_Check(frames)) {
+    Py_XDECREF(frames);
+    PyErr_Clear();
+    return;
+  }
+  PyObject* threading = g_p.threading_name ? PyImport_GetModule(g_p.threading_name) : nullptr;  // new ref
+  PyObject* active = threading ? PyObject_GetAttrString(threading, "_active") : nullptr;
+  PyErr_Clear();
+  const unsigned long self = PyThread_get_thread_ident();
   uint32_t ids[kMaxDepth];
-  for (PyThreadState* t = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(self)); t;
-       t = PyThreadState_Next(t)) {
-    if (t == self) continue;
-    PyFrameObject* f = PyThreadState_GetFrame(t);
-    if (!f) continue;
+  PyObject *ident, *top;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(frames, &pos, &ident, &top)) {
+    if (PyLong_AsUnsignedLong(ident) == self || !PyFrame_Check(top)) {
+      PyErr_Clear();
+      continue;
+    }
+    PyFrameObject* f = reinterpret_cast<PyFrameObject*>(top);
+    Py_INCREF(f);
     int depth = 0;
     bool ok = true;
     while (f) {
@@ -249,8 +255,11 @@ void walk(PyThreadState* self) {
     }
     int32_t stack = -1;
     for (int i = depth - 1; i >= 0; --i) stack = int32_t(stack_id(stack, ids[i]));
-    g_p.new_samples.push_back({tick, native_id(t), uint32_t(stack)});
+    g_p.new_samples.push_back({tick, native_id(active, ident), uint32_t(stack)});
   }
+  Py_XDECREF(active);
+  Py_XDECREF(threading);
+  Py_DECREF(frames);
 }
 
 void* sampler_main(void*) {
@@ -260,6 +269,7 @@ void* sampler_main(void*) {
   // pairs would create and destroy one at every pass.
   PyGILState_STATE gil = PyGILState_Ensure();
   PyThreadState* self = PyThreadState_Get();
+  if (!g_p.threading_name) g_p.threading_name = PyUnicode_InternFromString("threading");
   PyEval_SaveThread();
   auto next = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(g_p.mu);
@@ -272,7 +282,7 @@ void* sampler_main(void*) {
     const int64_t t0 = mono_ns();
     PyEval_RestoreThread(self);
     const int64_t t1 = mono_ns();
-    walk(self);
+    walk();
     PyEval_SaveThread();
     const int64_t t2 = mono_ns();
     {
@@ -321,7 +331,6 @@ void at_fork_child() {
   g_p.stop = false;
   g_p.samples.clear();  // the parent's samples are the parent's
   g_p.new_samples.clear();
-  g_p.native_ids.clear();
   g_p.strings_written = g_p.frames_written = g_p.stacks_written = 0;
   g_p.taken = g_p.dropped = g_p.passes = g_p.bytes = g_p.pass_dropped = 0;
   g_p.gil_wait_ns = g_p.hold_ns = 0;

@@ -14,14 +14,23 @@ from stepscope.core.vocabulary import PHASES  # noqa: E402
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lightning_fit.py")
 
 
+def _failure(stderr: str) -> str:
+    """What a failed run printed: its end, and before it every line of another rank or of a
+    crash (the other rank's lines come first, and a crash's C-level cause in faulthandler's)."""
+    lines = stderr.splitlines()
+    marks = ("[rank1]", "Fatal Python error", "terminate called", "Segmentation", "Aborted", "stepscope:")
+    early = [ln for ln in lines[:-40] if any(m in ln for m in marks)]
+    return "\n".join(early[-60:] + ["..."] + lines[-40:])
+
+
 def _run(tmp_path, *args, zero_edit=False):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
-    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="lt")
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="lt", PYTHONFAULTHANDLER="1")
     if zero_edit:
         env["STEPSCOPE"] = "1"
     r = subprocess.run([sys.executable, SCRIPT, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, _failure(r.stderr)
     assert "stepscope:" not in r.stderr, r.stderr[-3000:]
     assert ("fitted 20" if "ddp" in args else "fitted 40") in r.stdout
     return r, stepscope.load(tmp_path / "runs" / "lt")

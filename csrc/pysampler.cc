@@ -92,6 +92,7 @@ struct State {
   std::unordered_map<PyObject*, uint32_t> code_index;
   std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
   PyObject* threading_name = nullptr;  // "threading", made once
+  PyObject* native_id_name = nullptr;  // "_native_id", made once
   // One pass's additions, moved to the shared tables after the GIL is released.
   std::vector<std::string> new_strings;
   std::vector<Frame> new_frames;
@@ -188,9 +189,10 @@ uint32_t stack_id(int32_t parent, uint32_t frame) {
 // is not there: its ident stands in, stable for the thread's life.
 uint64_t native_id(PyObject* active, PyObject* ident) {
   uint64_t tid = 0;
-  PyObject* thread = active && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident) : nullptr;
+  PyObject* thread = active && g_p.native_id_name && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident)
+                                                                          : nullptr;
   if (thread) {
-    if (PyObject* n = PyObject_GetAttrString(thread, "_native_id")) {
+    if (PyObject* n = PyObject_GetAttr(thread, g_p.native_id_name)) {
       tid = PyLong_Check(n) ? PyLong_AsUnsignedLongLong(n) : 0;
       Py_DECREF(n);
     }
@@ -270,6 +272,7 @@ void* sampler_main(void*) {
   PyGILState_STATE gil = PyGILState_Ensure();
   PyThreadState* self = PyThreadState_Get();
   if (!g_p.threading_name) g_p.threading_name = PyUnicode_InternFromString("threading");
+  if (!g_p.native_id_name) g_p.native_id_name = PyUnicode_InternFromString("_native_id");
   PyEval_SaveThread();
   auto next = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(g_p.mu);

@@ -93,6 +93,8 @@ struct State {
   std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
   PyObject* threading_name = nullptr;  // "threading", made once
   PyObject* native_id_name = nullptr;  // "_native_id", made once
+  PyObject* name_name = nullptr;       // "_name", made once
+  PyObject* own_prefix = nullptr;      // "stepscope-": the names of stepscope's own threads
   // One pass's additions, moved to the shared tables after the GIL is released.
   std::vector<std::string> new_strings;
   std::vector<Frame> new_frames;
@@ -186,12 +188,18 @@ uint32_t stack_id(int32_t parent, uint32_t frame) {
 // threading's registry (a dict of Thread objects by ident; _native_id is a plain
 // attribute) knows it for threads that threading started or met. A thread that
 // only native code started (one that calls into Python through PyGILState_Ensure)
-// is not there: its ident stands in, stable for the thread's life.
+// is not there: its ident stands in, stable for the thread's life. Returns 0 for
+// stepscope's own Python threads (named "stepscope-..."): not the job's time.
 uint64_t native_id(PyObject* active, PyObject* ident) {
   uint64_t tid = 0;
-  PyObject* thread = active && g_p.native_id_name && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident)
-                                                                          : nullptr;
+  const bool names = g_p.native_id_name && g_p.name_name && g_p.own_prefix;
+  PyObject* thread = active && names && PyDict_Check(active) ? PyDict_GetItemWithError(active, ident) : nullptr;
   if (thread) {
+    if (PyObject* name = PyObject_GetAttr(thread, g_p.name_name)) {
+      const bool ours = PyUnicode_Check(name) && PyUnicode_Tailmatch(name, g_p.own_prefix, 0, PY_SSIZE_T_MAX, -1) == 1;
+      Py_DECREF(name);
+      if (ours) return 0;
+    }
     if (PyObject* n = PyObject_GetAttr(thread, g_p.native_id_name)) {
       tid = PyLong_Check(n) ? PyLong_AsUnsignedLongLong(n) : 0;
       Py_DECREF(n);
@@ -255,9 +263,11 @@ void walk() {
       ++g_p.pass_dropped;  // the frame table is full
       continue;
     }
+    const uint64_t tid = native_id(active, ident);
+    if (tid == 0) continue;  // stepscope's own thread
     int32_t stack = -1;
     for (int i = depth - 1; i >= 0; --i) stack = int32_t(stack_id(stack, ids[i]));
-    g_p.new_samples.push_back({tick, native_id(active, ident), uint32_t(stack)});
+    g_p.new_samples.push_back({tick, tid, uint32_t(stack)});
   }
   Py_XDECREF(active);
   Py_XDECREF(threading);
@@ -273,6 +283,8 @@ void* sampler_main(void*) {
   PyThreadState* self = PyThreadState_Get();
   if (!g_p.threading_name) g_p.threading_name = PyUnicode_InternFromString("threading");
   if (!g_p.native_id_name) g_p.native_id_name = PyUnicode_InternFromString("_native_id");
+  if (!g_p.name_name) g_p.name_name = PyUnicode_InternFromString("_name");
+  if (!g_p.own_prefix) g_p.own_prefix = PyUnicode_InternFromString("stepscope-");
   PyEval_SaveThread();
   auto next = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(g_p.mu);

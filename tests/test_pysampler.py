@@ -382,3 +382,33 @@ def test_native_threads_entering_python_while_sampled(tmp_path):
     assert threads == 4000 and passes >= 100 and dropped == 0
     run = stepscope.load(tmp_path / "runs" / "native", quiet=True)
     assert len(run.samples) >= passes  # the main thread, at least, every pass
+
+
+def test_stepscopes_own_threads_are_not_sampled(tmp_path):
+    """stepscope's Python threads (NVML's sampler, the clock exchange: "stepscope-..." names)
+    are the profiler's, not the job's: they have no samples. On a GPU machine the NVML
+    thread was the third thread of every process."""
+    code = textwrap.dedent("""
+        import sys, threading, time, stepscope
+        def ours():
+            end = time.time() + 0.5
+            while time.time() < end:
+                sum(range(1000))
+        def users():
+            end = time.time() + 0.5
+            while time.time() < end:
+                sum(range(1000))
+        s = stepscope.start(dir=sys.argv[1], name="own", pysample_hz=200)
+        ts = [threading.Thread(target=ours, name="stepscope-test"), threading.Thread(target=users, name="worker")]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        s.stop()
+    """)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = stepscope.load(tmp_path / "runs" / "own", quiet=True)
+    functions = set(run.samples["function"])
+    assert "users" in functions and "ours" not in functions

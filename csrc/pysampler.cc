@@ -184,12 +184,27 @@ uint32_t stack_id(int32_t parent, uint32_t frame) {
   return id;
 }
 
+// The OS thread id of a live thread, from its pthread handle (the ident): the
+// CPU clock id glibc makes of it encodes the kernel's thread id (Linux's
+// MAKE_THREAD_CPUCLOCK: ~tid << 3 | 6). 0 where that is not the encoding.
+uint64_t tid_of_pthread(unsigned long ident) {
+#ifdef __linux__
+  clockid_t cid;
+  if (pthread_getcpuclockid(pthread_t(ident), &cid) == 0 && (cid & 7) == 6) {
+    const long tid = ~(long(cid) >> 3);
+    if (tid > 0) return uint64_t(tid);
+  }
+#endif
+  return 0;
+}
+
 // The OS thread id, which the trace's tracks use (threading.get_native_id()):
 // threading's registry (a dict of Thread objects by ident; _native_id is a plain
 // attribute) knows it for threads that threading started or met. A thread that
-// only native code started (one that calls into Python through PyGILState_Ensure)
-// is not there: its ident stands in, stable for the thread's life. Returns 0 for
-// stepscope's own Python threads (named "stepscope-..."): not the job's time.
+// only native code started (one that calls into Python through PyGILState_Ensure:
+// autograd's device threads, gloo's) is not there: its pthread handle tells it
+// (the thread is alive: it has a Python frame), else its ident stands in. Returns
+// 0 for stepscope's own Python threads (named "stepscope-..."): not the job's time.
 uint64_t native_id(PyObject* active, PyObject* ident) {
   uint64_t tid = 0;
   const bool names = g_p.native_id_name && g_p.name_name && g_p.own_prefix;
@@ -206,8 +221,12 @@ uint64_t native_id(PyObject* active, PyObject* ident) {
     }
   }
   PyErr_Clear();
-  if (tid == uint64_t(-1) || tid == 0) tid = PyLong_AsUnsignedLongLong(ident);
-  PyErr_Clear();
+  if (tid == uint64_t(-1) || tid == 0) {
+    const unsigned long handle = PyLong_AsUnsignedLong(ident);
+    tid = PyErr_Occurred() ? 0 : tid_of_pthread(handle);
+    PyErr_Clear();
+    if (tid == 0) tid = handle;
+  }
   return tid == uint64_t(-1) ? 0 : tid;
 }
 

@@ -353,13 +353,15 @@ def test_native_threads_entering_python_while_sampled(tmp_path):
     a sampler that walked the thread list itself could read one half made and crash (a
     Lightning DDP job did, ~1 run in 8). 1,000 passes a second over 4,000 such threads."""
     code = textwrap.dedent("""
-        import ctypes, sys, threading, stepscope
+        import ctypes, sys, threading, time, stepscope
         from stepscope.core import _native
         libc = ctypes.CDLL(None)
         BODY = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
         seen = []
         def body(_):
             seen.append(threading.get_native_id())  # Python code on a thread native code started
+            if len(seen) % 50 == 0:
+                time.sleep(0.005)  # in Python with the GIL released: sampled there
             return None
         body = BODY(body)
         libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, BODY, ctypes.c_void_p]
@@ -373,15 +375,19 @@ def test_native_threads_entering_python_while_sampled(tmp_path):
                 libc.pthread_join(t, None)
         st = _native.pysampler_status()
         s.stop()
-        print(len(seen), st["passes"], st["dropped"])
+        print(len(seen), st["passes"], st["dropped"], threading.get_native_id(), *seen)
     """)
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
                        timeout=300, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
     assert r.returncode == 0, r.stderr[-3000:]
-    threads, passes, dropped = map(int, r.stdout.split())
+    threads, passes, dropped, main = map(int, r.stdout.split()[:4])
+    seen = set(map(int, r.stdout.split()[4:]))
     assert threads == 4000 and passes >= 100 and dropped == 0
     run = stepscope.load(tmp_path / "runs" / "native", quiet=True)
     assert len(run.samples) >= passes  # the main thread, at least, every pass
+    # the native threads' samples are on their OS thread ids, which threading does not know
+    others = set(run.samples["tid"]) - {main}
+    assert others and others <= seen, sorted(others - seen)[:5]
 
 
 def test_stepscopes_own_threads_are_not_sampled(tmp_path):

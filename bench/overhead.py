@@ -164,7 +164,12 @@ def main():
                         help="also the hook cost alone: N paired short chunks (300: ~2 minutes)")
     parser.add_argument("--cpu", action="store_true",
                         help="--hooks in the training thread's CPU time (time.thread_time): preemption left out")
+    parser.add_argument("--gpu", choices=["auto", "off", "metrics", "trace"],
+                        help="the sessions' STEPSCOPE_GPU (default: the environment's, else auto; on a GPU host auto "
+                             "traces with CUPTI and samples NVML while the CPU loop is timed)")
     args = parser.parse_args()
+    if args.gpu:
+        os.environ["STEPSCOPE_GPU"] = args.gpu
     if not args.op_windows:
         os.environ["STEPSCOPE_OPS"] = "0"  # the hot path alone; the Python stack sampler stays on
     torch.set_num_threads(1)

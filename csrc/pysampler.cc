@@ -259,6 +259,8 @@ void walk() {
       PyErr_Clear();
       continue;
     }
+    const uint64_t tid = native_id(active, ident);
+    if (tid == 0) continue;  // stepscope's own thread
     PyFrameObject* f = reinterpret_cast<PyFrameObject*>(top);
     Py_INCREF(f);
     int depth = 0;
@@ -282,8 +284,6 @@ void walk() {
       ++g_p.pass_dropped;  // the frame table is full
       continue;
     }
-    const uint64_t tid = native_id(active, ident);
-    if (tid == 0) continue;  // stepscope's own thread
     int32_t stack = -1;
     for (int i = depth - 1; i >= 0; --i) stack = int32_t(stack_id(stack, ids[i]));
     g_p.new_samples.push_back({tick, tid, uint32_t(stack)});

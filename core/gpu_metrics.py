@@ -129,9 +129,10 @@ class NvmlSampler:
         if mem is not None:
             values["mem_used"], values["mem_total"] = mem.used, mem.total
         values["power_mw"] = self._read(dev, "power_mw", nv.nvmlDeviceGetPowerUsage)
-        slow = time.monotonic() >= dev.slow_due
+        now = time.monotonic()
+        slow = now >= dev.slow_due
         if slow:
-            dev.slow_due = time.monotonic() + SLOW_READ_S
+            dev.slow_due = now + SLOW_READ_S
             values["energy_mj"] = self._read(dev, "energy_mj", nv.nvmlDeviceGetTotalEnergyConsumption)
         values["temp"] = self._read(dev, "temp", nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
         values["sm_clock"] = self._read(dev, "sm_clock", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)

@@ -93,6 +93,7 @@ struct State {
   std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
   PyObject* threading_name = nullptr;  // "threading", made once
   PyObject* native_id_name = nullptr;  // "_native_id", made once
+  PyObject* active_name = nullptr;     // "_active", made once
   PyObject* name_name = nullptr;       // "_name", made once
   PyObject* own_prefix = nullptr;      // "stepscope-": the names of stepscope's own threads
   // One pass's additions, moved to the shared tables after the GIL is released.
@@ -248,7 +249,7 @@ void walk() {
     return;
   }
   PyObject* threading = g_p.threading_name ? PyImport_GetModule(g_p.threading_name) : nullptr;  // new ref
-  PyObject* active = threading ? PyObject_GetAttrString(threading, "_active") : nullptr;
+  PyObject* active = threading && g_p.active_name ? PyObject_GetAttr(threading, g_p.active_name) : nullptr;
   PyErr_Clear();
   const unsigned long self = PyThread_get_thread_ident();
   uint32_t ids[kMaxDepth];
@@ -302,6 +303,7 @@ void* sampler_main(void*) {
   PyThreadState* self = PyThreadState_Get();
   if (!g_p.threading_name) g_p.threading_name = PyUnicode_InternFromString("threading");
   if (!g_p.native_id_name) g_p.native_id_name = PyUnicode_InternFromString("_native_id");
+  if (!g_p.active_name) g_p.active_name = PyUnicode_InternFromString("_active");
   if (!g_p.name_name) g_p.name_name = PyUnicode_InternFromString("_name");
   if (!g_p.own_prefix) g_p.own_prefix = PyUnicode_InternFromString("stepscope-");
   PyEval_SaveThread();

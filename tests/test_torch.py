@@ -232,12 +232,7 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
     assert dataloader.DataLoader.__iter__.__qualname__ == original_iter.__qualname__
     assert torch.nn.functional.mse_loss is original_f  # functional losses are not patched (TorchScript)
     run = stepscope.start(name="inproc")
-    m = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
-        opt.step()
+    _three_steps(torch.optim.SGD)
     run.stop()
     st_torch.uninstrument()
     assert dataloader.DataLoader.__iter__ is original_iter
@@ -246,6 +241,16 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
     r = stepscope.load(run.path)
     assert len(r.steps) == 3
     assert np.all(r.steps[["Forward", "Loss", "Backward", "Optimizer"]].to_numpy() > 0)
+
+
+def _three_steps(optimizer_class):
+    """Three steps of a linear model, its loss functional: Forward, Loss, Backward, Optimizer."""
+    m = torch.nn.Linear(4, 1)
+    opt = optimizer_class(m.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
+        opt.step()
 
 
 def test_an_unhashable_optimizer_is_timed_and_never_hashed(run_dir, capsys):
@@ -261,12 +266,7 @@ def test_an_unhashable_optimizer_is_timed_and_never_hashed(run_dir, capsys):
     st_torch.uninstrument()
     assert st_torch.instrument()
     run = stepscope.start(name="unhashable")
-    m = torch.nn.Linear(4, 1)
-    opt = Compared(m.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
-        opt.step()
+    _three_steps(Compared)
     run.stop()
     st_torch.uninstrument()
     assert "stepscope:" not in capsys.readouterr().err

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -49,6 +50,10 @@ namespace {
 constexpr int kMaxDepth = 512;                 // deeper stacks keep their innermost frames
 constexpr size_t kMaxPending = size_t(1) << 20;  // samples queued while the writer stalls
 constexpr size_t kMaxFrames = size_t(1) << 22;   // interning bound (exec'd code in a loop)
+// A pass's owner: armed, the main thread walks it (pending call) unless the
+// sampler claims it after the grace period; done, the main thread walked it.
+enum PassState { kIdle, kArmed, kInMain, kDone, kSampler };
+constexpr unsigned kRetry = 16;  // passes between offers to a main thread that did not come by
 
 struct Frame {
   uint32_t func, file;
@@ -83,6 +88,15 @@ struct State {
   size_t strings_written = 0, frames_written = 0, stacks_written = 0;
   uint64_t taken = 0, dropped = 0, passes = 0, bytes = 0;
   int64_t gil_wait_ns = 0, hold_ns = 0;
+  uint64_t main_passes = 0;  // passes the main thread walked (a pending call), not the sampler
+
+  // One pass's owner (see sampler_main): who walks it, the main thread or the sampler.
+  std::atomic<int> pass{0};
+  std::atomic<bool> queued{false};  // a pending call is in CPython's queue
+  std::mutex pass_mu;
+  std::condition_variable pass_cv;
+  int64_t main_t1 = 0, main_t2 = 0;  // the main thread's walk, written before pass becomes kDone
+  unsigned long sampler_ident = 0;   // the sampler thread's own ident: never sampled
 
   // Sampler thread only.
   std::unordered_map<std::string, uint32_t> string_ids;
@@ -251,7 +265,7 @@ void walk() {
   PyObject* threading = g_p.threading_name ? PyImport_GetModule(g_p.threading_name) : nullptr;  // new ref
   PyObject* active = threading && g_p.active_name ? PyObject_GetAttr(threading, g_p.active_name) : nullptr;
   PyErr_Clear();
-  const unsigned long self = PyThread_get_thread_ident();
+  const unsigned long self = g_p.sampler_ident;
   uint32_t ids[kMaxDepth];
   PyObject *ident, *top;
   Py_ssize_t pos = 0;
@@ -294,6 +308,72 @@ void walk() {
   Py_DECREF(frames);
 }
 
+// The pending call: the main thread walks the pass itself, at its next eval-breaker
+// check, with the GIL it already holds. Runs only if the pass is still armed (the
+// sampler may have claimed it, or stopped). Never raises into the job.
+int main_walk(void*) {
+  g_p.queued.store(false);
+  int armed = kArmed;
+  if (!g_p.pass.compare_exchange_strong(armed, kInMain)) return 0;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  g_p.main_t1 = mono_ns();
+  try {
+    walk();
+  } catch (...) {  // std::bad_alloc in the tables: the pass is lost, the job goes on
+  }
+  g_p.main_t2 = mono_ns();
+  PyErr_Restore(type, value, traceback);
+  {
+    std::lock_guard<std::mutex> pl(g_p.pass_mu);
+    g_p.pass.store(kDone);
+  }
+  g_p.pass_cv.notify_one();
+  return 0;
+}
+
+// One pass, walked by whichever thread costs the job less. The sampler first asks
+// the main thread through Py_AddPendingCall: the main thread runs it when it next
+// takes the GIL back (after a torch op: microseconds in a training loop) and walks
+// with the GIL it holds, no hand-over. Taking the GIL from here instead makes the
+// main thread, back from its op, wait for our walk and a thread wake-up (~60 us a
+// pass on the development VM, 3-4 us a step at 100 Hz; BENCHMARKS.md). If the main
+// thread does not come by within the grace period (blocked in C with the GIL
+// released, or running pure Python that releases nothing), the sampler claims the
+// pass and takes the GIL itself, as it always did: free in the first case, the
+// 5 ms switch interval in the second. (On 3.11 a pending call added from another
+// thread does not trip the main thread's eval breaker; its next GIL take does.)
+// A main thread that did not come by is asked again only every kRetry passes
+// (while it is away, each offer would cost the grace period's delay, and on 3.12+
+// other threads trip their eval breaker until the main thread runs the call).
+// Fills t1/t2 (the walk) and returns whether the main thread walked it.
+bool one_pass(PyThreadState* self, std::chrono::nanoseconds grace, bool offer, int64_t* t1, int64_t* t2) {
+  g_p.pass.store(kArmed);
+  if (offer) {
+    if (!g_p.queued.exchange(true) && Py_AddPendingCall(main_walk, nullptr) != 0) g_p.queued.store(false);
+    std::unique_lock<std::mutex> pl(g_p.pass_mu);
+    g_p.pass_cv.wait_for(pl, grace, [] { return g_p.pass.load() == kDone; });
+  }
+  int armed = kArmed;
+  if (g_p.pass.compare_exchange_strong(armed, kSampler)) {
+    PyEval_RestoreThread(self);
+    *t1 = mono_ns();
+    walk();
+    PyEval_SaveThread();
+    *t2 = mono_ns();
+    g_p.pass.store(kIdle);
+    return false;
+  }
+  {
+    std::unique_lock<std::mutex> pl(g_p.pass_mu);  // the main thread is walking: a few microseconds
+    g_p.pass_cv.wait(pl, [] { return g_p.pass.load() == kDone; });
+  }
+  *t1 = g_p.main_t1;
+  *t2 = g_p.main_t2;
+  g_p.pass.store(kIdle);
+  return true;
+}
+
 void* sampler_main(void*) {
   pthread_setname_np(pthread_self(), "stepscope-pysmp");
   if (SS_FINALIZING()) return nullptr;
@@ -301,6 +381,7 @@ void* sampler_main(void*) {
   // pairs would create and destroy one at every pass.
   PyGILState_STATE gil = PyGILState_Ensure();
   PyThreadState* self = PyThreadState_Get();
+  g_p.sampler_ident = PyThread_get_thread_ident();
   if (!g_p.threading_name) g_p.threading_name = PyUnicode_InternFromString("threading");
   if (!g_p.native_id_name) g_p.native_id_name = PyUnicode_InternFromString("_native_id");
   if (!g_p.active_name) g_p.active_name = PyUnicode_InternFromString("_active");
@@ -310,17 +391,17 @@ void* sampler_main(void*) {
   auto next = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lk(g_p.mu);
   const auto interval = std::chrono::nanoseconds(1000000000 / g_p.hz);
+  const auto grace = std::min(interval / 4, std::chrono::nanoseconds(2000000));
+  unsigned since_miss = 0;  // passes since the main thread last walked one (0: it walked the last)
   while (!g_p.stop) {
     lk.unlock();
     // Never take the GIL once finalization began: a daemon thread that does
     // is made to exit inside PyEval_RestoreThread (3.9-3.13).
     if (SS_FINALIZING()) break;
     const int64_t t0 = mono_ns();
-    PyEval_RestoreThread(self);
-    const int64_t t1 = mono_ns();
-    walk();
-    PyEval_SaveThread();
-    const int64_t t2 = mono_ns();
+    int64_t t1 = t0, t2 = t0;
+    const bool by_main = one_pass(self, grace, since_miss == 0 || since_miss % kRetry == 0, &t1, &t2);
+    since_miss = by_main ? 0 : since_miss + 1;
     {
       std::lock_guard<std::mutex> dl(g_p.data_mu);
       for (auto& s : g_p.new_strings) g_p.strings.push_back(std::move(s));
@@ -333,6 +414,7 @@ void* sampler_main(void*) {
       g_p.pass_dropped = 0;
       g_p.taken += take;
       ++g_p.passes;
+      g_p.main_passes += by_main;
       g_p.gil_wait_ns += t1 - t0;
       g_p.hold_ns += t2 - t1;
     }
@@ -370,7 +452,12 @@ void at_fork_child() {
   g_p.strings_written = g_p.frames_written = g_p.stacks_written = 0;
   g_p.taken = g_p.dropped = g_p.passes = g_p.bytes = g_p.pass_dropped = 0;
   g_p.gil_wait_ns = g_p.hold_ns = 0;
+  g_p.main_passes = 0;
   g_p.owner = 0;
+  new (&g_p.pass_mu) std::mutex();
+  new (&g_p.pass_cv) std::condition_variable();
+  g_p.pass.store(kIdle);
+  g_p.queued.store(false);  // a call left in CPython's queue finds the pass idle
 }
 
 std::string start(int hz) {
@@ -387,7 +474,7 @@ std::string start(int hz) {
     g_p.samples.clear();
     // A new trace file: every string, frame and stack is written into it again.
     g_p.strings_written = g_p.frames_written = g_p.stacks_written = 0;
-    g_p.taken = g_p.dropped = g_p.passes = g_p.bytes = 0;
+    g_p.taken = g_p.dropped = g_p.passes = g_p.bytes = g_p.main_passes = 0;
     g_p.gil_wait_ns = g_p.hold_ns = 0;
   }
   std::lock_guard<std::mutex> lk(g_p.mu);
@@ -439,10 +526,10 @@ PyObject* py_status(PyObject*, PyObject*) {
       cpu_ns = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   }
   std::lock_guard<std::mutex> dl(g_p.data_mu);
-  return Py_BuildValue("{s:O,s:i,s:i,s:K,s:K,s:K,s:K,s:L,s:L,s:L,s:n,s:n,s:n}", "running",
+  return Py_BuildValue("{s:O,s:i,s:i,s:K,s:K,s:K,s:K,s:K,s:L,s:L,s:L,s:n,s:n,s:n}", "running",
                        running ? Py_True : Py_False, "hz", hz, "pid", int(owner), "samples",
                        (unsigned long long)g_p.taken, "dropped", (unsigned long long)g_p.dropped, "passes",
-                       (unsigned long long)g_p.passes, "bytes", (unsigned long long)g_p.bytes, "cpu_ns",
+                       (unsigned long long)g_p.passes, "main_passes", (unsigned long long)g_p.main_passes, "bytes", (unsigned long long)g_p.bytes, "cpu_ns",
                        (long long)cpu_ns, "gil_wait_ns", (long long)g_p.gil_wait_ns, "hold_ns",
                        (long long)g_p.hold_ns, "strings", Py_ssize_t(g_p.strings.size()), "frames",
                        Py_ssize_t(g_p.frames.size()), "stacks", Py_ssize_t(g_p.stacks.size()));

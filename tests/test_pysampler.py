@@ -418,3 +418,47 @@ def test_stepscopes_own_threads_are_not_sampled(tmp_path):
     run = stepscope.load(tmp_path / "runs" / "own", quiet=True)
     functions = set(run.samples["function"])
     assert "users" in functions and "ours" not in functions
+
+
+def test_a_torch_loop_walks_its_own_passes(tmp_path):
+    """A loop of torch ops (each releases the GIL) takes the GIL back after every op: each
+    pass is walked there by the main thread itself (a pending call), so the sampler never
+    takes the GIL from it and the loop never waits for our walk and a thread wake-up.
+    A loop in another thread, the main thread blocked in join(): the sampler walks the
+    passes itself, and that loop is sampled all the same."""
+    code = textwrap.dedent("""
+        import json, sys, threading, time, torch, stepscope
+        from stepscope.core import _native
+        torch.set_num_threads(1)
+        def torch_loop(seconds):
+            a = torch.randn(64, 64)
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                a = torch.tanh(a @ a)
+        s = stepscope.start(dir=sys.argv[1], name="ops", pysample_hz=200)
+        torch_loop(1.0)
+        main_loop = _native.pysampler_status()
+        t = threading.Thread(target=torch_loop, args=(1.0,), name="trainer")
+        t.start()
+        t.join()
+        both = _native.pysampler_status()
+        s.stop()
+        print(json.dumps({"main": main_loop, "both": both, "main_tid": threading.get_native_id()}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    main, both = out["main"], out["both"]
+    assert main["passes"] >= 100, main
+    assert main["main_passes"] >= 0.9 * main["passes"], main
+    thread_passes = both["passes"] - main["passes"]
+    thread_main_passes = both["main_passes"] - main["main_passes"]
+    assert thread_passes >= 100 and thread_main_passes <= 0.1 * thread_passes, both
+    run = stepscope.load(tmp_path / "runs" / "ops", quiet=True)
+    s = run.samples
+    in_loop = s[s["function"] == "torch_loop"]
+    main_tid = out["main_tid"]
+    # both loops, a second each at 200 Hz: most of their passes find them in the loop
+    assert (in_loop["tid"] == main_tid).sum() >= 0.8 * main["passes"], in_loop["tid"].value_counts()
+    assert (in_loop["tid"] != main_tid).sum() >= 0.8 * thread_passes, in_loop["tid"].value_counts()

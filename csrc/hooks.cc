@@ -95,7 +95,12 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
   Py_hash_t hash = PyObject_Hash(*name);
   for (int i = 0; i < kSeen && hash != -1; ++i) {
     PyObject* seen = h->seen_names[i];
-    if (seen && PyObject_Hash(seen) == hash && PyUnicode_Compare(seen, *name) == 0) return h->seen_routes[i];
+    if (seen && PyObject_Hash(seen) == hash && PyUnicode_Compare(seen, *name) == 0) {
+      // keep the newest: the same range's __exit__ then finds it by identity
+      Py_INCREF(*name);
+      Py_SETREF(h->seen_names[i], *name);
+      return h->seen_routes[i];
+    }
   }
   PyErr_Clear();
   int route = kUser;

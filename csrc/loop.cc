@@ -152,7 +152,14 @@ LoopState* loop_state_of(PyObject* local) {
 }
 
 int exporting(PyObject* compiler) {
-  PyObject* flag = PyObject_GetAttr(compiler, g_is_compiling_flag);
+  // Read five times a step: a module's flag straight from its dict (~60 instructions
+  // where the attribute protocol takes ~300: the module type's lookup first).
+  PyObject* dict = PyModule_Check(compiler) ? PyModule_GetDict(compiler) : nullptr;
+  PyObject* flag = dict ? PyDict_GetItemWithError(dict, g_is_compiling_flag) : nullptr;  // borrowed
+  if (flag == Py_False) return 0;
+  if (flag == Py_True) return 1;
+  if (PyErr_Occurred()) return -1;
+  flag = PyObject_GetAttr(compiler, g_is_compiling_flag);  // not a module, or not in its dict
   int on = flag ? PyObject_IsTrue(flag) : -1;
   Py_XDECREF(flag);
   return on;

@@ -118,6 +118,7 @@ bool new_set(PyObject** slot) {
 }
 
 bool clear_more(Tracker* t) {
+  if (t->pending_more && PyList_CheckExact(t->pending_more) && PyList_GET_SIZE(t->pending_more) == 0) return true;
   PyObject* l = PyList_New(0);
   if (!l) return false;
   Py_XSETREF(t->pending_more, l);
@@ -188,9 +189,19 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   put(&t->mode, mode);
   t->done = t->fed = 0;
   Py_CLEAR(t->cand_mode);
-  Py_XSETREF(t->opt_before, t->opt_in_step);
-  t->opt_in_step = nullptr;
-  if (!new_set(&t->opt_in_step)) goto out;
+  {
+    // this step's set becomes the one before; the old one before, emptied, is this step's
+    // (no set made and freed a step); a set someone else holds too is not reused
+    PyObject* before = t->opt_before;
+    t->opt_before = t->opt_in_step;
+    t->opt_in_step = nullptr;
+    if (before && PySet_CheckExact(before) && Py_REFCNT(before) == 1 && PySet_Clear(before) == 0) {
+      t->opt_in_step = before;
+    } else {
+      Py_XDECREF(before);
+      if (!new_set(&t->opt_in_step)) goto out;
+    }
+  }
   t->has_forward_end = 0;
   t->forwards_in_step = 0;
   ok = true;

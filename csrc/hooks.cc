@@ -10,7 +10,7 @@
 //   guarded_exit(original, record, local, fail, loop=None): __exit__(self, ...) calls
 //     record(id(self)) when `local.stack` is non-empty, then original.
 //
-// `loop` = (state, fetches, zero_grads, category, name) lets the framework's own
+// `loop` = (state, fetches, zero_grads, category, name[, optimizer_steps]) lets the framework's own
 // ranges report the loop's phases, so that no Python wrapper runs for them:
 // `state.s` is the calling thread's LoopState (loop.h; found through the
 // per-thread cache, its fields read in C: depth, iter_started, fetch_t0,
@@ -19,7 +19,8 @@
 // reports tracker.fetched(t0, t1, None), or tracker.exhausted(t0, t1) when it
 // ends in StopIteration; whatever runs inside it is nested in it: depth); one
 // of `zero_grads` is recorded as the span (category, name) and reported as
-// tracker.optimizer_used().
+// tracker.optimizer_used(); one of `optimizer_steps` (optional) is torch's range
+// around an optimizer step, whose exit ends the step its pre-hook began (loop.h).
 //
 // Set on a class, both bind to instances as functions do; read from the class
 // itself they are `original` (TorchScript compiles a class from its functions'
@@ -52,6 +53,7 @@ struct Hook {
   PyObject* state;       // loop: .s is the thread's loop state; null: no loop routes
   PyObject* fetches;     // loop: tuples of str
   PyObject* zero_grads;
+  PyObject* optimizer_steps;  // loop: tuple of str (optional)
   uint8_t category;
   uint32_t span_name;
   PyObject* compiler;  // timed_backward: its _is_compiling_flag (export) turns timing off
@@ -63,7 +65,7 @@ struct Hook {
   uint8_t seen_next;
 };
 
-enum Route { kUser, kPassed, kFetch, kZeroGrad };
+enum Route { kUser, kPassed, kFetch, kZeroGrad, kOptimizerStep };
 
 PyObject *g_name, *g_stack;
 
@@ -108,6 +110,8 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
     route = kFetch;
   } else if (h->state && starts_with_any(*name, h->zero_grads)) {
     route = kZeroGrad;
+  } else if (h->state && starts_with_any(*name, h->optimizer_steps)) {
+    route = kOptimizerStep;
   } else if (starts_with_any(*name, h->prefixes)) {
     route = kPassed;
   }
@@ -175,6 +179,24 @@ bool zero_grad_entered(Hook* h, unsigned long long t0) {
   return true;
 }
 
+// torch's range around an optimizer step (its hooks run inside it): its exit ends
+// the step the pre-hook began (loop.h), so that no post-hook runs on every step.
+bool optimizer_step_entered(Hook* h) {
+  LoopState* st = state_of(h);
+  if (!st) return false;
+  optimizer_range_entered(st);
+  Py_DECREF(st);
+  return true;
+}
+
+bool optimizer_step_exited(Hook* h, unsigned long long t1) {
+  LoopState* st = state_of(h);
+  if (!st) return false;
+  bool ok = optimizer_range_exited(st, t1);
+  Py_DECREF(st);
+  return ok;
+}
+
 bool zero_grad_exited(Hook* h, unsigned long long t1) {
   LoopState* st = state_of(h);
   if (!st) return false;
@@ -208,6 +230,8 @@ PyObject* enter_call(PyObject* callable, PyObject* const* args, size_t nargsf, P
     ok = fetch_entered(h, t0);
   } else if (route == kZeroGrad) {
     ok = zero_grad_entered(h, t0);
+  } else if (route == kOptimizerStep) {
+    ok = optimizer_step_entered(h);
   } else if (route == kUser) {
     PyObject* key = PyLong_FromVoidPtr(self);
     PyObject* r = key ? PyObject_CallFunctionObjArgs(h->record, name, key, nullptr) : nullptr;
@@ -227,13 +251,15 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
     PyObject* name;
     int route = h->state ? route_of(h, args[0], &name) : kUser;
     if (h->state && route >= 0) Py_DECREF(name);
-    if (route == kFetch || route == kZeroGrad) {
+    if (route == kFetch || route == kZeroGrad || route == kOptimizerStep) {
       // the loop's span ends after torch's range (a profiler's op for it nests inside)
       PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
       unsigned long long t1 = ticks();
       PyObject *type, *value, *tb;
       PyErr_Fetch(&type, &value, &tb);
-      bool ok = route == kFetch ? fetch_exited(h, n >= 2 ? args[1] : nullptr, t1) : zero_grad_exited(h, t1);
+      bool ok = route == kFetch       ? fetch_exited(h, n >= 2 ? args[1] : nullptr, t1)
+                : route == kZeroGrad ? zero_grad_exited(h, t1)
+                                     : optimizer_step_exited(h, t1);
       if (!ok) report(h);
       PyErr_Restore(type, value, tb);
       return result;
@@ -298,6 +324,7 @@ int hook_traverse(PyObject* o, visitproc visit, void* arg) {
   Py_VISIT(h->state);
   Py_VISIT(h->fetches);
   Py_VISIT(h->zero_grads);
+  Py_VISIT(h->optimizer_steps);
   Py_VISIT(h->compiler);
   for (PyObject* seen : h->seen_names) Py_VISIT(seen);
   return 0;
@@ -313,6 +340,7 @@ int hook_clear(PyObject* o) {
   Py_CLEAR(h->state);
   Py_CLEAR(h->fetches);
   Py_CLEAR(h->zero_grads);
+  Py_CLEAR(h->optimizer_steps);
   Py_CLEAR(h->compiler);
   for (PyObject*& seen : h->seen_names) Py_CLEAR(seen);
   return 0;
@@ -339,23 +367,24 @@ PyObject* make(PyObject* original, PyObject* record, PyObject* prefixes, PyObjec
     PyErr_SetString(PyExc_TypeError, "original, record and fail must be callable");
     return nullptr;
   }
-  PyObject *state = nullptr, *fetches = nullptr, *zero_grads = nullptr;
+  PyObject *state = nullptr, *fetches = nullptr, *zero_grads = nullptr, *optimizer_steps = nullptr;
   unsigned int category = 0, span_name = 0;
   if (loop && loop != Py_None &&
       !(PyTuple_Check(loop) &&
-        PyArg_ParseTuple(loop, "OO!O!II:loop", &state, &PyTuple_Type, &fetches, &PyTuple_Type, &zero_grads,
-                         &category, &span_name) &&
-        str_tuple(fetches) && str_tuple(zero_grads) && category < 256)) {
+        PyArg_ParseTuple(loop, "OO!O!II|O!:loop", &state, &PyTuple_Type, &fetches, &PyTuple_Type, &zero_grads,
+                         &category, &span_name, &PyTuple_Type, &optimizer_steps) &&
+        str_tuple(fetches) && str_tuple(zero_grads) && (!optimizer_steps || str_tuple(optimizer_steps)) &&
+        category < 256)) {
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_TypeError, "loop is (state, fetches: tuple of str, zero_grads: tuple of str, "
-                                       "category, name)");
+                                       "category, name[, optimizer_steps: tuple of str])");
     return nullptr;
   }
   Hook* h = PyObject_GC_New(Hook, &HookType);
   if (!h) return nullptr;
   for (auto [slot, value] : {std::pair{&h->original, original}, {&h->record, record}, {&h->prefixes, prefixes},
                              {&h->local, local}, {&h->fail, fail}, {&h->state, state}, {&h->fetches, fetches},
-                             {&h->zero_grads, zero_grads}}) {
+                             {&h->zero_grads, zero_grads}, {&h->optimizer_steps, optimizer_steps}}) {
     Py_XINCREF(value);
     *slot = value;
   }

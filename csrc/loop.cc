@@ -33,8 +33,8 @@ LoopState* L(PyObject* o) { return reinterpret_cast<LoopState*>(o); }
 
 PyObject** object_fields(PyObject* self, int i) {
   LoopState* s = L(self);
-  PyObject** fields[] = {&s->depth, &s->in_backward, &s->in_optimizer, &s->stack, &s->forced_modes,
-                         &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker};
+  PyObject** fields[] = {&s->depth,        &s->in_backward,  &s->in_optimizer, &s->stack,   &s->forced_modes,
+                         &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker, &s->optimizer_key};
   return i < int(sizeof(fields) / sizeof(fields[0])) ? fields[i] : nullptr;
 }
 
@@ -52,7 +52,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     Py_XDECREF(forced);
     return -1;
   }
-  PyObject* values[] = {zero, zero, zero, stack, forced, Py_None, Py_False, Py_None, tracker};
+  PyObject* values[] = {zero, zero, zero, stack, forced, Py_None, Py_False, Py_None, tracker, Py_None};
   for (int i = 0; PyObject** field = object_fields(self, i); ++i) {
     Py_INCREF(values[i]);
     Py_XSETREF(*field, values[i]);
@@ -61,6 +61,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Py_DECREF(stack);
   Py_DECREF(forced);
   s->optimizer_t0 = s->fetch_t0 = s->zero_grad_t0 = 0;
+  s->optimizer_ranges = s->ranges_began = 0;
   return 0;
 }
 
@@ -88,6 +89,8 @@ PyMemberDef members[] = {
     {"optimizer_t0", T_ULONGLONG, offsetof(LoopState, optimizer_t0), READONLY, "tick: the optimizer step began"},
     {"fetch_t0", T_ULONGLONG, offsetof(LoopState, fetch_t0), READONLY, "tick: the outermost fetch began"},
     {"zero_grad_t0", T_ULONGLONG, offsetof(LoopState, zero_grad_t0), READONLY, "tick: a zero_grad began"},
+    {"optimizer_ranges", T_ULONGLONG, offsetof(LoopState, optimizer_ranges), READONLY,
+     "torch's Optimizer.step# ranges open"},
     {nullptr, 0, 0, 0, nullptr}};
 #undef OBJ
 
@@ -177,12 +180,22 @@ void hand_error_to(PyObject* fail) {
   Py_XDECREF(tb);
 }
 
-bool optimizer_began(PyObject* local, PyObject* key) {
+namespace {
+constexpr unsigned long long kMaxRangeLevel = 63;
+unsigned long long level_bit(unsigned long long level) { return level <= kMaxRangeLevel ? 1ull << level : 0; }
+}  // namespace
+
+bool optimizer_began(PyObject* local, PyObject* key, bool* in_range) {
   LoopState* st = loop_state_of(local);
   if (!st) return false;
+  const unsigned long long bit = level_bit(st->optimizer_ranges);
+  if (in_range) *in_range = st->optimizer_ranges > 0 && bit;
   long depth = small_of(st->in_optimizer) + 1;
   bool ok = set_small(&st->in_optimizer, depth);
+  if (ok && st->optimizer_ranges) st->ranges_began |= bit;
   if (ok && depth == 1) {
+    Py_INCREF(key);
+    Py_XSETREF(st->optimizer_key, key);
     st->optimizer_t0 = ticks();
     ok = tell::optimizer_started(st, key, st->optimizer_t0);
   }
@@ -193,10 +206,35 @@ bool optimizer_began(PyObject* local, PyObject* key) {
 bool optimizer_done(PyObject* local, PyObject* key) {
   LoopState* st = loop_state_of(local);
   if (!st) return false;
-  long depth = small_of(st->in_optimizer) - 1;
-  bool ok = set_small(&st->in_optimizer, depth);
-  if (ok && depth == 0) ok = tell::optimizer_ended(st, key, st->optimizer_t0, ticks());
+  bool ok = true;
+  if (!(st->optimizer_ranges && (st->ranges_began & level_bit(st->optimizer_ranges)))) {  // else its range ends it
+    long depth = small_of(st->in_optimizer) - 1;
+    ok = set_small(&st->in_optimizer, depth);
+    if (ok && depth == 0) {
+      Py_INCREF(Py_None);
+      Py_XSETREF(st->optimizer_key, Py_None);
+      ok = tell::optimizer_ended(st, key, st->optimizer_t0, ticks());
+    }
+  }
   Py_DECREF(st);
+  return ok;
+}
+
+void optimizer_range_entered(LoopState* st) { ++st->optimizer_ranges; }
+
+bool optimizer_range_exited(LoopState* st, unsigned long long t1) {
+  if (!st->optimizer_ranges) return true;  // entered before a forked child's reset
+  const unsigned long long bit = level_bit(st->optimizer_ranges--);
+  if (!(st->ranges_began & bit)) return true;  // a step no pre-hook of ours began (or a filtered optimizer)
+  st->ranges_began &= ~bit;
+  long depth = small_of(st->in_optimizer) - 1;
+  if (!set_small(&st->in_optimizer, depth)) return false;
+  if (depth != 0) return true;
+  PyObject* key = st->optimizer_key;  // owned from here
+  st->optimizer_key = Py_None;
+  Py_INCREF(Py_None);
+  bool ok = tell::optimizer_ended(st, key ? key : Py_None, st->optimizer_t0, t1);
+  Py_XDECREF(key);
   return ok;
 }
 

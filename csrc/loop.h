@@ -21,10 +21,15 @@ struct LoopState {
   PyObject* setting_mode;  // inside Module.train(): its children's calls are its own
   PyObject* pending_root;  // a module whose first call is timed by the discovery post-hook
   PyObject* tracker;       // the thread's StepTracker
+  PyObject* optimizer_key; // the outermost optimizer step in progress (its key); None
   // Native-only ticks (read-only from Python).
   unsigned long long optimizer_t0;  // the outermost optimizer step in progress began
   unsigned long long fetch_t0;      // the outermost fetch in progress began
   unsigned long long zero_grad_t0;  // an optimizer's zero_grad in progress began
+  // torch's `Optimizer.step#` ranges open on this thread (hooks.cc), and a bit per
+  // range level whose optimizer step the pre-hook began: that range's exit ends it.
+  unsigned long long optimizer_ranges;
+  unsigned long long ranges_began;
 };
 
 extern PyTypeObject LoopStateType;
@@ -61,8 +66,16 @@ void loop_states_changed();
 // loop state: the outermost step of nested ones (an optimizer stepping another)
 // is reported, tracker.optimizer_started(key, t0) and optimizer_ended(key, t0,
 // t1). False with a Python error set.
-bool optimizer_began(PyObject* local, PyObject* key);
+//
+// Inside torch's `Optimizer.step#` range (every optimizer step since torch 2.0
+// runs its hooks inside one), the step the pre-hook began is ended by that
+// range's exit (optimizer_range_exited): no post-hook is needed, and one that
+// runs anyway (the Python hooks) passes. `in_range` (optional) tells whether
+// such a range was open: where none was, only a post-hook can end the step.
+bool optimizer_began(PyObject* local, PyObject* key, bool* in_range = nullptr);
 bool optimizer_done(PyObject* local, PyObject* key);
+void optimizer_range_entered(LoopState* st);
+bool optimizer_range_exited(LoopState* st, unsigned long long t1);
 
 // Whether torch.export traces (`compiler._is_compiling_flag`): 1, 0, or -1 with
 // a Python error set. Timing is off then.

@@ -9,6 +9,12 @@
 // (`compiler._is_compiling_flag`) or for an optimizer other than the one asked
 // for; else optimizer_began/optimizer_done(local, id(optimizer)) (loop.h). A
 // failure goes to fail(exc), never to the optimizer step.
+//
+// Only the pre-hook is registered at first: torch runs the hooks inside its
+// `Optimizer.step#` range, whose exit (hooks.cc) ends the step, so a post-hook
+// would be one more call a step for nothing. A step that ran outside such a
+// range (a torch that has none there) makes the pre-hook call need_post(), which
+// registers the post-hook.
 #include "optimizer_hooks.h"
 
 #include <cstddef>
@@ -23,6 +29,7 @@ struct Hook {
   PyObject* local;
   PyObject* compiler;
   PyObject* fail;
+  PyObject* need_post;  // pre-hook: called once if a step ran outside torch's range (no post-hook yet); null
   void* only;  // the one optimizer to time (its address, as id() gives it); null: every one
   int post;
   vectorcallfunc vectorcall;
@@ -37,18 +44,29 @@ PyObject* hook_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   if (h->only && static_cast<void*>(optimizer) != h->only) Py_RETURN_NONE;
   int exported = exporting(h->compiler);
   bool ok = exported == 0;
+  bool in_range = true;
   if (ok) {
     PyObject* key = PyLong_FromVoidPtr(optimizer);  // id(optimizer)
-    ok = key && (h->post ? optimizer_done(h->local, key) : optimizer_began(h->local, key));
+    ok = key && (h->post ? optimizer_done(h->local, key) : optimizer_began(h->local, key, &in_range));
     Py_XDECREF(key);
   }
   if (!ok && PyErr_Occurred()) hand_error_to(h->fail);
+  if (!in_range && h->need_post) {
+    // No range will end this step: the post-hook is registered now (once), before
+    // torch runs the post-hooks of this very step.
+    PyObject* need = h->need_post;
+    h->need_post = nullptr;
+    PyObject* r = PyObject_CallNoArgs(need);
+    Py_DECREF(need);
+    if (!r) hand_error_to(h->fail);
+    Py_XDECREF(r);
+  }
   Py_RETURN_NONE;
 }
 
 PyObject** fields(PyObject* o, int i) {
   Hook* h = H(o);
-  PyObject** all[] = {&h->local, &h->compiler, &h->fail};
+  PyObject** all[] = {&h->local, &h->compiler, &h->fail, &h->need_post};
   return i < int(sizeof(all) / sizeof(all[0])) ? all[i] : nullptr;
 }
 
@@ -65,8 +83,8 @@ void hook_dealloc(PyObject* o) {
 PyTypeObject HookType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 5) {
-    PyErr_SetString(PyExc_TypeError, "optimizer_hook(local, compiler, only, fail, post)");
+  if (n != 5 && n != 6) {
+    PyErr_SetString(PyExc_TypeError, "optimizer_hook(local, compiler, only, fail, post, need_post=None)");
     return nullptr;
   }
   void* only = nullptr;
@@ -78,9 +96,10 @@ PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (post < 0) return nullptr;
   Hook* h = PyObject_GC_New(Hook, &HookType);
   if (!h) return nullptr;
-  PyObject* values[] = {a[0], a[1], a[3]};
+  PyObject* need_post = n == 6 && a[5] != Py_None ? a[5] : nullptr;
+  PyObject* values[] = {a[0], a[1], a[3], need_post};
   for (int i = 0; PyObject** f = fields(reinterpret_cast<PyObject*>(h), i); ++i) {
-    Py_INCREF(values[i]);
+    Py_XINCREF(values[i]);
     *f = values[i];
   }
   h->only = only;
@@ -93,8 +112,9 @@ PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
 PyMethodDef methods[] = {
     {"optimizer_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(optimizer_hook)),
      METH_FASTCALL,
-     "optimizer_hook(local, compiler, only, fail, post): a global optimizer step pre-hook (post False) or "
-     "post-hook in C (csrc/optimizer_hooks.cc); only: id() of the one optimizer to time, or None"},
+     "optimizer_hook(local, compiler, only, fail, post, need_post=None): a global optimizer step pre-hook "
+     "(post False) or post-hook in C (csrc/optimizer_hooks.cc); only: id() of the one optimizer to time, or "
+     "None; need_post: called once by the pre-hook if a step ran outside torch's Optimizer.step# range"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

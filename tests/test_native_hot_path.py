@@ -453,3 +453,64 @@ def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
     broken = _native.optimizer_hook(Broken, Compiler, None, failures.append, False)
     assert broken(first, (), {}) is None and len(failures) == 1 and isinstance(failures[0], AttributeError)
     assert not failures[1:]
+
+
+def test_optimizer_steps_end_at_their_range_and_a_step_outside_one_asks_for_the_post_hook():
+    """torch runs an optimizer step's hooks inside its `Optimizer.step#` range: the native
+    pre-hook begins the step, the range's exit ends it (nested steps once, a step that
+    raises too), and no post-hook is registered. A step outside such a range makes the
+    pre-hook ask, once, for the post-hook; a post-hook that runs inside a range passes."""
+    enter, exit_ = vars(_Range)["__enter__"], vars(_Range)["__exit__"]
+    calls, failures, asked = [], [], []
+
+    class Tracker(StepTracker):
+        __slots__ = ()
+
+        def optimizer_started(self, key, now):
+            calls.append(("started", key))
+
+        def optimizer_ended(self, key, t0, t1):
+            calls.append(("ended", key, t1 >= t0 > 0))
+
+    class State:
+        s = _native.LoopState(Tracker())
+
+    class Local:
+        stack = []
+
+    class Compiler:
+        _is_compiling_flag = False
+
+    loop = (State, ("fetch#",), ("zero#",), 0, _native.intern("z"), ("Optimizer.step#",))
+
+    class Wrapped(_Range):
+        __enter__ = _native.filtered_enter(enter, lambda *a: None, ("Optimizer.",), failures.append, loop)
+        __exit__ = _native.guarded_exit(exit_, lambda *a: None, Local, failures.append, loop)
+
+    pre = _native.optimizer_hook(State, Compiler, None, failures.append, False, lambda: asked.append(1))
+    post = _native.optimizer_hook(State, Compiler, None, failures.append, True)
+    outer, inner = object(), object()
+    st = State.s
+    with Wrapped("Optimizer.step#Lookahead.step"):
+        pre(outer, (), {})
+        with Wrapped("Optimizer.step#SGD.step"):  # the wrapper steps its inner optimizer
+            pre(inner, (), {})
+            post(inner, (), {})  # a post-hook inside its range passes (the Python pair's)
+        assert st.in_optimizer == 1 and st.optimizer_ranges == 1
+    assert calls == [("started", id(outer)), ("ended", id(outer), True)]
+    assert st.in_optimizer == 0 and st.optimizer_ranges == 0 and not asked
+    calls.clear()
+    with pytest.raises(FloatingPointError):  # the step raises: its range still exits
+        with Wrapped("Optimizer.step#SGD.step"):
+            pre(inner, (), {})
+            raise FloatingPointError("overflow")
+    assert calls == [("started", id(inner)), ("ended", id(inner), True)] and st.in_optimizer == 0
+    calls.clear()
+    pre(outer, (), {})  # no range around it: only a post-hook can end it
+    assert asked == [1] and st.in_optimizer == 1
+    post(outer, (), {})
+    pre(outer, (), {})
+    post(outer, (), {})
+    assert asked == [1]  # asked once
+    assert calls == [("started", id(outer)), ("ended", id(outer), True)] * 2 and st.in_optimizer == 0
+    assert not failures

@@ -54,6 +54,28 @@ def test_module_transforms_inside_the_fetch_are_getnext(tmp_path, kind):
     assert steps["start_ns"].is_monotonic_increasing
 
 
+def test_an_optimizer_step_that_raises_ends_there(tmp_path):
+    """The third of six steps raises inside its optimizer step and the loop goes on:
+    that step still ends (torch's range around the step exits), and the three after
+    it begin at their fetches with every phase, as before it."""
+    _, run = _load(tmp_path, "step_raises")
+    steps = run.steps.sort_values("start_ns")
+    assert len(steps) == 6 and set(steps["mode"]) == {"train"}, steps[["mode", "duration_ns"]]
+    assert (steps["Forward"] > 0).all() and (steps["Backward"] > 0).all() and (steps["GetNext"] > 0).all()
+    assert (steps["Optimizer"] > 0).all()
+
+
+def test_an_optimizer_stepping_another_is_one_optimizer_phase(tmp_path):
+    """A wrapper optimizer (Lookahead's shape) whose step steps an inner optimizer: the
+    outer step is the step's Optimizer phase, once a step, the inner one inside it."""
+    _, run = _load(tmp_path, "wrapped_optimizer")
+    steps = run.steps
+    assert len(steps) == 6 and set(steps["mode"]) == {"train"}
+    assert (steps["Optimizer"] > 0).all() and (steps["Forward"] > 0).all()
+    phases = run.phases
+    assert (phases["name"] == "Optimizer").sum() == 6, phases.groupby("name", observed=True).size()
+
+
 def test_second_model_is_timed_from_its_first_step(tmp_path):
     _, run = _load(tmp_path, "second_model")
     steps = run.steps

@@ -9,10 +9,11 @@ reloads a model with a range where stepscope is absent). torch wraps
 some of its own calls in ``record_function`` on every step (optimizer step and
 zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps), in
 native wrappers (``csrc/hooks.cc``) that run three times a step on each side.
-Two of them are the loop's own marks, and report it with no Python frame:
+Three of them are the loop's own marks, and report it with no Python frame:
 a DataLoader's ``__next__`` is one fetch (GetNext), an optimizer's
-``zero_grad`` a framework span. The others duplicate stepscope's phases and
-are passed over by name.
+``zero_grad`` a framework span, and the exit of the range around an optimizer
+step ends that step (its pre-hook began it). The others duplicate stepscope's
+phases and are passed over by name.
 
 ``torch.cuda.nvtx`` is patched only where torch was built with NVTX; elsewhere
 its functions raise whatever stepscope does, and stay untouched.
@@ -31,6 +32,8 @@ TORCH_OWN = ("Optimizer.step#", "Optimizer.zero_grad#", "enumerate(DataLoader)#"
 # ...of which these are the loop's fetches and optimizer chores (reported natively)
 FETCHES = ("enumerate(DataLoader)#",)
 ZERO_GRADS = ("Optimizer.zero_grad#",)
+# ...and the range around each optimizer step and its hooks: its exit ends the step
+OPTIMIZER_STEPS = ("Optimizer.step#",)
 FRAMEWORK = _native.CATEGORIES.index("framework")
 ZERO_GRAD = _native.intern("Optimizer.zero_grad")
 
@@ -58,7 +61,7 @@ def uninstall() -> None:
 
 
 def _loop(inst) -> tuple:
-    return (inst.loops.local, FETCHES, ZERO_GRADS, FRAMEWORK, ZERO_GRAD)
+    return (inst.loops.local, FETCHES, ZERO_GRADS, FRAMEWORK, ZERO_GRAD, OPTIMIZER_STEPS)
 
 
 def _enter(inst, original):

@@ -11,7 +11,8 @@
 * Backward  the engine call both ``torch.autograd.backward`` and ``grad`` make
             (``Tensor.backward`` calls the former), in native code; nested calls
             count once; forwards inside it are ``Recompute``.
-* Optimizer the global optimizer step pre/post hooks; ``zero_grad`` is a
+* Optimizer the global optimizer step pre-hook, to the exit of torch's
+            ``Optimizer.step#`` range around it (natively); ``zero_grad`` is a
             framework annotation (its ``record_function`` range, natively).
 * Annotations the user's code already makes for other tools:
             ``record_function`` and ``torch.cuda.nvtx`` ranges (``_annotations.py``).
@@ -307,18 +308,33 @@ class TorchInstrumentor(Instrumentor):
 
     # --- optimizer --------------------------------------------------------------------------
     def install_optimizer_hooks(self, optim_mod) -> None:
-        """The global optimizer step pre/post hooks: C callables (``csrc/optimizer_hooks.cc``,
-        no Python frame a step) until dynamo may trace, then the Python ones, which dynamo
+        """The global optimizer step pre-hook: a C callable (``csrc/optimizer_hooks.cc``,
+        no Python frame a step; the step's end is torch's range's exit) until dynamo may
+        trace, then the Python pre/post pair, which dynamo
         inlines when a compiled function steps an optimizer (a C callable would break its
         graph). Dynamo traces only what ``torch._dynamo.optimize`` (what ``torch.compile``
         calls) or ``optimize_assert`` wrapped: the first call of either swaps the hooks."""
         local, compiler, fail = self.loops.local, self.compiler, self.fail
         self.optim_mod = optim_mod
-        native = [_native.optimizer_hook(local, compiler, self.only_optimizer, fail, post) for post in (False, True)]
-        self.native_hook_handles = self.register_optimizer_hooks(optim_mod, *native)
+        # the pre-hook alone: torch's Optimizer.step# range around the hooks ends the step
+        # (csrc/hooks.cc); a step outside one makes the pre-hook ask for the post-hook
+        pre = _native.optimizer_hook(local, compiler, self.only_optimizer, fail, False, self.optimizer_post_needed)
+        self.native_hook_handles = [optim_mod.register_optimizer_step_pre_hook(pre)]
+        self.hook_handles.extend(self.native_hook_handles)
         # torch._dynamo is imported by the first optimizer's construction (torch._disable_dynamo),
         # long before anything compiles: its entry points are patched then
         importhook.when_imported("torch._dynamo", self.watch_dynamo)
+
+    def optimizer_post_needed(self) -> None:
+        """An optimizer step ran outside torch's ``Optimizer.step#`` range (the native
+        pre-hook asks once): the native post-hook ends such steps from now on."""
+        with self.swap_lock:
+            if not self.native_hook_handles:  # swapped for the Python pair, or uninstrumented
+                return
+            post = _native.optimizer_hook(self.loops.local, self.compiler, self.only_optimizer, self.fail, True)
+            handle = self.optim_mod.register_optimizer_step_post_hook(post)
+            self.native_hook_handles.append(handle)
+            self.hook_handles.append(handle)
 
     def watch_dynamo(self, dynamo) -> None:
         if self.native_hook_handles:  # not uninstrumented, not swapped yet

@@ -32,6 +32,7 @@ stepscope.start(dir=sys.argv[1], name="run")
 st_torch.instrument()
 print("hooks eager", kinds())
 train(4)
+print("hooks after eager steps", kinds())  # torch's range ended each step: no post-hook asked for
 double = torch.compile(lambda t: t * 2, backend="eager")
 print("hooks after compile", kinds())
 train(3)

@@ -75,6 +75,34 @@ def main():
                 with torch.no_grad():
                     for x, y in loader:
                         model(x)
+    elif kind == "step_raises":  # an optimizer step that raises once, caught: the job goes on
+        class Flaky(torch.optim.SGD):
+            calls = 0
+
+            def step(self, closure=None):
+                Flaky.calls += 1
+                if Flaky.calls == 3:
+                    raise FloatingPointError("gradient overflow, skipped")
+                return super().step(closure)
+
+        opt = Flaky(model.parameters(), lr=0.01)
+        for x, y in DataLoader(data, batch_size=8):
+            try:
+                train_step(model, opt, x, y)
+            except FloatingPointError:
+                pass
+    elif kind == "wrapped_optimizer":  # Lookahead-style: its step steps an inner optimizer
+        class Lookahead(torch.optim.Optimizer):
+            def __init__(self, inner):
+                self.inner = inner
+                super().__init__(inner.param_groups, {})
+
+            def step(self, closure=None):
+                return self.inner.step(closure)
+
+        opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.01))
+        for x, y in DataLoader(data, batch_size=8):
+            train_step(model, opt, x, y)
     elif kind == "second_model":  # a second model (and optimizer) trained after the first
         x, y = torch.randn(8, 16), torch.randn(8, 1)
         for _ in range(6):

@@ -19,14 +19,17 @@ seconds; pairing cancels that):
 Only the loop is timed; start/stop and torch.profiler's post-processing are
 once per job.
 
-``--hooks N`` adds the hooks' own cost per step, measured the way this shared
-VM allows: N pairs of short chunks (25 steps, ~15 ms) in one running session,
-the integration turned off for one chunk and on for the other; the median of
-the pairs' differences, with its standard error. Short pairs see the same VM
+``--hooks N`` adds the per-step cost measured the way this shared VM allows:
+N pairs of short chunks (25 steps, ~15 ms) in one running session, the
+integration turned off for one chunk and on for the other; the median of the
+pairs' differences, with its standard error. Short pairs see the same VM
 speed, which whole rounds of hundreds of milliseconds do not (their spread is
-tens of microseconds a step here); the session's background threads (system
-and stack samplers) run in both, so this is the hook cost alone. ``--cpu``
-times those chunks in the training thread's CPU time instead of wall time.
+tens of microseconds a step here, more than the cost sought). Twice: with the
+session's samplers (system metrics, Python stacks) running in both chunks
+(the hooks alone), and running in the "on" chunks only (hooks and samplers:
+all that a loop pays under ``STEPSCOPE=1``, but the once-per-job start and
+stop). ``--cpu`` times those chunks in the training thread's CPU time instead
+of wall time.
 """
 
 from __future__ import annotations
@@ -120,15 +123,32 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
             **{k: statistics.median(v) for k, v in ratios.items()}}
 
 
-def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clock=time.perf_counter) -> dict:
-    """Median of paired (on - off) differences per step over short chunks, in one session."""
+def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clock=time.perf_counter,
+              samplers: bool = False) -> dict:
+    """Median of paired (on - off) differences per step over short chunks, in one session.
+    samplers: the session's samplers (system metrics, Python stacks) run in the "on" chunks
+    only, so the difference is all a loop pays under STEPSCOPE=1 but the once-per-job start
+    and stop; else they run in both, and the difference is the hooks alone."""
+    from stepscope.core import _native
+    from stepscope.core.config import resolve
+
     loop = make(width, batch)
     loop(20)
+    config = resolve()
 
     def timed():
         t = clock()
         loop(chunk)
         return clock() - t
+
+    def set_samplers(on: bool) -> None:
+        if on:
+            _native.start_sampler(config.interval_ms, True, True)
+            if config.pysample_hz:
+                _native.pysampler_start(config.pysample_hz)
+        else:
+            _native.stop_sampler()
+            _native.pysampler_stop()
 
     run = stepscope.start(dir=tmp, name=f"hooks-{width}-{time.time_ns()}")
     diffs, base = [], []
@@ -141,6 +161,8 @@ def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clo
             for on in order:
                 if on != st_torch.instrumentor.is_instrumented():
                     st_torch.instrument() if on else st_torch.uninstrument()
+                    if samplers:
+                        set_samplers(on)
                 loop(5)  # past root discovery (its global hooks run for the first steps of a job)
                 times[on] = timed()
             on, off = times[True], times[False]
@@ -188,12 +210,16 @@ def main():
                   f"| {m['torch.profiler']:.3f}x |", flush=True)
         if args.hooks:
             print()
-            print("| model | step (no profiler) | hooks per step (median of paired chunks) | ratio |")
+            print("| model | step (no profiler) | per step (median of paired chunks) | ratio |")
             print("| --- | ---: | ---: | ---: |")
+            clock = time.thread_time if args.cpu else time.perf_counter
             for width, batch in [(16, 16), (64, 128)]:
-                h = hook_cost(width, batch, args.hooks, tmp, clock=time.thread_time if args.cpu else time.perf_counter)
-                print(f"| 8-layer MLP, width {width}, batch {batch} | {h['step_s'] * 1e3:.2f} ms "
-                      f"| {h['us']:.1f} us +- {h['se_us']:.1f} | {1 + h['us'] / 1e6 / h['step_s']:.4f}x |", flush=True)
+                for samplers in (False, True):
+                    h = hook_cost(width, batch, args.hooks, tmp, clock=clock, samplers=samplers)
+                    what = "hooks and samplers" if samplers else "hooks"
+                    print(f"| 8-layer MLP, width {width}, batch {batch} | {h['step_s'] * 1e3:.2f} ms "
+                          f"| {what}: {h['us']:.1f} us +- {h['se_us']:.1f} | {1 + h['us'] / 1e6 / h['step_s']:.4f}x |",
+                          flush=True)
 
 
 if __name__ == "__main__":

@@ -128,9 +128,7 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
 // The calling thread's loop state (a new reference): `state.s`, a LoopState (loop.h).
 LoopState* state_of(Hook* h) { return loop_state_of(h->state); }
 
-bool fetch_entered(Hook* h, unsigned long long t0) {
-  LoopState* st = state_of(h);
-  if (!st) return false;
+bool fetch_entered(LoopState* st, unsigned long long t0) {
   long depth = small_of(st->depth);
   // modules run by the dataset or collate are part of the fetch
   bool ok = set_small(&st->depth, depth + 1);
@@ -143,13 +141,10 @@ bool fetch_entered(Hook* h, unsigned long long t0) {
     }
     st->fetch_t0 = began ? std::min(t0, began) : t0;
   }
-  Py_DECREF(st);
   return ok;
 }
 
-bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
-  LoopState* st = state_of(h);
-  if (!st) return false;
+bool fetch_exited(LoopState* st, PyObject* exc_type, unsigned long long t1) {
   long depth = small_of(st->depth);
   unsigned long long t0 = 0;
   bool ok = true;
@@ -167,39 +162,22 @@ bool fetch_exited(Hook* h, PyObject* exc_type, unsigned long long t1) {
     if (stopped) ok = tell::exhausted(st, t0, t1);
     else if (!exc_type || exc_type == Py_None) ok = tell::fetched(st, t0, t1, Py_None);  // mode: its work's
   }
-  Py_DECREF(st);
   return ok;
 }
 
-bool zero_grad_entered(Hook* h, unsigned long long t0) {
-  LoopState* st = state_of(h);
-  if (!st) return false;
+bool zero_grad_entered(LoopState* st, unsigned long long t0) {
   st->zero_grad_t0 = t0;
-  Py_DECREF(st);
   return true;
 }
 
 // torch's range around an optimizer step (its hooks run inside it): its exit ends
 // the step the pre-hook began (loop.h), so that no post-hook runs on every step.
-bool optimizer_step_entered(Hook* h) {
-  LoopState* st = state_of(h);
-  if (!st) return false;
+bool optimizer_step_entered(LoopState* st) {
   optimizer_range_entered(st);
-  Py_DECREF(st);
   return true;
 }
 
-bool optimizer_step_exited(Hook* h, unsigned long long t1) {
-  LoopState* st = state_of(h);
-  if (!st) return false;
-  bool ok = optimizer_range_exited(st, t1);
-  Py_DECREF(st);
-  return ok;
-}
-
-bool zero_grad_exited(Hook* h, unsigned long long t1) {
-  LoopState* st = state_of(h);
-  if (!st) return false;
+bool zero_grad_exited(Hook* h, LoopState* st, unsigned long long t1) {
   unsigned long long t0 = st->zero_grad_t0;
   bool ok = true;
   if (t0) {
@@ -207,7 +185,6 @@ bool zero_grad_exited(Hook* h, unsigned long long t1) {
     st->zero_grad_t0 = 0;
     ok = tell::optimizer_used(st);
   }
-  Py_DECREF(st);
   return ok;
 }
 
@@ -226,13 +203,19 @@ PyObject* enter_call(PyObject* callable, PyObject* const* args, size_t nargsf, P
     return result;
   }
   bool ok = true;
-  if (route == kFetch) {
-    ok = fetch_entered(h, t0);
-  } else if (route == kZeroGrad) {
-    ok = zero_grad_entered(h, t0);
-  } else if (route == kOptimizerStep) {
-    ok = optimizer_step_entered(h);
-  } else if (route == kUser) {
+  if (h->state) {
+    LoopState* st = state_of(h);
+    ok = st != nullptr;
+    if (st) {
+      st->range_entered = self;  // its __exit__ knows the route without reading the name again
+      st->range_route = route;
+      if (route == kFetch) ok = fetch_entered(st, t0);
+      else if (route == kZeroGrad) ok = zero_grad_entered(st, t0);
+      else if (route == kOptimizerStep) ok = optimizer_step_entered(st);
+      Py_DECREF(st);
+    }
+  }
+  if (ok && route == kUser) {
     PyObject* key = PyLong_FromVoidPtr(self);
     PyObject* r = key ? PyObject_CallFunctionObjArgs(h->record, name, key, nullptr) : nullptr;
     Py_XDECREF(key);
@@ -248,22 +231,38 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   Hook* h = reinterpret_cast<Hook*>(callable);
   size_t n = PyVectorcall_NARGS(nargsf);
   if (n >= 1) {
-    PyObject* name;
-    int route = h->state ? route_of(h, args[0], &name) : kUser;
-    if (h->state && route >= 0) Py_DECREF(name);
-    if (route == kFetch || route == kZeroGrad || route == kOptimizerStep) {
+    int route = kUser;
+    LoopState* st = nullptr;
+    if (h->state) {
+      st = state_of(h);
+      if (!st) {
+        report(h);
+        return PyObject_Vectorcall(h->original, args, nargsf, kwnames);
+      }
+      if (st->range_entered == args[0]) {  // the range entered last (ranges nest): its route
+        route = st->range_route;
+      } else {
+        PyObject* name;
+        route = route_of(h, args[0], &name);
+        if (route >= 0) Py_DECREF(name);
+      }
+      st->range_entered = nullptr;
+    }
+    if (st && (route == kFetch || route == kZeroGrad || route == kOptimizerStep)) {
       // the loop's span ends after torch's range (a profiler's op for it nests inside)
       PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
       unsigned long long t1 = ticks();
       PyObject *type, *value, *tb;
       PyErr_Fetch(&type, &value, &tb);
-      bool ok = route == kFetch       ? fetch_exited(h, n >= 2 ? args[1] : nullptr, t1)
-                : route == kZeroGrad ? zero_grad_exited(h, t1)
-                                     : optimizer_step_exited(h, t1);
+      bool ok = route == kFetch       ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1)
+                : route == kZeroGrad ? zero_grad_exited(h, st, t1)
+                                     : optimizer_range_exited(st, t1);
       if (!ok) report(h);
       PyErr_Restore(type, value, tb);
+      Py_DECREF(st);
       return result;
     }
+    Py_XDECREF(st);
     bool ok = true;
     if (route == kUser) {
       PyObject* stack = PyObject_GetAttr(h->local, g_stack);

@@ -62,6 +62,8 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Py_DECREF(forced);
   s->optimizer_t0 = s->fetch_t0 = s->zero_grad_t0 = 0;
   s->optimizer_ranges = s->ranges_began = 0;
+  s->range_entered = nullptr;
+  s->range_route = 0;
   return 0;
 }
 

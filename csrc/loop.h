@@ -30,6 +30,11 @@ struct LoopState {
   // range level whose optimizer step the pre-hook began: that range's exit ends it.
   unsigned long long optimizer_ranges;
   unsigned long long ranges_began;
+  // The record_function range entered last on this thread and its route (hooks.cc):
+  // its __exit__, when no other range came between, skips reading its name again.
+  // An address compared, never dereferenced; cleared at any exit.
+  const void* range_entered;
+  int range_route;
 };
 
 extern PyTypeObject LoopStateType;

@@ -85,12 +85,37 @@ inline void phase(uint32_t name, uint64_t t0, uint64_t t1) { record_span(kCatPha
 
 bool arg_u64(PyObject* o, unsigned long long* out) { return u64_of(o, out); }
 
-// The operator windows' schedule (integrations/torch/_ops.py), a class attribute.
+// A type's version tag while valid, else 0. Since 3.11 a change to the type zeroes the
+// tag; before, it only clears the VALID flag (and the next lookup assigns a new tag).
+static unsigned int version_tag(PyTypeObject* type) {
+#if PY_VERSION_HEX < 0x030B0000
+  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+  return type->tp_version_tag;
+}
+
+// The operator windows' schedule (integrations/torch/_ops.py), a class attribute read
+// at every step begin. Kept per type while the type is unchanged (assigning the class
+// attribute, on the type or a base, changes its version tag) where instances have no
+// dict of their own: the attribute lookup cost ~0.2 us a step, its cache lines cold.
 bool ops_due(PyObject* self, long long* due) {
+  static PyTypeObject* cached_type = nullptr;
+  static unsigned int cached_tag = 0;
+  static long long cached_due = 0;
+  PyTypeObject* type = Py_TYPE(self);
+  if (type == cached_type && cached_tag && version_tag(type) == cached_tag) {
+    *due = cached_due;
+    return true;
+  }
   PyObject* v = PyObject_GetAttr(self, g_ops_due);
   if (!v) return false;
   bool ok = i64_of(v, due);
   Py_DECREF(v);
+  if (ok && type->tp_dictoffset == 0) {
+    cached_type = type;
+    cached_tag = version_tag(type);  // assigned by the lookup just made
+    cached_due = *due;
+  }
   return ok;
 }
 
@@ -780,14 +805,6 @@ const char* const kReports[] = {"fetched", "exhausted", "forward_started", "forw
 
 }  // namespace
 
-// A type's version tag while valid, else 0. Since 3.11 a change to the type zeroes the
-// tag; before, it only clears the VALID flag (and the next lookup assigns a new tag).
-static unsigned int version_tag(PyTypeObject* type) {
-#if PY_VERSION_HEX < 0x030B0000
-  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-#endif
-  return type->tp_version_tag;
-}
 
 bool native_reports(PyObject* tracker) {
   PyTypeObject* type = Py_TYPE(tracker);

@@ -514,3 +514,50 @@ def test_optimizer_steps_end_at_their_range_and_a_step_outside_one_asks_for_the_
     assert asked == [1]  # asked once
     assert calls == [("started", id(outer)), ("ended", id(outer), True)] * 2 and st.in_optimizer == 0
     assert not failures
+
+
+def test_the_operator_window_schedule_is_read_again_when_the_class_changes_it(run_dir):
+    """StepTracker.ops_due (integrations/torch/_ops.py sets it on the class) is kept by the
+    native tracker between step begins while the class is unchanged; assigning it, on the
+    class or a base, is seen at the next step begin."""
+    due_calls = []
+
+    class Tracker(StepTracker):
+        __slots__ = ()
+        ops_due = 3
+
+        @staticmethod
+        def ops_step(tracker, step, at):  # as _ops.py sets it: called with the tracker
+            due_calls.append(step)
+
+    run = stepscope.start(name="ops_due")
+    tracker = Tracker()
+    t = _native.now()
+
+    def one_step():
+        nonlocal t
+        tracker.fetched(t, t + 10, "train")
+        tracker.forward_started("train", t + 20)
+        tracker.forward_ended("train", t + 20, t + 30)
+        tracker.backward_started(t + 40)
+        tracker.backward_ended(t + 40, t + 50)
+        t += 100
+
+    for _ in range(5):
+        one_step()
+    assert due_calls == [3, 4]  # steps 0..4 began; due from step 3
+    Tracker.ops_due = 1 << 62  # the schedule moved on: no more calls
+    for _ in range(3):
+        one_step()
+    assert due_calls == [3, 4]
+    StepTracker.ops_due, saved = 6, StepTracker.ops_due  # on the base: the subclass's own still wins
+    try:
+        one_step()
+        assert due_calls == [3, 4]
+        del Tracker.ops_due  # now the base's
+        one_step()
+        assert due_calls == [3, 4, 9]
+    finally:
+        StepTracker.ops_due = saved
+    tracker.close()
+    run.stop()

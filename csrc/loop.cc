@@ -108,8 +108,9 @@ PyObject* py_optimizer_began(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "optimizer_began(local, key)");
     return nullptr;
   }
-  if (!optimizer_began(a[0], a[1])) return nullptr;
-  Py_RETURN_NONE;
+  bool in_range = true;
+  if (!optimizer_began(a[0], a[1], &in_range)) return nullptr;
+  return PyBool_FromLong(in_range);
 }
 
 PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
@@ -124,7 +125,8 @@ PyObject* py_optimizer_done(PyObject*, PyObject* const* a, Py_ssize_t n) {
 #define FAST(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f)), METH_FASTCALL
 PyMethodDef functions[] = {
     {"optimizer_began", FAST(py_optimizer_began),
-     "optimizer_began(local, key): an optimizer step's pre-hook, on the thread's loop state"},
+     "optimizer_began(local, key): an optimizer step's pre-hook, on the thread's loop state; whether "
+     "torch's Optimizer.step# range was open (its exit ends the step: else only a post-hook can)"},
     {"optimizer_done", FAST(py_optimizer_done),
      "optimizer_done(local, key): an optimizer step's post-hook, on the thread's loop state"},
     {"loop_state", py_loop_state, METH_O, "loop_state(local): the calling thread's local.s, cached (csrc/loop.h)"},

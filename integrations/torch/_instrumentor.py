@@ -63,6 +63,8 @@ class TorchInstrumentor(Instrumentor):
         self.roots = None
         self.hook_handles = []
         self.native_hook_handles = []  # the C optimizer hooks' handles, until dynamo may trace
+        self.swapped = False  # the Python optimizer hooks replaced the C ones
+        self.post_hook_needed = False  # a step ran outside torch's range: a post-hook ends steps
         self.swap_lock = threading.Lock()
         self.fork_hook = False
         self.noted: set = set()  # compiled functions already noted in run.json
@@ -310,12 +312,13 @@ class TorchInstrumentor(Instrumentor):
     def install_optimizer_hooks(self, optim_mod) -> None:
         """The global optimizer step pre-hook: a C callable (``csrc/optimizer_hooks.cc``,
         no Python frame a step; the step's end is torch's range's exit) until dynamo may
-        trace, then the Python pre/post pair, which dynamo
+        trace, then the Python one, which dynamo
         inlines when a compiled function steps an optimizer (a C callable would break its
         graph). Dynamo traces only what ``torch._dynamo.optimize`` (what ``torch.compile``
         calls) or ``optimize_assert`` wrapped: the first call of either swaps the hooks."""
         local, compiler, fail = self.loops.local, self.compiler, self.fail
         self.optim_mod = optim_mod
+        self.swapped = self.post_hook_needed = False
         # the pre-hook alone: torch's Optimizer.step# range around the hooks ends the step
         # (csrc/hooks.cc); a step outside one makes the pre-hook ask for the post-hook
         pre = _native.optimizer_hook(local, compiler, self.only_optimizer, fail, False, self.optimizer_post_needed)
@@ -326,15 +329,20 @@ class TorchInstrumentor(Instrumentor):
         importhook.when_imported("torch._dynamo", self.watch_dynamo)
 
     def optimizer_post_needed(self) -> None:
-        """An optimizer step ran outside torch's ``Optimizer.step#`` range (the native
-        pre-hook asks once): the native post-hook ends such steps from now on."""
+        """An optimizer step ran outside torch's ``Optimizer.step#`` range (the pre-hook
+        asks): a post-hook ends such steps from now on, the native one or, once dynamo
+        may trace, the Python one."""
         with self.swap_lock:
-            if not self.native_hook_handles:  # swapped for the Python pair, or uninstrumented
+            if self.post_hook_needed or not self.is_instrumented():
                 return
-            post = _native.optimizer_hook(self.loops.local, self.compiler, self.only_optimizer, self.fail, True)
-            handle = self.optim_mod.register_optimizer_step_post_hook(post)
-            self.native_hook_handles.append(handle)
-            self.hook_handles.append(handle)
+            self.post_hook_needed = True
+            if self.native_hook_handles:
+                post = _native.optimizer_hook(self.loops.local, self.compiler, self.only_optimizer, self.fail, True)
+                handle = self.optim_mod.register_optimizer_step_post_hook(post)
+                self.native_hook_handles.append(handle)
+                self.hook_handles.append(handle)
+            elif self.swapped:
+                self.hook_handles.append(self.optim_mod.register_optimizer_step_post_hook(self.optimizer_hooks()[1]))
 
     def watch_dynamo(self, dynamo) -> None:
         if self.native_hook_handles:  # not uninstrumented, not swapped yet
@@ -356,7 +364,8 @@ class TorchInstrumentor(Instrumentor):
         return entry
 
     def dynamo_may_trace(self) -> None:
-        """Swaps the native optimizer hooks for the Python ones (once)."""
+        """Swaps the native optimizer hooks for the Python ones (once): the pre-hook, and
+        the post-hook only where a step ran outside torch's range before."""
         with self.swap_lock:
             handles, self.native_hook_handles = self.native_hook_handles, []
             if not handles:
@@ -364,26 +373,30 @@ class TorchInstrumentor(Instrumentor):
             for handle in handles:
                 handle.remove()
                 self.hook_handles.remove(handle)
-            self.register_optimizer_hooks(self.optim_mod, *self.optimizer_hooks())
-
-    def register_optimizer_hooks(self, optim_mod, pre, post) -> list:
-        handles = [optim_mod.register_optimizer_step_pre_hook(pre), optim_mod.register_optimizer_step_post_hook(post)]
-        self.hook_handles.extend(handles)
-        return handles
+            self.swapped = True
+            pre, post = self.optimizer_hooks()
+            self.hook_handles.append(self.optim_mod.register_optimizer_step_pre_hook(pre))
+            if self.post_hook_needed:
+                self.hook_handles.append(self.optim_mod.register_optimizer_step_post_hook(post))
 
     def optimizer_hooks(self):
         """The Python hooks: dynamo inlines them when a compiled function steps an
         optimizer and folds their ``is_dynamo_compiling()`` check; the bookkeeping is one
-        native call on the thread's loop state (``csrc/loop.cc``)."""
+        native call on the thread's loop state (``csrc/loop.cc``). The post-hook is
+        registered only where a step ran outside torch's ``Optimizer.step#`` range, whose
+        exit ends the step otherwise."""
         local, only, fail = self.loops.local, self.only_optimizer, self.fail
         is_dynamo_compiling, compiler = self.is_dynamo_compiling, self.compiler
         began, done = _native.optimizer_began, _native.optimizer_done
+
+        post_needed = self.optimizer_post_needed
 
         def optimizer_pre(optimizer, args, kwargs):
             if is_dynamo_compiling() or compiler._is_compiling_flag or (only is not None and id(optimizer) != only):
                 return None
             try:
-                began(local, id(optimizer))
+                if not began(local, id(optimizer)):  # no torch range around this step will end it
+                    post_needed()
             except Exception as exc:  # noqa: BLE001
                 fail(exc)
             return None

@@ -15,6 +15,16 @@ def kinds():
     return sorted(type(h).__name__ for h in hooks)
 
 
+def step_outside_the_range():
+    """The global hooks run by hand, without torch's Optimizer.step# range around them
+    (what a torch without that range would do): only a post-hook can end that step."""
+    for hook in list(optim_mod._global_optimizer_pre_hooks.values()):
+        hook(opt, (), {})
+    for hook in list(optim_mod._global_optimizer_post_hooks.values()):
+        hook(opt, (), {})
+    return st_torch.instrumentor.loops.local.s.in_optimizer
+
+
 def train(steps):
     for _ in range(steps):
         opt.zero_grad()
@@ -34,10 +44,15 @@ print("hooks eager", kinds())
 train(4)
 print("hooks after eager steps", kinds())  # torch's range ended each step: no post-hook asked for
 double = torch.compile(lambda t: t * 2, backend="eager")
-print("hooks after compile", kinds())
+print("hooks after compile", kinds())  # the Python pre-hook (torch's range ends each step)
 train(3)
 print("compiled", double(torch.ones(2)).tolist())
 train(1)
+print("outside a range, python hooks", kinds(), "open", step_outside_the_range(), "then", kinds())
+train(1)
+st_torch.uninstrument()
+st_torch.instrument()  # again: native, no post-hook until a step asks for one
+print("outside a range, native hooks", kinds(), "open", step_outside_the_range(), "then", kinds())
 st_torch.uninstrument()
 print("hooks after uninstrument", kinds(), "optimize restored", torch._dynamo.optimize is optimize)
 stepscope.stop()

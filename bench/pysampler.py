@@ -1,6 +1,7 @@
 """The Python stack sampler's cost on a real PyTorch training loop, and its bytes per sample.
 
     python3 bench/pysampler.py [--rounds 10] [--seconds 2] [--hz 100]
+    python3 bench/pysampler.py --pairs 300    # only the cost per step, in paired chunks
 
 An 8-layer MLP (width 64, batch 128: ~1 ms steps on the development VM), one
 torch thread, a DataLoader over in-memory tensors, SGD, under
@@ -55,6 +56,39 @@ def session(loop, steps: int, hz: int, tmp: str) -> dict:
             "trace_bytes": os.path.getsize(trace) if os.path.exists(trace) else 0}
 
 
+def pairs(n: int, hz: int, tmp: str, chunk: int = 50) -> dict:
+    """The sampler's cost per step of the small loop (width 16, batch 16), resolved the
+    way this VM allows: n pairs of short chunks in one instrumented session, the sampler
+    started for one chunk and stopped for the other; the median of the differences."""
+    loop = make(16, 16)
+    loop(20)
+    st_torch.instrument()
+    run = stepscope.start(dir=tmp, name=f"pys-pairs-{time.time_ns()}", pysample_hz=0)
+    diffs, base, passes, by_main, hold = [], [], 0, 0, 0
+    try:
+        for i in range(n):
+            times = {}
+            for on in ((False, True) if i % 2 else (True, False)):
+                if on:
+                    _native.pysampler_start(hz)
+                loop(3)
+                t = time.perf_counter()
+                loop(chunk)
+                times[on] = time.perf_counter() - t
+                if on:
+                    st = _native.pysampler_status()
+                    passes, by_main, hold = passes + st["passes"], by_main + st["main_passes"], hold + st["hold_ns"]
+                    _native.pysampler_stop()
+            diffs.append((times[True] - times[False]) / chunk)
+            base.append(times[False] / chunk)
+    finally:
+        run.stop()
+        st_torch.uninstrument()
+    return {"step_s": statistics.median(base), "us": statistics.median(diffs) * 1e6,
+            "se_us": 1.2533 * statistics.stdev(diffs) / len(diffs) ** 0.5 * 1e6, "passes": passes,
+            "main_passes": by_main, "hold_us": hold / max(passes, 1) / 1e3}
+
+
 def idle_threads(n: int, depth: int, tmp: str, hz: int, seconds: float = 3.0) -> dict:
     import threading
 
@@ -84,8 +118,17 @@ def main():
     parser.add_argument("--seconds", type=float, default=2.0, help="training time per configuration and round")
     parser.add_argument("--hz", type=int, default=100)
     parser.add_argument("--long", type=float, default=20.0, help="seconds of the session that counts bytes")
+    parser.add_argument("--pairs", type=int, default=0, metavar="N",
+                        help="only the cost per step of the small loop: N paired 50-step chunks, sampler on/off")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.pairs:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = pairs(args.pairs, args.hz, tmp)
+        print(f"sampler at {args.hz} Hz, {r['step_s'] * 1e3:.3f} ms a step: {r['us']:.1f} +- {r['se_us']:.1f} us a "
+              f"step; {r['main_passes']} of {r['passes']} passes walked by the main thread, "
+              f"{r['hold_us']:.1f} us each with the GIL")
+        return
     loop = make(64, 128)
     loop(20)
     t = time.perf_counter()

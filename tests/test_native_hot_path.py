@@ -407,10 +407,9 @@ def test_reports_go_native_until_the_class_replaces_one():
     assert calls == [(8, True)] and 9 in tracker.optimizers_in_step
 
 
-def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
-    """csrc/optimizer_hooks.cc: the global optimizer hooks of eager jobs. The one optimizer
-    asked for (or every one), nothing while torch.export traces, a failure handed to fail()."""
-    calls, failures = [], []
+def _optimizer_state(calls):
+    """A thread's loop state (as ``local.s``) whose tracker records its optimizer reports
+    in calls: ("started", key) and ("ended", key, t1 >= t0 > 0)."""
 
     class Tracker(StepTracker):
         __slots__ = ()
@@ -423,6 +422,16 @@ def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
 
     class State:
         s = _native.LoopState(Tracker())
+
+    return State
+
+
+def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
+    """csrc/optimizer_hooks.cc: the global optimizer hooks of eager jobs. The one optimizer
+    asked for (or every one), nothing while torch.export traces, a failure handed to fail()."""
+    calls, failures = [], []
+
+    State = _optimizer_state(calls)
 
     class Compiler:
         _is_compiling_flag = False
@@ -463,17 +472,7 @@ def test_optimizer_steps_end_at_their_range_and_a_step_outside_one_asks_for_the_
     enter, exit_ = vars(_Range)["__enter__"], vars(_Range)["__exit__"]
     calls, failures, asked = [], [], []
 
-    class Tracker(StepTracker):
-        __slots__ = ()
-
-        def optimizer_started(self, key, now):
-            calls.append(("started", key))
-
-        def optimizer_ended(self, key, t0, t1):
-            calls.append(("ended", key, t1 >= t0 > 0))
-
-    class State:
-        s = _native.LoopState(Tracker())
+    State = _optimizer_state(calls)
 
     class Local:
         stack = []

@@ -248,15 +248,20 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
       }
       st->range_entered = nullptr;
     }
-    if (st && (route == kFetch || route == kZeroGrad || route == kOptimizerStep)) {
+    if (st && route == kOptimizerStep) {
+      // the Optimizer phase began inside torch's range (at the pre-hook): it ends inside
+      // it too, so that a profiler's op for the range encloses it
+      if (!optimizer_range_exited(st, ticks())) report(h);
+      Py_DECREF(st);
+      return PyObject_Vectorcall(h->original, args, nargsf, kwnames);
+    }
+    if (st && (route == kFetch || route == kZeroGrad)) {
       // the loop's span ends after torch's range (a profiler's op for it nests inside)
       PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
       unsigned long long t1 = ticks();
       PyObject *type, *value, *tb;
       PyErr_Fetch(&type, &value, &tb);
-      bool ok = route == kFetch       ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1)
-                : route == kZeroGrad ? zero_grad_exited(h, st, t1)
-                                     : optimizer_range_exited(st, t1);
+      bool ok = route == kFetch ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1) : zero_grad_exited(h, st, t1);
       if (!ok) report(h);
       PyErr_Restore(type, value, tb);
       Py_DECREF(st);

@@ -183,7 +183,8 @@ def main():
                         help="keep the operator windows on (each round is a new session, so every round would pay "
                              "the early window at steps 5-7: their cost is bench/op_windows.py's)")
     parser.add_argument("--hooks", type=int, default=0, metavar="N",
-                        help="also the hook cost alone: N paired short chunks (300: ~2 minutes)")
+                        help="also the cost per step of the hooks, and of hooks and samplers: N paired short "
+                             "chunks each (300: ~3 minutes)")
     parser.add_argument("--cpu", action="store_true",
                         help="--hooks in the training thread's CPU time (time.thread_time): preemption left out")
     parser.add_argument("--gpu", choices=["auto", "off", "metrics", "trace"],

@@ -170,13 +170,6 @@ bool zero_grad_entered(LoopState* st, unsigned long long t0) {
   return true;
 }
 
-// torch's range around an optimizer step (its hooks run inside it): its exit ends
-// the step the pre-hook began (loop.h), so that no post-hook runs on every step.
-bool optimizer_step_entered(LoopState* st) {
-  optimizer_range_entered(st);
-  return true;
-}
-
 bool zero_grad_exited(Hook* h, LoopState* st, unsigned long long t1) {
   unsigned long long t0 = st->zero_grad_t0;
   bool ok = true;
@@ -211,7 +204,9 @@ PyObject* enter_call(PyObject* callable, PyObject* const* args, size_t nargsf, P
       st->range_route = route;
       if (route == kFetch) ok = fetch_entered(st, t0);
       else if (route == kZeroGrad) ok = zero_grad_entered(st, t0);
-      else if (route == kOptimizerStep) ok = optimizer_step_entered(st);
+      // torch's range around an optimizer step and its hooks: its exit ends the step the
+      // pre-hook began (loop.h), so that no post-hook runs on every step
+      else if (route == kOptimizerStep) optimizer_range_entered(st);
       Py_DECREF(st);
     }
   }

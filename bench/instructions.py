@@ -1,6 +1,6 @@
 """Instructions per training step that stepscope's hooks add, counted by valgrind.
 
-    python3 bench/instructions.py [--steps 300] [--session] [--parts]
+    python3 bench/instructions.py [--steps 300] [--session] [--parts | --cache]
 
 Wall-clock pairs (``bench/overhead.py --hooks``) see a hook cost of ~20 us
 inside a noise of 2-7 us on a shared VM; instruction counts are exact. The
@@ -16,7 +16,10 @@ step between runs); without it the hooks report to their step trackers and
 nothing is written, the same hot path.
 
 Instructions are not time: a Python attribute lookup and a cache miss weigh
-differently. But a change that removes instructions from every step is real,
+differently. ``--cache`` has valgrind simulate the caches too and prints the
+L1 instruction and data misses per step beside the instructions, for the whole
+training thread and for stepscope's native functions alone: between torch's
+ops their code and data are cold, so nearly every line they touch misses. But a change that removes instructions from every step is real,
 and this count shows it in one run where wall-clock pairs need hundreds. The
 count also moves by up to ~5,000 a step with memory layout (a rebuild, even a
 longer argv): the interpreter's attribute caches collide and its dicts probe
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,14 +94,16 @@ def take_out_part(inst, part: str) -> None:
         inst.roots.fixed = True
 
 
-def count(what: str, steps: int, keep: str, session: bool) -> float:
-    """The training thread's instructions per step with `what` instrumented."""
+def count(what: str, steps: int, keep: str, session: bool, cache: bool = False) -> float:
+    """The training thread's instructions per step with `what` instrumented (with
+    `cache`: a dict of callgrind's events per step, the simulated cache misses too)."""
     marks = os.path.join(keep, f"mark-{what}")
     out = os.path.join(keep, f"cg-{what}.out")
     for suffix in (".ready", ".go", ".done", ".end"):
         if os.path.exists(marks + suffix):
             os.remove(marks + suffix)
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"] + \
+        (["--cache-sim=yes"] if cache else []) + [
            f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__), "--child", what,
            "--steps", str(steps), "--marks", marks] + (["--session"] if session else [])
     # a fixed string hash seed: dict and set layouts (and their lookups' cost) then repeat
@@ -119,11 +125,37 @@ def count(what: str, steps: int, keep: str, session: bool) -> float:
     open(marks + ".end", "w").close()
     proc.wait()
     main_thread = out + ".1-01"  # the dump's part 1, thread 1: the training loop
+    events = []
     with open(main_thread) as f:
         for line in f:
+            if line.startswith("events:"):
+                events = line.split()[1:]
             if line.startswith("totals:"):
-                return int(line.split()[1]) / steps
+                per_step = {e: int(v) / steps for e, v in zip(events, line.split()[1:])}
+                if cache:
+                    per_step["ours"] = own_events(main_thread, events, steps)
+                    return per_step
+                return per_step["Ir"]
     raise SystemExit(f"no totals in {main_thread}")
+
+
+def own_events(path: str, events: list, steps: int) -> dict:
+    """Per step, the events of the code in stepscope's native module alone (self cost,
+    its PLT stubs included), as callgrind_annotate lists them."""
+    out = subprocess.run(["callgrind_annotate", f"--show={','.join(events)}", "--threshold=100",
+                          "--inclusive=no", "--auto=no", path], capture_output=True, text=True, check=True).stdout
+    own = dict.fromkeys(events, 0)
+    for line in out.splitlines():
+        # the object is named at the end of a function's first line; a debug build also
+        # lists inlined pieces by their header, with the function's name alone
+        if "stepscope/core/_native" not in line and "stepscope::" not in line:
+            continue
+        # "1,234 (0.5%)  56 (0.1%)  . ... file:function": the counts come first ("." is 0)
+        values = [v.replace(",", "").replace(".", "0") for v in re.sub(r"\([^)]*\)", " ", line.split(":")[0]).split()]
+        if len(values) >= len(events) and all(v.isdigit() for v in values[:len(events)]):
+            for e, v in zip(events, values):
+                own[e] += int(v)
+    return {e: v / steps for e, v in own.items()}
 
 
 def main() -> None:
@@ -131,6 +163,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--session", action="store_true", help="keep a session running (background threads)")
     parser.add_argument("--parts", action="store_true", help="also each patch point taken out in turn")
+    parser.add_argument("--cache", action="store_true",
+                        help="simulate the caches too (--cache-sim=yes): L1 misses per step, all and stepscope's own")
     parser.add_argument("--keep", help="a folder for the callgrind files (default: a temporary one)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--marks", help=argparse.SUPPRESS)
@@ -142,6 +176,8 @@ def main() -> None:
         return
     keep = args.keep or tempfile.mkdtemp(prefix="stepscope-instructions-")
     os.makedirs(keep, exist_ok=True)
+    if args.cache:
+        return cache_table(args.steps, keep, args.session)
     none = count("none", args.steps, keep, args.session)
     full = count("stepscope", args.steps, keep, args.session)
     print(f"instructions per step, training thread, {args.steps} steps"
@@ -154,6 +190,24 @@ def main() -> None:
         for part in PARTS:
             without = count(f"all-but-{part}", args.steps, keep, args.session)
             print(f"| stepscope without {part} | {without:,.0f} | {part}: {full - without:,.0f} |", flush=True)
+
+
+def cache_table(steps: int, keep: str, session: bool) -> None:
+    """--cache: instructions and simulated L1 misses (32 KiB, 8-way each, as valgrind
+    models this host's caches) per step. Between torch's ops the hooks' code and data
+    are cold: nearly every line they touch misses, and the misses, not the
+    instructions, are most of their time."""
+    none = count("none", steps, keep, session, cache=True)
+    full = count("stepscope", steps, keep, session, cache=True)
+    shown = ("Ir", "I1mr", "D1mr", "D1mw")
+    print(f"per step, training thread, {steps} steps{' (session running)' if session else ''}, "
+          f"simulated caches; callgrind files in {keep}")
+    print("| run | " + " | ".join(shown) + " |")
+    print("| --- |" + " ---: |" * len(shown))
+    print("| no stepscope | " + " | ".join(f"{none[e]:,.0f}" for e in shown) + " |")
+    print("| stepscope | " + " | ".join(f"{full[e]:,.0f}" for e in shown) + " |")
+    print("| difference | " + " | ".join(f"{full[e] - none[e]:,.0f}" for e in shown) + " |")
+    print("| stepscope's native functions alone | " + " | ".join(f"{full['ours'][e]:,.0f}" for e in shown) + " |")
 
 
 if __name__ == "__main__":

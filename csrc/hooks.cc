@@ -93,18 +93,17 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
   for (int i = 0; i < kSeen; ++i) {
     if (h->seen_names[i] == *name) return h->seen_routes[i];  // held: the same string
   }
-  // An equal string made anew (the optimizer step's name is formatted on every call)
-  Py_hash_t hash = PyObject_Hash(*name);
-  for (int i = 0; i < kSeen && hash != -1; ++i) {
+  // An equal string made anew (the optimizer step's name is formatted on every call):
+  // its characters compared (hashing them costs more, and a new string's hash is not cached)
+  for (int i = 0; i < kSeen; ++i) {
     PyObject* seen = h->seen_names[i];
-    if (seen && PyObject_Hash(seen) == hash && PyUnicode_Compare(seen, *name) == 0) {
+    if (seen && PyUnicode_GET_LENGTH(seen) == PyUnicode_GET_LENGTH(*name) && PyUnicode_Compare(seen, *name) == 0) {
       // keep the newest: the same range's __exit__ then finds it by identity
       Py_INCREF(*name);
       Py_SETREF(h->seen_names[i], *name);
       return h->seen_routes[i];
     }
   }
-  PyErr_Clear();
   int route = kUser;
   if (h->state && starts_with_any(*name, h->fetches)) {
     route = kFetch;
@@ -129,10 +128,9 @@ int route_of(Hook* h, PyObject* self, PyObject** name) {
 LoopState* state_of(Hook* h) { return loop_state_of(h->state); }
 
 bool fetch_entered(LoopState* st, unsigned long long t0) {
-  long depth = small_of(st->depth);
   // modules run by the dataset or collate are part of the fetch
-  bool ok = set_small(&st->depth, depth + 1);
-  if (ok && depth == 0) {
+  bool ok = true;
+  if (st->depth++ == 0) {
     unsigned long long began = 0;  // DataLoader.__iter__ (worker start) belongs to the first fetch
     if (st->iter_started && st->iter_started != Py_None) {
       ok = u64_of(st->iter_started, &began);
@@ -145,12 +143,10 @@ bool fetch_entered(LoopState* st, unsigned long long t0) {
 }
 
 bool fetch_exited(LoopState* st, PyObject* exc_type, unsigned long long t1) {
-  long depth = small_of(st->depth);
   unsigned long long t0 = 0;
   bool ok = true;
-  if (depth > 0) {  // 0: a forked child's fresh state, no fetch open in it
-    ok = set_small(&st->depth, depth - 1);
-    if (depth == 1) {
+  if (st->depth > 0) {  // 0: a forked child's fresh state, no fetch open in it
+    if (--st->depth == 0) {
       t0 = st->fetch_t0;
       st->fetch_t0 = 0;
     }
@@ -254,11 +250,11 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
       // the loop's span ends after torch's range (a profiler's op for it nests inside)
       PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
       unsigned long long t1 = ticks();
-      PyObject *type, *value, *tb;
-      PyErr_Fetch(&type, &value, &tb);
-      bool ok = route == kFetch ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1) : zero_grad_exited(h, st, t1);
-      if (!ok) report(h);
-      PyErr_Restore(type, value, tb);
+      {
+        HeldError held;
+        bool ok = route == kFetch ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1) : zero_grad_exited(h, st, t1);
+        if (!ok) report(h);
+      }
       Py_DECREF(st);
       return result;
     }
@@ -291,7 +287,7 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
 PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Hook* h = reinterpret_cast<Hook*>(callable);
   LoopState* st = state_of(h);
-  bool timed = st && !small_of(st->in_backward);
+  bool timed = st && !st->in_backward;
   if (timed) timed = exporting(h->compiler) == 0;
   if (!timed) {
     if (PyErr_Occurred()) report(h);
@@ -300,15 +296,14 @@ PyObject* backward_call(PyObject* callable, PyObject* const* args, size_t nargsf
   }
   unsigned long long t0 = ticks();
   // inside an optimizer step: no new step
-  if (!small_of(st->depth) && !tell::backward_started(st, t0, !small_of(st->in_optimizer))) report(h);
-  bool counted = set_small(&st->in_backward, 1);
-  if (!counted) report(h);
+  if (!st->depth && !tell::backward_started(st, t0, !st->in_optimizer)) report(h);
+  st->in_backward = 1;
   PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);  // what the backward raised goes to the caller, unchanged
-  if (counted && !set_small(&st->in_backward, 0)) report(h);
-  if (!tell::backward_ended(st, t0, ticks())) report(h);
-  PyErr_Restore(type, value, tb);
+  {
+    HeldError held;  // what the backward raised goes to the caller, unchanged
+    st->in_backward = 0;
+    if (!tell::backward_ended(st, t0, ticks())) report(h);
+  }
   Py_DECREF(st);
   return result;
 }

@@ -16,25 +16,14 @@ PyTypeObject LoopStateType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 namespace {
 
-PyObject *g_s, *g_is_compiling_flag;
-std::atomic<uint64_t> g_epoch{1};
-
-// This thread's last answer. Strong references: neither object can be freed
-// and its address reused while cached (at thread exit they stay alive, as the
-// integration's list of every thread's state keeps them anyway).
-struct Cached {
-  PyObject* local;
-  PyObject* state;
-  uint64_t epoch;
-};
-thread_local Cached t_cached;
+PyObject* g_s;
 
 LoopState* L(PyObject* o) { return reinterpret_cast<LoopState*>(o); }
 
 PyObject** object_fields(PyObject* self, int i) {
   LoopState* s = L(self);
-  PyObject** fields[] = {&s->depth,        &s->in_backward,  &s->in_optimizer, &s->stack,   &s->forced_modes,
-                         &s->iter_started, &s->setting_mode, &s->pending_root, &s->tracker, &s->optimizer_key};
+  PyObject** fields[] = {&s->stack,        &s->forced_modes, &s->iter_started, &s->setting_mode,
+                         &s->pending_root, &s->tracker,      &s->optimizer_key};
   return i < int(sizeof(fields) / sizeof(fields[0])) ? fields[i] : nullptr;
 }
 
@@ -43,23 +32,21 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   PyObject* tracker;
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:LoopState", const_cast<char**>(names), &tracker)) return -1;
   LoopState* s = L(self);
-  PyObject* zero = PyLong_FromLong(0);
   PyObject* stack = PyList_New(0);
   PyObject* forced = PyList_New(0);
-  if (!zero || !stack || !forced) {
-    Py_XDECREF(zero);
+  if (!stack || !forced) {
     Py_XDECREF(stack);
     Py_XDECREF(forced);
     return -1;
   }
-  PyObject* values[] = {zero, zero, zero, stack, forced, Py_None, Py_False, Py_None, tracker, Py_None};
+  PyObject* values[] = {stack, forced, Py_None, Py_False, Py_None, tracker, Py_None};
   for (int i = 0; PyObject** field = object_fields(self, i); ++i) {
     Py_INCREF(values[i]);
     Py_XSETREF(*field, values[i]);
   }
-  Py_DECREF(zero);
   Py_DECREF(stack);
   Py_DECREF(forced);
+  s->depth = s->in_backward = s->in_optimizer = 0;
   s->optimizer_t0 = s->fetch_t0 = s->zero_grad_t0 = 0;
   s->optimizer_ranges = s->ranges_began = 0;
   s->range_entered = nullptr;
@@ -79,9 +66,9 @@ void tp_dealloc(PyObject* self) {
 
 #define OBJ(field, doc) {#field, T_OBJECT_EX, offsetof(LoopState, field), 0, doc}
 PyMemberDef members[] = {
-    OBJ(depth, "root forwards (or a fetch) in progress: nested work is theirs"),
-    OBJ(in_backward, "a backward in progress: forwards inside it are Recompute"),
-    OBJ(in_optimizer, "optimizer steps in progress"),
+    {"depth", T_LONG, offsetof(LoopState, depth), 0, "root forwards (or a fetch) in progress: nested work is theirs"},
+    {"in_backward", T_LONG, offsetof(LoopState, in_backward), 0, "a backward in progress: forwards inside it are Recompute"},
+    {"in_optimizer", T_LONG, offsetof(LoopState, in_optimizer), 0, "optimizer steps in progress"},
     OBJ(stack, "(t0, mode, phase) of open root forwards"),
     OBJ(forced_modes, "modes a framework loop set (Keras fit/evaluate/predict)"),
     OBJ(iter_started, "tick: DataLoader.__iter__ began, no fetch since; None"),
@@ -136,13 +123,17 @@ PyMethodDef functions[] = {
 
 }  // namespace
 
-LoopState* loop_state_of(PyObject* local) {
+namespace loop_cache {
+
+// This thread's last answer. Strong references: neither object can be freed
+// and its address reused while cached (at thread exit they stay alive, as the
+// integration's list of every thread's state keeps them anyway).
+__thread Cached t_cached;
+std::atomic<uint64_t> g_epoch{1};
+
+LoopState* lookup(PyObject* local) {
   Cached& c = t_cached;
   uint64_t epoch = g_epoch.load(std::memory_order_acquire);
-  if (c.local == local && c.epoch == epoch) {
-    Py_INCREF(c.state);
-    return L(c.state);
-  }
   PyObject* st = PyObject_GetAttr(local, g_s);
   if (st && !is_loop_state(st)) {
     PyErr_Format(PyExc_TypeError, "the loop state is a %.100s, not a LoopState", Py_TYPE(st)->tp_name);
@@ -158,19 +149,25 @@ LoopState* loop_state_of(PyObject* local) {
   return L(st);
 }
 
-int exporting(PyObject* compiler) {
-  // Read five times a step: a module's flag straight from its dict (~60 instructions
-  // where the attribute protocol takes ~300: the module type's lookup first).
+}  // namespace loop_cache
+
+namespace export_flag {
+
+PyObject* g_name;
+
+int read(PyObject* compiler) {
   PyObject* dict = PyModule_Check(compiler) ? PyModule_GetDict(compiler) : nullptr;
-  PyObject* flag = dict ? PyDict_GetItemWithError(dict, g_is_compiling_flag) : nullptr;  // borrowed
+  PyObject* flag = dict ? PyDict_GetItemWithError(dict, g_name) : nullptr;  // borrowed
   if (flag == Py_False) return 0;
   if (flag == Py_True) return 1;
   if (PyErr_Occurred()) return -1;
-  flag = PyObject_GetAttr(compiler, g_is_compiling_flag);  // not a module, or not in its dict
+  flag = PyObject_GetAttr(compiler, g_name);  // not a module, or not in its dict
   int on = flag ? PyObject_IsTrue(flag) : -1;
   Py_XDECREF(flag);
   return on;
 }
+
+}  // namespace export_flag
 
 void hand_error_to(PyObject* fail) {
   PyObject *type, *value, *tb;
@@ -194,10 +191,10 @@ bool optimizer_began(PyObject* local, PyObject* key, bool* in_range) {
   if (!st) return false;
   const unsigned long long bit = level_bit(st->optimizer_ranges);
   if (in_range) *in_range = st->optimizer_ranges > 0 && bit;
-  long depth = small_of(st->in_optimizer) + 1;
-  bool ok = set_small(&st->in_optimizer, depth);
-  if (ok && st->optimizer_ranges) st->ranges_began |= bit;
-  if (ok && depth == 1) {
+  const long depth = ++st->in_optimizer;
+  bool ok = true;
+  if (st->optimizer_ranges) st->ranges_began |= bit;
+  if (depth == 1) {
     Py_INCREF(key);
     Py_XSETREF(st->optimizer_key, key);
     st->optimizer_t0 = ticks();
@@ -212,9 +209,7 @@ bool optimizer_done(PyObject* local, PyObject* key) {
   if (!st) return false;
   bool ok = true;
   if (!(st->optimizer_ranges && (st->ranges_began & level_bit(st->optimizer_ranges)))) {  // else its range ends it
-    long depth = small_of(st->in_optimizer) - 1;
-    ok = set_small(&st->in_optimizer, depth);
-    if (ok && depth == 0) {
+    if (--st->in_optimizer == 0) {
       Py_INCREF(Py_None);
       Py_XSETREF(st->optimizer_key, Py_None);
       ok = tell::optimizer_ended(st, key, st->optimizer_t0, ticks());
@@ -231,9 +226,7 @@ bool optimizer_range_exited(LoopState* st, unsigned long long t1) {
   const unsigned long long bit = level_bit(st->optimizer_ranges--);
   if (!(st->ranges_began & bit)) return true;  // a step no pre-hook of ours began (or a filtered optimizer)
   st->ranges_began &= ~bit;
-  long depth = small_of(st->in_optimizer) - 1;
-  if (!set_small(&st->in_optimizer, depth)) return false;
-  if (depth != 0) return true;
+  if (--st->in_optimizer != 0) return true;
   PyObject* key = st->optimizer_key;  // owned from here
   st->optimizer_key = Py_None;
   Py_INCREF(Py_None);
@@ -242,12 +235,12 @@ bool optimizer_range_exited(LoopState* st, unsigned long long t1) {
   return ok;
 }
 
-void loop_states_changed() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
+void loop_states_changed() { loop_cache::g_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 bool add_loop_state(PyObject* module) {
   g_s = PyUnicode_InternFromString("s");
-  g_is_compiling_flag = PyUnicode_InternFromString("_is_compiling_flag");
-  if (!g_s || !g_is_compiling_flag || !tell::init()) return false;
+  export_flag::g_name = PyUnicode_InternFromString("_is_compiling_flag");
+  if (!g_s || !export_flag::g_name || !tell::init()) return false;
   LoopStateType.tp_name = "stepscope.core._native.LoopState";
   LoopStateType.tp_basicsize = sizeof(LoopState);
   LoopStateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;

@@ -7,14 +7,19 @@
 
 #include <Python.h>
 
+#include <atomic>
+#include <cstdint>
+
 namespace stepscope {
 
 struct LoopState {
   PyObject_HEAD
-  // Python-facing fields: ints, lists and objects, never NULL once initialised.
-  PyObject* depth;         // root forwards (or a fetch) in progress: nested work is theirs
-  PyObject* in_backward;   // a backward in progress (forwards inside are Recompute)
-  PyObject* in_optimizer;  // optimizer steps in progress
+  // Python-facing counters (int members): plain C longs, so that the native hooks
+  // neither unbox nor box them on every step.
+  long depth;         // root forwards (or a fetch) in progress: nested work is theirs
+  long in_backward;   // a backward in progress (forwards inside are Recompute)
+  long in_optimizer;  // optimizer steps in progress
+  // Python-facing fields: lists and objects, never NULL once initialised.
   PyObject* stack;         // (t0, mode, phase) of open root forwards (discovery's)
   PyObject* forced_modes;  // a framework loop that knows its mode (Keras fit/evaluate/predict)
   PyObject* iter_started;  // tick: DataLoader.__iter__ began, no fetch since; None
@@ -41,30 +46,33 @@ extern PyTypeObject LoopStateType;
 
 inline bool is_loop_state(PyObject* o) { return Py_IS_TYPE(o, &LoopStateType); }
 
-// A small int field (depth, counters); a non-int reads as 0.
-inline long small_of(PyObject* v) {
-  long r = v && PyLong_CheckExact(v) ? PyLong_AsLong(v) : 0;
-  if (r == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    r = 0;
-  }
-  return r;
-}
-
-// Sets a small int field; false with a Python error set.
-inline bool set_small(PyObject** field, long value) {
-  PyObject* v = PyLong_FromLong(value);  // -5..256 are shared: no allocation
-  if (!v) return false;
-  Py_XSETREF(*field, v);
-  return true;
-}
-
 // The calling thread's loop state, `local.s` (a new reference; NULL with a
 // Python error set when it is missing or not a LoopState). Cached per OS
 // thread: a threading.local lookup costs ~500 instructions, and the native
 // wrappers ask about ten times a step. Whoever replaces a thread's state (a
 // forked child's reset) calls loop_states_changed() (Python: the same name).
-LoopState* loop_state_of(PyObject* local);
+//
+// The hit is inline in each caller (about ten a step, each between torch's ops,
+// its code cold): a call to a function elsewhere costs its cache lines too.
+namespace loop_cache {
+struct Cached {
+  PyObject* local;
+  PyObject* state;
+  uint64_t epoch;
+};
+extern __thread Cached t_cached;  // plain TLS: no initialiser to run
+extern std::atomic<uint64_t> g_epoch;
+LoopState* lookup(PyObject* local);  // the miss
+}  // namespace loop_cache
+
+inline LoopState* loop_state_of(PyObject* local) {
+  loop_cache::Cached& c = loop_cache::t_cached;
+  if (c.local == local && c.epoch == loop_cache::g_epoch.load(std::memory_order_acquire)) {
+    Py_INCREF(c.state);
+    return reinterpret_cast<LoopState*>(c.state);
+  }
+  return loop_cache::lookup(local);
+}
 void loop_states_changed();
 
 // An optimizer step's pre and post hooks' bookkeeping, on the calling thread's
@@ -83,8 +91,21 @@ void optimizer_range_entered(LoopState* st);
 bool optimizer_range_exited(LoopState* st, unsigned long long t1);
 
 // Whether torch.export traces (`compiler._is_compiling_flag`): 1, 0, or -1 with
-// a Python error set. Timing is off then.
-int exporting(PyObject* compiler);
+// a Python error set. Timing is off then. Read five times a step: a module's flag
+// straight from its dict, inline (~60 instructions where the attribute protocol
+// takes ~300); anything else through the attribute.
+namespace export_flag {
+extern PyObject* g_name;
+int read(PyObject* compiler);
+}  // namespace export_flag
+
+inline int exporting(PyObject* compiler) {
+  if (PyModule_CheckExact(compiler)) {
+    PyObject* flag = PyDict_GetItemWithError(PyModule_GetDict(compiler), export_flag::g_name);  // borrowed
+    if (flag == Py_False) return 0;
+  }
+  return export_flag::read(compiler);
+}
 
 // GC support of a native type whose object fields `fields(self, i)` lists
 // (NULL after the last): its tp_traverse and tp_clear.
@@ -100,6 +121,26 @@ inline int clear_fields(PyObject* self, FieldList fields) {
 
 // Hands the current Python error to fail(exc), never to the caller.
 void hand_error_to(PyObject* fail);
+
+// What a wrapped call raised, held aside while the hook reports (a report may
+// raise and hand its own error on); given back, unchanged, when the hook returns.
+// Nothing raised (most calls): no fetch and restore, and whatever a report left
+// is cleared, so that a call that returned a value returns it with no error set.
+class HeldError {
+ public:
+  HeldError() {
+    if (PyErr_Occurred()) PyErr_Fetch(&type_, &value_, &tb_);
+  }
+  ~HeldError() {
+    if (type_) PyErr_Restore(type_, value_, tb_);
+    else if (PyErr_Occurred()) PyErr_Clear();
+  }
+  HeldError(const HeldError&) = delete;
+  HeldError& operator=(const HeldError&) = delete;
+
+ private:
+  PyObject *type_ = nullptr, *value_ = nullptr, *tb_ = nullptr;
+};
 
 // Adds the LoopState type, loop_state, loop_states_changed, optimizer_began and
 // optimizer_done to the module; false with a Python error set.

@@ -123,19 +123,14 @@ PyObject* mode_of(Root* r, LoopState* st) {
 PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   Root* r = R(callable);
   LoopState* st = state_of(r);
-  int pass = !st || small_of(st->depth) ? 1 : exporting(r->compiler);
+  int pass = !st || st->depth ? 1 : exporting(r->compiler);
   if (pass) {
     if (pass < 0 || !st) report(r);
     Py_XDECREF(st);
     return call_through(r, args, nargsf, kwnames);
   }
-  long depth = small_of(st->depth);
-  if (!set_small(&st->depth, depth + 1)) {
-    report(r);
-    Py_DECREF(st);
-    return call_through(r, args, nargsf, kwnames);
-  }
-  bool recompute = small_of(st->in_backward) != 0;
+  ++st->depth;
+  bool recompute = st->in_backward != 0;
   PyObject* mode = nullptr;
   unsigned long long t0 = 0;
   if (!r->loss) {
@@ -167,16 +162,17 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
   }
   PyObject* result = call_through(r, args, nargsf, kwnames);
   unsigned long long t1 = ticks();
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);  // what the call raised goes to the caller, unchanged
-  bool ok = set_small(&st->depth, small_of(st->depth) - 1);
-  if (ok && t0) {
-    if (r->loss && !small_of(st->in_backward)) ok = tell::loss(st, t0, t1);
-    else if (r->loss) ok = tell::forward_ended(st, g_train, t0, t1, r->recompute);
-    else ok = tell::forward_ended(st, mode, t0, t1, recompute ? r->recompute : r->forward);
+  {
+    HeldError held;  // what the call raised goes to the caller, unchanged
+    --st->depth;
+    bool ok = true;
+    if (t0) {
+      if (r->loss && !st->in_backward) ok = tell::loss(st, t0, t1);
+      else if (r->loss) ok = tell::forward_ended(st, g_train, t0, t1, r->recompute);
+      else ok = tell::forward_ended(st, mode, t0, t1, recompute ? r->recompute : r->forward);
+    }
+    if (!ok) report(r);
   }
-  if (!ok) report(r);
-  PyErr_Restore(type, value, tb);
   Py_XDECREF(mode);
   Py_DECREF(st);
   return result;

@@ -85,15 +85,6 @@ inline void phase(uint32_t name, uint64_t t0, uint64_t t1) { record_span(kCatPha
 
 bool arg_u64(PyObject* o, unsigned long long* out) { return u64_of(o, out); }
 
-// A type's version tag while valid, else 0. Since 3.11 a change to the type zeroes the
-// tag; before, it only clears the VALID flag (and the next lookup assigns a new tag).
-static unsigned int version_tag(PyTypeObject* type) {
-#if PY_VERSION_HEX < 0x030B0000
-  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
-#endif
-  return type->tp_version_tag;
-}
-
 // The operator windows' schedule (integrations/torch/_ops.py), a class attribute read
 // at every step begin. Kept per type while the type is unchanged (assigning the class
 // attribute, on the type or a base, changes its version tag) where instances have no
@@ -796,9 +787,6 @@ void tp_dealloc(PyObject* self) {
 
 PyTypeObject TrackerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// The type whose reports were last found native, at its version tag (0: none).
-PyTypeObject* g_native_type = nullptr;
-unsigned int g_native_tag = 0;
 const char* const kReports[] = {"fetched", "exhausted", "forward_started", "forward_ended", "loss",
                                 "backward_started", "backward_ended", "optimizer_used", "optimizer_started",
                                 "optimizer_ended"};
@@ -806,9 +794,13 @@ const char* const kReports[] = {"fetched", "exhausted", "forward_started", "forw
 }  // namespace
 
 
-bool native_reports(PyObject* tracker) {
+namespace reports {
+
+PyTypeObject* g_native_type = nullptr;
+unsigned int g_native_tag = 0;
+
+bool look(PyObject* tracker) {
   PyTypeObject* type = Py_TYPE(tracker);
-  if (type == g_native_type && g_native_tag && version_tag(type) == g_native_tag) return true;
   if (!PyType_IsSubtype(type, &TrackerType)) return false;
   PyObject* base_dict = TrackerType.tp_dict;
   for (const char* name : kReports) {
@@ -825,6 +817,8 @@ bool native_reports(PyObject* tracker) {
   g_native_tag = version_tag(type);
   return true;
 }
+
+}  // namespace reports
 
 bool add_step_tracker(PyObject* module) {
   g_train = PyUnicode_InternFromString("train");

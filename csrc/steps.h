@@ -17,8 +17,28 @@ bool add_step_tracker(PyObject* module);
 // are: then the native hooks call them directly, without boxing the ticks or
 // looking the method up. A subclass or a patch that replaces a report (tests
 // inject failures so) is told through its methods. Cached by type and version
-// tag (a patch on the class changes the tag).
-bool native_reports(PyObject* tracker);
+// tag (a patch on the class changes the tag); the hit is inline in the caller.
+namespace reports {
+extern PyTypeObject* g_native_type;  // the type whose reports were last found native
+extern unsigned int g_native_tag;    // at this version tag (0: none)
+bool look(PyObject* tracker);        // the miss
+}  // namespace reports
+
+// A type's version tag while valid, else 0. Since 3.11 a change to the type zeroes the
+// tag; before, it only clears the VALID flag (and the next lookup assigns a new tag).
+inline unsigned int version_tag(PyTypeObject* type) {
+#if PY_VERSION_HEX < 0x030B0000
+  if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) return 0;
+#endif
+  return type->tp_version_tag;
+}
+
+inline bool native_reports(PyObject* tracker) {
+  PyTypeObject* type = Py_TYPE(tracker);
+  if (type == reports::g_native_type && reports::g_native_tag && version_tag(type) == reports::g_native_tag)
+    return true;
+  return reports::look(tracker);
+}
 
 // The tracker's reports, typed: what its Python methods of the same names do
 // (integrations/_steps.py documents them). False with a Python error set.

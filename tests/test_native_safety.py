@@ -134,6 +134,7 @@ def test_static_toolchain_build_leaves_tensorflow_and_keras_working(static_wheel
 @pytest.mark.slow
 def test_manylinux_repair_is_accepted_and_keeps_one_export(static_wheel, tmp_path):
     """The documented local path to a wheel users install without a compiler."""
+    pytest.importorskip("auditwheel", reason="the test extra installs auditwheel")
     auditwheel = [sys.executable, "-m", "auditwheel"]
     wheelhouse = tmp_path / "wheelhouse"
     r = subprocess.run(auditwheel + ["repair", "-w", str(wheelhouse), static_wheel],

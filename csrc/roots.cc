@@ -40,6 +40,7 @@ struct Root {
   PyObject* fail;
   PyObject* forward;    // phase ids
   PyObject* recompute;
+  PyObject* group;      // a part of one forward the program calls directly (model.forward(x)); null: none
   int loss;
   vectorcallfunc vectorcall;
 };
@@ -147,7 +148,7 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
       mode = ok ? mode_of(r, st) : nullptr;
       ok = mode != nullptr;
       t0 = ticks();
-      ok = ok && tell::forward_started(st, mode, t0);
+      ok = ok && tell::forward_started(st, mode, t0, r->group, callable);
     } else {
       mode = g_train;
       Py_INCREF(mode);
@@ -169,7 +170,8 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
     if (t0) {
       if (r->loss && !st->in_backward) ok = tell::loss(st, t0, t1);
       else if (r->loss) ok = tell::forward_ended(st, g_train, t0, t1, r->recompute);
-      else ok = tell::forward_ended(st, mode, t0, t1, recompute ? r->recompute : r->forward);
+      else if (recompute) ok = tell::forward_ended(st, mode, t0, t1, r->recompute);
+      else ok = tell::forward_ended(st, mode, t0, t1, r->forward, r->group, callable);
     }
     if (!ok) report(r);
   }
@@ -181,7 +183,7 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
 PyObject** fields(PyObject* o, int i) {
   Root* r = R(o);
   PyObject** all[] = {&r->ref, &r->inner, &r->call_impl, &r->local, &r->roots, &r->is_grad_enabled,
-                      &r->is_training, &r->compiler, &r->fail, &r->forward, &r->recompute};
+                      &r->is_training, &r->compiler, &r->fail, &r->forward, &r->recompute, &r->group};
   return i < int(sizeof(all) / sizeof(all[0])) ? all[i] : nullptr;
 }
 
@@ -198,9 +200,9 @@ void root_dealloc(PyObject* o) {
 PyTypeObject RootType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 11 || !PyWeakref_CheckRef(a[0]) || !PyTuple_Check(a[10]) || PyTuple_GET_SIZE(a[10]) != 2) {
+  if (n < 11 || n > 12 || !PyWeakref_CheckRef(a[0]) || !PyTuple_Check(a[10]) || PyTuple_GET_SIZE(a[10]) != 2) {
     PyErr_SetString(PyExc_TypeError, "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, "
-                                     "is_training, compiler, fail, loss, (forward, recompute))");
+                                     "is_training, compiler, fail, loss, (forward, recompute), group=None)");
     return nullptr;
   }
   int loss = PyObject_IsTrue(a[9]);
@@ -208,7 +210,8 @@ PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
   Root* r = PyObject_GC_New(Root, &RootType);
   if (!r) return nullptr;
   PyObject* values[] = {a[0], a[1] == Py_None ? nullptr : a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
-                        PyTuple_GET_ITEM(a[10], 0), PyTuple_GET_ITEM(a[10], 1)};
+                        PyTuple_GET_ITEM(a[10], 0), PyTuple_GET_ITEM(a[10], 1),
+                        n > 11 && a[11] != Py_None ? a[11] : nullptr};
   for (int i = 0; PyObject** f = fields(reinterpret_cast<PyObject*>(r), i); ++i) {
     Py_XINCREF(values[i]);
     *f = values[i];
@@ -222,7 +225,7 @@ PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
 PyMethodDef methods[] = {
     {"timed_root", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_root)), METH_FASTCALL,
      "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, is_training, compiler, fail, loss, "
-     "(forward, recompute)): a root module's timed call (csrc/roots.cc)"},
+     "(forward, recompute), group=None): a root module's timed call (csrc/roots.cc)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

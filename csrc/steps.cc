@@ -45,6 +45,15 @@ struct Tracker {
   PyObject* opt_in_step;  // sets of optimizer keys
   PyObject* opt_before;
   PyObject* opt_known;
+  // A Forward held back, unwritten (held_t0..held_t1, of held_mode): a part of one
+  // forward the program called directly (model.forward(x)), whose submodules are the
+  // roots, all of one group. The next part of the same group extends it, until its
+  // first part (held_first: compared, never dereferenced) starts again: the next
+  // forward. Anything else first writes it (flush_held). null: none.
+  PyObject* held_group;
+  PyObject* held_mode;
+  const void* held_first;
+  unsigned long long held_t0, held_t1;
   unsigned long long pending_t0, pending_t1, mark_at, cand_at, last_end, forward_end;
   long forwards_in_step;
   char background, worked, suspended, done, fed, has_forward_end;
@@ -142,6 +151,8 @@ bool clear_more(Tracker* t) {
 }
 
 bool reset(Tracker* t) {
+  Py_CLEAR(t->held_group);
+  Py_CLEAR(t->held_mode);
   t->suspended = t->done = t->fed = t->has_forward_end = 0;
   put(&t->mode, Py_None);
   Py_CLEAR(t->pending_mode);
@@ -153,6 +164,30 @@ bool reset(Tracker* t) {
   t->last_end = 0;
   t->forwards_in_step = 0;
   return true;
+}
+
+// A forward (or a recomputed one) ended: its phase written, the step told.
+bool forward_done(Tracker* t, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t ph) {
+  phase(ph, t0, t1);
+  t->last_end = t1;
+  if (ph == kForward && is_train(mode)) {
+    t->forward_end = t1;
+    t->has_forward_end = 1;
+  } else if (ph == kForward && same(t->mode, mode) && !is_train(mode)) {
+    t->done = 1;  // an eval/predict step is one forward
+  }
+  return true;
+}
+
+// Writes a held-back Forward (Tracker.held_group): before anything else is reported.
+bool flush_held(Tracker* t) {
+  if (!t->held_group) return true;
+  PyObject* mode = t->held_mode;  // owned from here
+  t->held_mode = nullptr;
+  Py_CLEAR(t->held_group);
+  bool ok = forward_done(t, mode, t->held_t0, t->held_t1, kForward);
+  Py_DECREF(mode);
+  return ok;
 }
 
 bool flush_mark(Tracker* t) {
@@ -318,6 +353,7 @@ bool commit_pending(PyObject* self, PyObject* shown) {
 // A forward, backward or optimizer step is starting: open the right step.
 bool phase_start(PyObject* self, PyObject* mode, unsigned long long now) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   t->worked = 1;
   if (t->pending_mode) return commit_pending(self, mode);
   if (no_mode(t)) return begin(self, mode, now);
@@ -346,6 +382,7 @@ bool phase_start(PyObject* self, PyObject* mode, unsigned long long now) {
 
 bool loop_started(PyObject* self) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   if (!t->pending_mode) return true;
   if (!no_mode(t) && t->done) {
     Py_CLEAR(t->pending_mode);
@@ -361,6 +398,12 @@ bool loop_started(PyObject* self) {
 
 bool close(PyObject* self, unsigned long long thread) {
   Tracker* t = T(self);
+  if (thread) {  // another thread ends the loop (session end): a part held back is dropped
+    Py_CLEAR(t->held_group);
+    Py_CLEAR(t->held_mode);
+  } else if (!flush_held(t)) {
+    return false;
+  }
   if (t->pending_mode && !thread && !loop_started(self)) return false;
   Py_CLEAR(t->pending_mode);
   if (!clear_more(t)) return false;
@@ -372,6 +415,7 @@ bool close(PyObject* self, unsigned long long thread) {
 }
 
 bool set_add(PyObject* set, PyObject* key) { return PySet_Add(set, key) == 0; }
+
 
 // An optimizer new to a loop whose steps each stepped the same other optimizers:
 // a second model's loop has begun (a GAN's optimizers all step in the previous step too).
@@ -389,6 +433,7 @@ namespace track {
 
 bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObject* mode) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   if (t->pending_mode && !drop_unworked(t)) {
     if (has_optimizer(t)) {
       // Batches read ahead before any work (the Hugging Face Trainer reads an
@@ -415,6 +460,7 @@ bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObj
 
 bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   drop_unworked(t);
   if (t->pending_mode) {
     int ahead = has_optimizer(t) ? both_train(t, t->pending_mode, t->pending_mode) : 0;
@@ -435,8 +481,11 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
   return true;
 }
 
-bool forward_started(PyObject* self, PyObject* mode, unsigned long long now) {
+bool forward_started(PyObject* self, PyObject* mode, unsigned long long now, PyObject* group, PyObject* part) {
   Tracker* t = T(self);
+  if (group && group != Py_None && t->held_group == group && same(t->held_mode, mode) && part != t->held_first)
+    return true;  // the next part of the forward held back
+  if (!flush_held(t)) return false;
   if (t->pending_mode || t->done || !same(t->mode, mode)) {
     if (!phase_start(self, mode, now)) return false;
   } else {  // inside its step already (gradient accumulation's forwards, a second model)
@@ -446,21 +495,28 @@ bool forward_started(PyObject* self, PyObject* mode, unsigned long long now) {
   return true;
 }
 
-bool forward_ended(PyObject* self, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t ph) {
+bool forward_ended(PyObject* self, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t ph,
+                   PyObject* group, PyObject* part) {
   Tracker* t = T(self);
-  phase(ph, t0, t1);
-  t->last_end = t1;
-  if (ph == kForward && is_train(mode)) {
-    t->forward_end = t1;
-    t->has_forward_end = 1;
-  } else if (ph == kForward && same(t->mode, mode) && !is_train(mode)) {
-    t->done = 1;  // an eval/predict step is one forward
+  if (group && group != Py_None && ph == kForward) {
+    if (t->held_group == group && same(t->held_mode, mode)) {
+      t->held_t1 = t1;  // the same forward's next part
+      return true;
+    }
+    if (!flush_held(t)) return false;
+    put(&t->held_group, group);
+    put(&t->held_mode, mode);
+    t->held_first = part;
+    t->held_t0 = t0;
+    t->held_t1 = t1;
+    return true;
   }
-  return true;
+  return flush_held(t) && forward_done(t, mode, t0, t1, ph);
 }
 
 bool loss(PyObject* self, unsigned long long t0, unsigned long long t1) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   phase(kLoss, t0, t1);
   t->has_forward_end = 0;
   t->last_end = t1;
@@ -469,6 +525,7 @@ bool loss(PyObject* self, unsigned long long t0, unsigned long long t1) {
 
 bool backward_started(PyObject* self, unsigned long long now, bool begins) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   if (begins && (t->pending_mode || t->done || !is_train(t->mode)) && !phase_start(self, g_train, now))
     return false;
   t->worked = 1;
@@ -479,6 +536,7 @@ bool backward_started(PyObject* self, unsigned long long now, bool begins) {
 
 bool backward_ended(PyObject* self, unsigned long long t0, unsigned long long t1) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   phase(kBackward, t0, t1);
   t->last_end = t1;
   if (!has_optimizer(t) && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
@@ -489,12 +547,14 @@ bool backward_ended(PyObject* self, unsigned long long t0, unsigned long long t1
 // the fetched batch, like a backward.
 bool optimizer_used(PyObject* self) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   t->opt_used = t->worked = 1;
   return !t->pending_mode || commit_pending(self, g_train);
 }
 
 bool optimizer_started(PyObject* self, PyObject* key, unsigned long long now) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   if (!set_add(t->opt_known, key)) return false;
   t->worked = 1;
   if (!t->cand_mode) return !(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now);
@@ -522,6 +582,7 @@ bool optimizer_started(PyObject* self, PyObject* key, unsigned long long now) {
 
 bool optimizer_ended(PyObject* self, PyObject* key, unsigned long long t0, unsigned long long t1) {
   Tracker* t = T(self);
+  if (!flush_held(t)) return false;
   phase(kOptimizer, t0, t1);
   if (!set_add(t->opt_in_step, key)) return false;
   t->last_end = t1;
@@ -558,17 +619,17 @@ PyObject* m_exhausted(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
 }
 
 PyObject* m_forward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
-  NARGS(2, 2, "forward_started(mode, now)");
+  NARGS(2, 4, "forward_started(mode, now, group=None, part=None)");
   unsigned long long now;
   if (!arg_u64(a[1], &now)) return nullptr;
-  RET(track::forward_started(self, a[0], now));
+  RET(track::forward_started(self, a[0], now, nargs > 2 ? a[2] : nullptr, nargs > 3 ? a[3] : nullptr));
 }
 
 PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
-  NARGS(3, 4, "forward_ended(mode, t0, t1, phase=FORWARD)");
+  NARGS(3, 6, "forward_ended(mode, t0, t1, phase=FORWARD, group=None, part=None)");
   unsigned long long t0, t1, ph = kForward;
   if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !arg_u64(a[3], &ph))) return nullptr;
-  RET(track::forward_ended(self, a[0], t0, t1, uint32_t(ph)));
+  RET(track::forward_ended(self, a[0], t0, t1, uint32_t(ph), nargs > 4 ? a[4] : nullptr, nargs > 5 ? a[5] : nullptr));
 }
 
 PyObject* m_loss(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
@@ -765,7 +826,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 int tp_traverse(PyObject* self, visitproc visit, void* arg) {
   Tracker* t = T(self);
   for (PyObject* o : {t->on_new_step, t->may_begin, t->guess, t->mode, t->pending_mode, t->pending_more, t->mark_mode,
-                      t->cand_mode, t->opt_in_step, t->opt_before, t->opt_known})
+                      t->cand_mode, t->opt_in_step, t->opt_before, t->opt_known, t->held_group, t->held_mode})
     Py_VISIT(o);
   return 0;
 }
@@ -773,7 +834,8 @@ int tp_traverse(PyObject* self, visitproc visit, void* arg) {
 int tp_clear(PyObject* self) {
   Tracker* t = T(self);
   for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->guess, &t->mode, &t->pending_mode, &t->pending_more,
-                       &t->mark_mode, &t->cand_mode, &t->opt_in_step, &t->opt_before, &t->opt_known})
+                       &t->mark_mode, &t->cand_mode, &t->opt_in_step, &t->opt_before, &t->opt_known, &t->held_group,
+                       &t->held_mode})
     Py_CLEAR(*o);
   return 0;
 }

@@ -45,8 +45,12 @@ inline bool native_reports(PyObject* tracker) {
 namespace track {
 bool fetched(PyObject* tracker, unsigned long long t0, unsigned long long t1, PyObject* mode);
 bool exhausted(PyObject* tracker, unsigned long long t0, unsigned long long t1);
-bool forward_started(PyObject* tracker, PyObject* mode, unsigned long long now);
-bool forward_ended(PyObject* tracker, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t phase);
+// group: parts of one forward the program called directly (their Forward is one span), or
+// null; part: which (a root's identity): the first part starting again is the next forward
+bool forward_started(PyObject* tracker, PyObject* mode, unsigned long long now, PyObject* group = nullptr,
+                     PyObject* part = nullptr);
+bool forward_ended(PyObject* tracker, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t phase,
+                   PyObject* group = nullptr, PyObject* part = nullptr);
 bool loss(PyObject* tracker, unsigned long long t0, unsigned long long t1);
 bool backward_started(PyObject* tracker, unsigned long long now, bool begins_step);
 bool backward_ended(PyObject* tracker, unsigned long long t0, unsigned long long t1);

@@ -63,21 +63,22 @@ bool exhausted(LoopState* st, unsigned long long t0, unsigned long long t1) {
       });
 }
 
-bool forward_started(LoopState* st, PyObject* mode, unsigned long long now) {
+bool forward_started(LoopState* st, PyObject* mode, unsigned long long now, PyObject* group, PyObject* part) {
   return report(
-      st, [&](PyObject* t) { return track::forward_started(t, mode, now); },
+      st, [&](PyObject* t) { return track::forward_started(t, mode, now, group, part); },
       [&](PyObject* t) {
         Int a(now);
         return a.o && call(t, g_forward_started, mode, a.o);
       });
 }
 
-bool forward_ended(LoopState* st, PyObject* mode, unsigned long long t0, unsigned long long t1, PyObject* phase) {
+bool forward_ended(LoopState* st, PyObject* mode, unsigned long long t0, unsigned long long t1, PyObject* phase,
+                   PyObject* group, PyObject* part) {
   return report(
       st,
       [&](PyObject* t) {
         long id = PyLong_AsLong(phase);
-        return !(id == -1 && PyErr_Occurred()) && track::forward_ended(t, mode, t0, t1, uint32_t(id));
+        return !(id == -1 && PyErr_Occurred()) && track::forward_ended(t, mode, t0, t1, uint32_t(id), group, part);
       },
       [&](PyObject* t) {
         Int a(t0), b(t1);

@@ -19,9 +19,13 @@ namespace tell {
 // during the report (its on_new_step callback); the call holds its own reference.
 bool fetched(LoopState* st, unsigned long long t0, unsigned long long t1, PyObject* mode);
 bool exhausted(LoopState* st, unsigned long long t0, unsigned long long t1);
-bool forward_started(LoopState* st, PyObject* mode, unsigned long long now);
+// group: the root's group (parts of one forward the program called directly), or null;
+// part: the root itself.
+bool forward_started(LoopState* st, PyObject* mode, unsigned long long now, PyObject* group = nullptr,
+                     PyObject* part = nullptr);
 // phase: a phase's interned id (an int object, the root's own): Forward or Recompute.
-bool forward_ended(LoopState* st, PyObject* mode, unsigned long long t0, unsigned long long t1, PyObject* phase);
+bool forward_ended(LoopState* st, PyObject* mode, unsigned long long t0, unsigned long long t1, PyObject* phase,
+                   PyObject* group = nullptr, PyObject* part = nullptr);
 bool loss(LoopState* st, unsigned long long t0, unsigned long long t1);
 bool backward_started(LoopState* st, unsigned long long now, bool begins_step);
 bool backward_ended(LoopState* st, unsigned long long t0, unsigned long long t1);

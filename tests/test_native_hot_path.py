@@ -8,7 +8,7 @@ import pytest
 
 import stepscope
 from stepscope.core import _native
-from stepscope.integrations._steps import StepTracker
+from stepscope.integrations._steps import FORWARD, StepTracker
 
 
 def _tick_ns():
@@ -54,6 +54,55 @@ def test_tracker_makes_contiguous_steps_from_phase_reports(run_dir):
     counts = ph["name"].astype(str).value_counts().to_dict()
     assert counts == {"GetNext": 5, "Forward": 4, "Loss": 4, "Backward": 4, "Optimizer": 4}
     assert ph.groupby("step").size().tolist() == [5, 5, 5, 6]
+
+
+def test_parts_of_a_directly_called_forward_are_one_forward(run_dir):
+    """Roots of one group (the submodules of a forward the program called directly):
+    their forwards are one Forward span, written when anything else is reported; the
+    first part starting again is the next forward (an eval step each, no loader)."""
+    run = stepscope.start(name="parts")
+    tracker = StepTracker()
+    tpn = _tick_ns()
+    t = _native.now()
+
+    def advance(ns):
+        nonlocal t
+        t0, t = t, t + int(ns * tpn)
+        return t0, t
+
+    group, first, second = object(), object(), object()
+    spans = []
+    for _ in range(3):  # train: fetch, two parts, loss, backward, optimizer
+        tracker.fetched(*advance(1_000_000), "train")
+        tracker.optimizer_known(1)
+        for part in (first, second):
+            t0, t1 = advance(1_000_000)
+            tracker.forward_started("train", t0, group, part)
+            tracker.forward_ended("train", t0, t1, FORWARD, group, part)
+            spans.append((t0, t1))
+        advance(200_000)  # the forward's own code after its last part
+        tracker.loss(*advance(500_000))
+        t0, t1 = advance(2_000_000)
+        tracker.backward_started(t0)
+        tracker.backward_ended(t0, t1)
+        t0, t1 = advance(1_000_000)
+        tracker.optimizer_started(1, t0)
+        tracker.optimizer_ended(1, t0, t1)
+    tracker.exhausted(*advance(100_000))
+    for _ in range(2):  # eval, no loader: the first part again is the next forward
+        for part in (first, second):
+            t0, t1 = advance(1_000_000)
+            tracker.forward_started("eval", t0, group, part)
+            tracker.forward_ended("eval", t0, t1, FORWARD, group, part)
+    tracker.close()
+    run.stop()
+
+    r = stepscope.load(run.path)
+    assert r.steps["mode"].tolist() == ["train"] * 3 + ["eval"] * 2
+    forwards = r.phases[r.phases["name"] == "Forward"].sort_values("start_ns")
+    assert len(forwards) == 5
+    # one span from the first part's start to the second's end: 2 ms each
+    assert (forwards["duration_ns"] // 1000).tolist() == pytest.approx([2_000] * 5, abs=2)
 
 
 def test_tracker_state_reads_and_bad_reports_raise():

@@ -76,6 +76,23 @@ def test_an_optimizer_stepping_another_is_one_optimizer_phase(tmp_path):
     assert (phases["name"] == "Optimizer").sum() == 6, phases.groupby("name", observed=True).size()
 
 
+def test_a_forward_called_directly_is_one_forward(tmp_path):
+    """net.forward(x), and inside it backbone.forward(x): their submodules are the roots
+    found; their forwards are parts of one Forward a step (train over a loader, eval
+    without one: each forward its own step). A teacher and a student called as modules
+    stay two forwards."""
+    _, run = _load(tmp_path, "direct_forward")
+    steps = run.steps.sort_values("start_ns")
+    assert steps["mode"].tolist() == ["train"] * 6 + ["eval"] * 4 + ["train"] * 3, steps[["mode", "duration_ns"]]
+    assert (steps["Forward"] > 0).all()
+    forwards = run.phases[run.phases["name"] == "Forward"].sort_values("start_ns")
+    assert len(forwards) == 6 + 4 + 2 * 3, len(forwards)
+    # each of the first ten spans runs from the first part's start to the last one's end:
+    # inside its step, and the step's only Forward
+    for (_, step), (_, span) in zip(steps.iloc[:10].iterrows(), forwards.iloc[:10].iterrows()):
+        assert step["start_ns"] <= span["start_ns"] and span["end_ns"] <= step["start_ns"] + step["duration_ns"]
+
+
 def test_second_model_is_timed_from_its_first_step(tmp_path):
     _, run = _load(tmp_path, "second_model")
     steps = run.steps

@@ -245,8 +245,13 @@ class TorchInstrumentor(Instrumentor):
                     self.roots.known_root_ran(st)
                 mode = self.mode_of(module, st)
                 now = _native.now()
-                st.tracker.forward_started(mode, now)
-                st.stack.append((now, mode, FORWARD))
+                group = self.roots.group_of.get(module)  # parts of one directly called forward (_roots.py)
+                if group is None:
+                    st.tracker.forward_started(mode, now)
+                else:  # the part: the root's timed call, as the native path names it
+                    group = (group, self.roots.timed[module][0])
+                    st.tracker.forward_started(mode, now, *group)
+                st.stack.append((now, mode, FORWARD, group))
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
@@ -256,10 +261,12 @@ class TorchInstrumentor(Instrumentor):
             if st.depth > 0 or not st.stack:
                 st.depth = max(st.depth, 0)
                 return
-            t0, mode, phase = st.stack.pop()
+            t0, mode, phase, *group = st.stack.pop()
             t1 = _native.now()
             if phase == LOSS:
                 st.tracker.loss(t0, t1)
+            elif group and group[0] is not None:
+                st.tracker.forward_ended(mode, t0, t1, phase, *group[0])
             else:
                 st.tracker.forward_ended(mode, t0, t1, phase)
         except Exception as exc:  # noqa: BLE001

@@ -16,10 +16,19 @@ DataLoader not iterated before starts a pass, a framework loop starts, or a
 step shows no forward). Global hooks make ``torch.compile`` warn and guard on
 them, so the first ``torch.compile`` call ends discovery for good: compiled modules
 are adopted as roots when compiled, and compiled code is timed from outside.
+
+A program may call a model's method directly (``model.forward(x)``, a
+LightningModule's ``training_step`` calling ``self.encoder`` and
+``self.decoder``): the model is never called, its submodules are, and they are
+the roots found. Their forwards, one after another, are then parts of one
+Forward: they share a group token, and the step tracker writes one span from
+the first part's start to the last one's end (``csrc/steps.cc``). Found from
+the calling frames, once, when such a root is adopted.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 from stepscope.core import _native
@@ -27,6 +36,12 @@ from stepscope.integrations._steps import FORWARD, RECOMPUTE
 
 
 DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
+
+
+class _Group:
+    """The token the roots inside one directly called forward share."""
+
+    __slots__ = ("__weakref__",)
 
 
 class Roots:
@@ -37,6 +52,8 @@ class Roots:
         self.torch = torch
         self.fixed = fixed  # instrument(model=...): no discovery
         self.timed = weakref.WeakKeyDictionary()  # module -> (our call, the slot's value before us)
+        self.groups = weakref.WeakKeyDictionary()  # a module whose forward is called directly -> _Group
+        self.group_of = weakref.WeakKeyDictionary()  # root -> its _Group
         self.model_refs = []  # weak references to the non-loss roots, for the fetch's mode guess
         self.models = []  # ...and those still alive (refreshed when one is adopted or dies)
         self.discovery = None
@@ -61,9 +78,11 @@ class Roots:
         self._hooks = _GlobalHooks.of(module_mod, self.discover_pre, self.discover_post)
 
     # --- adopting a root ------------------------------------------------------------
-    def adopt(self, module) -> None:
+    def adopt(self, module, group=None) -> None:
         if module in self.timed or isinstance(module, self.skipped_types):
             return
+        if group is not None:
+            self.group_of[module] = group
         before = module.__dict__.get("_compiled_call_impl")
         module.__dict__["_compiled_call_impl"] = self._timed_call(module, before)
         self.timed[module] = (module.__dict__["_compiled_call_impl"], before)
@@ -91,7 +110,36 @@ class Roots:
         inst = self.inst
         return _native.timed_root(weakref.ref(module), inner, self.torch.nn.Module._call_impl, inst.loops.local,
                                   self, self.torch.is_grad_enabled, inst.is_training, inst.compiler, inst.fail,
-                                  isinstance(module, self.loss_type), (FORWARD, RECOMPUTE))
+                                  isinstance(module, self.loss_type), (FORWARD, RECOMPUTE),
+                                  self.group_of.get(module))
+
+    def group_for(self, module):
+        """The group of a module called inside a model's method that the program (or a
+        framework's loop) called directly, not through ``model(x)``, else None. Read
+        from the frames above discovery's hook: past torch's ``__call__`` machinery,
+        the outermost of the frames of modules' methods that called each other
+        directly (``net.forward`` calling ``backbone.forward``)."""
+        try:
+            frame = sys._getframe(2)  # discover_pre's caller: torch's _call_impl
+        except ValueError:
+            return None
+        machinery = self._module_mod.__file__
+        while frame is not None and frame.f_code.co_filename == machinery:
+            frame = frame.f_back
+        owner = None
+        while frame is not None and "self" in frame.f_code.co_varnames[:1]:  # a method's frame
+            candidate = frame.f_locals.get("self")
+            if not isinstance(candidate, self.torch.nn.Module) or isinstance(candidate, self.loss_type):
+                break
+            owner, frame = candidate, frame.f_back
+            if frame is not None and frame.f_code.co_filename == machinery:
+                return None  # that method runs inside a call through __call__ (of a module passed over)
+        if owner is None or owner is module or not any(m is module for m in owner.modules()):
+            return None
+        group = self.groups.get(owner)
+        if group is None:
+            group = self.groups[owner] = _Group()
+        return group
 
     def release(self) -> None:
         """Puts every root's slot back as it was (uninstrument)."""
@@ -211,7 +259,7 @@ class Roots:
         try:
             if module in self.timed or isinstance(module, self.skipped_types):
                 return None
-            self.adopt(module)
+            self.adopt(module, None if isinstance(module, self.loss_type) else self.group_for(module))
             loop.pending_root = module
             if self.discovery is None:  # stopped by another thread meanwhile: no post hook will come
                 loop.pending_root = None

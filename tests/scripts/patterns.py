@@ -103,6 +103,42 @@ def main():
         opt = Lookahead(torch.optim.SGD(model.parameters(), lr=0.01))
         for x, y in DataLoader(data, batch_size=8):
             train_step(model, opt, x, y)
+    elif kind == "direct_forward":  # net.forward(x), calling backbone.forward(x): both directly
+        class Backbone(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 32)
+
+            def forward(self, x):
+                return self.b(torch.relu(self.a(x)))
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.backbone, self.head = Backbone(), nn.Linear(32, 1)
+
+            def forward(self, x):
+                return self.head(torch.relu(self.backbone.forward(x)))
+
+        net = Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for x, y in DataLoader(data, batch_size=8):  # 6 train steps
+            opt.zero_grad()
+            nn.functional.mse_loss(net.forward(x), y).backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():  # 4 eval steps, no loader: each forward is one
+            for x in [torch.randn(8, 16) for _ in range(4)]:
+                net.forward(x)
+        # a teacher and a student called as modules stay two forwards a step
+        teacher, student = model_and_opt()[0].eval(), model_and_opt()[0]
+        opt = torch.optim.SGD(student.parameters(), lr=0.01)
+        for x, y in DataLoader(data, batch_size=16):  # 3 train steps
+            opt.zero_grad()
+            with torch.no_grad():
+                target = teacher(x)
+            nn.functional.mse_loss(student(x), target).backward()
+            opt.step()
     elif kind == "second_model":  # a second model (and optimizer) trained after the first
         x, y = torch.randn(8, 16), torch.randn(8, 1)
         for _ in range(6):

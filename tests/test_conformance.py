@@ -66,12 +66,6 @@ TIMEOUT = 300
 # (script name, variant) -> the cause, found in stepscope (file/function). Strict:
 # a case listed here that passes fails the suite, so fixed causes leave the table.
 XFAIL = {
-    ("keras_tf_custom_train_step", "zero_edit"):
-        "integrations/keras/_xspace.py classifies Loss only by Keras's compile_loss name scope: a loss computed "
-        "with raw ops in a custom train_step is no phase",
-    ("keras_tf_custom_train_step", "callback"):
-        "integrations/keras/_xspace.py classifies Loss only by Keras's compile_loss name scope: a loss computed "
-        "with raw ops in a custom train_step is no phase",
 }
 
 

@@ -170,3 +170,24 @@ def test_profiler_windows_leave_the_jobs_stderr_as_it_was(tmp_path):
     assert _messages(profiled.stderr) == _messages(plain.stderr)
     steps = stepscope.load(tmp_path / "runs" / "k").steps
     assert (steps[steps["mode"] == "train"][COMPUTE] > 0).any(axis=1).sum() > 0  # windows were sampled
+
+
+def test_a_loss_of_raw_ops_between_forward_and_gradients_is_loss():
+    """A custom train_step's loss (raw ops, no compile_loss scope): the unscoped ops
+    between the model's last forward op and the first gradient op are Loss; a metric
+    updated after the gradients stays Other; a step with compile_loss keeps its scope."""
+    from stepscope.integrations.keras._xspace import Op, Trace, split_step
+
+    def op(t0, t1, phase):
+        return Op(float(t0), float(t1), {phase: 1.0})
+
+    trace = Trace(ops=[op(0, 10, "Forward"), op(10, 20, "Forward"), op(21, 24, None), op(24, 27, None),
+                       op(28, 40, "Backward"), op(40, 50, "Optimizer"), op(50, 60, None)])
+    spans = split_step(trace, 0.0, 100.0)
+    lengths = {name: round(s1 - s0, 3) for name, s0, s1 in spans}
+    busy = 20 + 6 + 12 + 10 + 10  # the loss's 6 of its 10 unscoped; the metric's 10 stay Other
+    assert [name for name, *_ in spans] == ["Forward", "Loss", "Backward", "Optimizer"]
+    assert lengths["Loss"] == pytest.approx(60 * 6 / busy, abs=1e-3)
+    scoped = Trace(ops=trace.ops[:2] + [op(21, 24, "Loss"), op(24, 27, None)] + trace.ops[4:])
+    assert {name: round(s1 - s0, 3) for name, s0, s1 in split_step(scoped, 0.0, 100.0)}["Loss"] == \
+        pytest.approx(60 * 3 / busy, abs=1e-3)

@@ -15,16 +15,22 @@ def _tick_ns():
     return _native.clock_info()["ticks_per_ns"]
 
 
+def _clock():
+    """advance(ns) -> (t0, t1): the next ns of a made-up timeline, in ticks from now."""
+    tpn, t = _tick_ns(), [_native.now()]
+
+    def advance(ns):
+        t0 = t[0]
+        t[0] += int(ns * tpn)
+        return t0, t[0]
+
+    return advance
+
+
 def test_tracker_makes_contiguous_steps_from_phase_reports(run_dir):
     run = stepscope.start(name="tracker")
     tracker = StepTracker()
-    tpn = _tick_ns()
-    t = _native.now()
-
-    def advance(ns):
-        nonlocal t
-        t0, t = t, t + int(ns * tpn)
-        return t0, t
+    advance = _clock()
 
     for _ in range(4):  # a loader-driven loop: fetch, zero_grad, forward, loss, backward, step
         tracker.fetched(*advance(1_000_000), "train")
@@ -62,13 +68,7 @@ def test_parts_of_a_directly_called_forward_are_one_forward(run_dir):
     first part starting again is the next forward (an eval step each, no loader)."""
     run = stepscope.start(name="parts")
     tracker = StepTracker()
-    tpn = _tick_ns()
-    t = _native.now()
-
-    def advance(ns):
-        nonlocal t
-        t0, t = t, t + int(ns * tpn)
-        return t0, t
+    advance = _clock()
 
     group, first, second = object(), object(), object()
     spans = []

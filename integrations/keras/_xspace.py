@@ -203,6 +203,9 @@ def split_step(trace: Trace, t0: float, t1: float):
     for op in ops:
         for phase, w in op.weights.items():
             busy[phase] += (op.end_ns - op.start_ns) * w
+    if not busy.get("Loss"):
+        busy["Loss"] = _unscoped_loss(ops)
+        busy[None] -= busy["Loss"]
     total = sum(busy.values())
     if total <= 0 or end <= start:
         return spans
@@ -213,3 +216,18 @@ def split_step(trace: Trace, t0: float, t1: float):
             spans.append((phase, at, at + length))
             at += length
     return spans
+
+
+def _unscoped_loss(ops: List[Op]) -> float:
+    """Op time of a loss computed with raw ops (a custom ``train_step`` under a
+    GradientTape: ``tf.reduce_mean(tf.square(pred - y))`` has no ``compile_loss``
+    scope, nor any other): the ops of no phase that start after the model's last
+    forward op ends and before the first gradient op starts. The gradients need
+    the loss, and the loss the forward's output, so nothing else of the step's
+    own work runs in between (a metric of the loss may start there too)."""
+    forward_end = max((op.end_ns for op in ops if op.weights.get("Forward")), default=None)
+    backward_start = min((op.start_ns for op in ops if op.weights.get("Backward")), default=None)
+    if forward_end is None or backward_start is None or backward_start <= forward_end:
+        return 0.0
+    return sum((op.end_ns - op.start_ns) * op.weights.get(None, 0.0) for op in ops
+               if forward_end <= op.start_ns < backward_start)

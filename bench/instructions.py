@@ -16,16 +16,19 @@ step between runs); without it the hooks report to their step trackers and
 nothing is written, the same hot path.
 
 Instructions are not time: a Python attribute lookup and a cache miss weigh
-differently. ``--cache`` has valgrind simulate the caches too and prints the
-L1 instruction and data misses per step beside the instructions, for the whole
-training thread and for stepscope's native functions alone: between torch's
-ops their code and data are cold, so nearly every line they touch misses. But a change that removes instructions from every step is real,
+differently. But a change that removes instructions from every step is real,
 and this count shows it in one run where wall-clock pairs need hundreds. The
 count also moves by up to ~5,000 a step with memory layout (a rebuild, even a
 longer argv): the interpreter's attribute caches collide and its dicts probe
 depending on where strings and types were allocated. Compare a few thousand
 only through ``callgrind_annotate`` of the
 ``cg-*.out`` files kept in --keep for which functions changed.
+
+``--cache`` has valgrind simulate the caches too and prints the L1 instruction
+and data misses per step beside the instructions, for the whole training thread
+and for the code of stepscope's native module alone: between torch's ops that
+code and its data are cold, so nearly every line it touches misses, and the
+misses, more than the instructions, are its time.
 """
 
 from __future__ import annotations

@@ -145,13 +145,11 @@ bool fetch_entered(LoopState* st, unsigned long long t0) {
 bool fetch_exited(LoopState* st, PyObject* exc_type, unsigned long long t1) {
   unsigned long long t0 = 0;
   bool ok = true;
-  if (st->depth > 0) {  // 0: a forked child's fresh state, no fetch open in it
-    if (--st->depth == 0) {
-      t0 = st->fetch_t0;
-      st->fetch_t0 = 0;
-    }
+  if (st->depth > 0 && --st->depth == 0) {  // 0 before: a forked child's fresh state, no fetch open
+    t0 = st->fetch_t0;
+    st->fetch_t0 = 0;
   }
-  if (ok && t0) {
+  if (t0) {
     bool stopped = exc_type && exc_type != Py_None && PyType_Check(exc_type) &&
                    PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(exc_type),
                                     reinterpret_cast<PyTypeObject*>(PyExc_StopIteration));

@@ -69,7 +69,7 @@ PyMemberDef members[] = {
     {"depth", T_LONG, offsetof(LoopState, depth), 0, "root forwards (or a fetch) in progress: nested work is theirs"},
     {"in_backward", T_LONG, offsetof(LoopState, in_backward), 0, "a backward in progress: forwards inside it are Recompute"},
     {"in_optimizer", T_LONG, offsetof(LoopState, in_optimizer), 0, "optimizer steps in progress"},
-    OBJ(stack, "(t0, mode, phase) of open root forwards"),
+    OBJ(stack, "(t0, mode, phase, part) of open root forwards (part: (group, root) or None)"),
     OBJ(forced_modes, "modes a framework loop set (Keras fit/evaluate/predict)"),
     OBJ(iter_started, "tick: DataLoader.__iter__ began, no fetch since; None"),
     OBJ(setting_mode, "inside Module.train()"),

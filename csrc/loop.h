@@ -20,7 +20,7 @@ struct LoopState {
   long in_backward;   // a backward in progress (forwards inside are Recompute)
   long in_optimizer;  // optimizer steps in progress
   // Python-facing fields: lists and objects, never NULL once initialised.
-  PyObject* stack;         // (t0, mode, phase) of open root forwards (discovery's)
+  PyObject* stack;         // (t0, mode, phase, part) of open root forwards (discovery's)
   PyObject* forced_modes;  // a framework loop that knows its mode (Keras fit/evaluate/predict)
   PyObject* iter_started;  // tick: DataLoader.__iter__ began, no fetch since; None
   PyObject* setting_mode;  // inside Module.train(): its children's calls are its own

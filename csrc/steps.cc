@@ -419,7 +419,6 @@ bool close(PyObject* self, unsigned long long thread) {
 
 bool set_add(PyObject* set, PyObject* key) { return PySet_Add(set, key) == 0; }
 
-
 // An optimizer new to a loop whose steps each stepped the same other optimizers:
 // a second model's loop has begun (a GAN's optimizers all step in the previous step too).
 int another_loop(Tracker* t, PyObject* key) {

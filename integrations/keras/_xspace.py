@@ -6,7 +6,7 @@ step every op carries the TF name scope it was built in:
 
     .../gradient_tape/...      Backward
     .../<optimizer name>/...   Optimizer   (``adam``, ``sgd``, ...)
-    .../compile_loss/...       Loss
+    .../compile_loss/...       Loss        (else: see _unscoped_loss)
     .../<model name>/...       Forward
     anything else              Other       (metrics, step counters)
 

@@ -237,21 +237,23 @@ class TorchInstrumentor(Instrumentor):
             if st.depth > 1:
                 return
             if st.in_backward:
-                st.stack.append((_native.now(), "train", RECOMPUTE))
+                st.stack.append((_native.now(), "train", RECOMPUTE, None))
             elif isinstance(module, self.roots.loss_type):
-                st.stack.append((_native.now(), "train", LOSS))
+                st.stack.append((_native.now(), "train", LOSS, None))
             else:
                 if self.roots.stop_at_known is st and module is not st.pending_root:
                     self.roots.known_root_ran(st)
                 mode = self.mode_of(module, st)
                 now = _native.now()
-                group = self.roots.group_of.get(module)  # parts of one directly called forward (_roots.py)
-                if group is None:
+                # a part of one directly called forward (_roots.py): its group, and the part
+                # named as the native path names it, by the root's timed call
+                group = self.roots.group_of.get(module)
+                part = None if group is None else (group, self.roots.timed[module][0])
+                if part is None:
                     st.tracker.forward_started(mode, now)
-                else:  # the part: the root's timed call, as the native path names it
-                    group = (group, self.roots.timed[module][0])
-                    st.tracker.forward_started(mode, now, *group)
-                st.stack.append((now, mode, FORWARD, group))
+                else:
+                    st.tracker.forward_started(mode, now, *part)
+                st.stack.append((now, mode, FORWARD, part))
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 
@@ -261,12 +263,12 @@ class TorchInstrumentor(Instrumentor):
             if st.depth > 0 or not st.stack:
                 st.depth = max(st.depth, 0)
                 return
-            t0, mode, phase, *group = st.stack.pop()
+            t0, mode, phase, part = st.stack.pop()
             t1 = _native.now()
             if phase == LOSS:
                 st.tracker.loss(t0, t1)
-            elif group and group[0] is not None:
-                st.tracker.forward_ended(mode, t0, t1, phase, *group[0])
+            elif part is not None:
+                st.tracker.forward_ended(mode, t0, t1, phase, *part)
             else:
                 st.tracker.forward_ended(mode, t0, t1, phase)
         except Exception as exc:  # noqa: BLE001

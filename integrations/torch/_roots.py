@@ -41,7 +41,7 @@ DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
 class _Group:
     """The token the roots inside one directly called forward share."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ()
 
 
 class Roots:
@@ -127,7 +127,7 @@ class Roots:
         while frame is not None and frame.f_code.co_filename == machinery:
             frame = frame.f_back
         owner = None
-        while frame is not None and "self" in frame.f_code.co_varnames[:1]:  # a method's frame
+        while frame is not None and frame.f_code.co_argcount and frame.f_code.co_varnames[0] == "self":
             candidate = frame.f_locals.get("self")
             if not isinstance(candidate, self.torch.nn.Module) or isinstance(candidate, self.loss_type):
                 break

@@ -16,6 +16,7 @@
 #include "hooks.h"
 #include "loop.h"
 #include "optimizer_hooks.h"
+#include "passes.h"
 #include "roots.h"
 #include "pysampler.h"
 #include "reader.h"
@@ -404,7 +405,7 @@ NB_MODULE(_native, m) {
   }
   m.attr("PHASES") = nb::tuple(phases);
   if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr()) || !add_loop_state(m.ptr()) || !add_roots(m.ptr()) ||
-      !add_optimizer_hooks(m.ptr()))
+      !add_optimizer_hooks(m.ptr()) || !add_passes(m.ptr()))
     throw nb::python_error();
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",

@@ -214,6 +214,9 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
     Py_DECREF(r);
     if (yes < 0) goto out;
     if (!yes) t->suspended = 1;  // checked where a loop starts: workers run none
+    // yes: a fact of this process (a forked child gets a tracker of its own), so that a
+    // loop starting on every short epoch asks no more
+    else put(&t->may_begin, Py_None);
   }
   if (!no_mode(t) && t->on_new_step && t->on_new_step != Py_None &&
       (t->every_step || t->forwards_in_step == 0)) {
@@ -593,6 +596,8 @@ bool optimizer_ended(PyObject* self, PyObject* key, unsigned long long t0, unsig
   return true;
 }
 
+bool loop_started(PyObject* self) { return stepscope::loop_started(self); }
+
 }  // namespace track
 
 namespace {
@@ -853,7 +858,7 @@ PyTypeObject TrackerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 const char* const kReports[] = {"fetched", "exhausted", "forward_started", "forward_ended", "loss",
                                 "backward_started", "backward_ended", "optimizer_used", "optimizer_started",
-                                "optimizer_ended"};
+                                "optimizer_ended", "loop_started"};
 
 }  // namespace
 

@@ -57,6 +57,7 @@ bool backward_ended(PyObject* tracker, unsigned long long t0, unsigned long long
 bool optimizer_used(PyObject* tracker);
 bool optimizer_started(PyObject* tracker, PyObject* key, unsigned long long now);
 bool optimizer_ended(PyObject* tracker, PyObject* key, unsigned long long t0, unsigned long long t1);
+bool loop_started(PyObject* tracker);  // a new pass over a loader begins
 }  // namespace track
 
 }  // namespace stepscope

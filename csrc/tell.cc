@@ -10,7 +10,7 @@ namespace tell {
 namespace {
 
 PyObject *g_fetched, *g_exhausted, *g_forward_started, *g_forward_ended, *g_loss, *g_backward_started,
-    *g_backward_ended, *g_optimizer_used, *g_optimizer_started, *g_optimizer_ended;
+    *g_backward_ended, *g_optimizer_used, *g_optimizer_started, *g_optimizer_ended, *g_loop_started;
 
 // tracker.<method>(args...) through its type: the way a replaced report is reached.
 template <class... Args>
@@ -137,12 +137,18 @@ bool optimizer_ended(LoopState* st, PyObject* key, unsigned long long t0, unsign
       });
 }
 
+bool loop_started(LoopState* st) {
+  return report(
+      st, [&](PyObject* t) { return track::loop_started(t); }, [&](PyObject* t) { return call(t, g_loop_started); });
+}
+
 bool init() {
   for (auto [slot, text] : {std::pair{&g_fetched, "fetched"}, {&g_exhausted, "exhausted"},
                             {&g_forward_started, "forward_started"}, {&g_forward_ended, "forward_ended"},
                             {&g_loss, "loss"}, {&g_backward_started, "backward_started"},
                             {&g_backward_ended, "backward_ended"}, {&g_optimizer_used, "optimizer_used"},
-                            {&g_optimizer_started, "optimizer_started"}, {&g_optimizer_ended, "optimizer_ended"}}) {
+                            {&g_optimizer_started, "optimizer_started"}, {&g_optimizer_ended, "optimizer_ended"},
+                            {&g_loop_started, "loop_started"}}) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }

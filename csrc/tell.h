@@ -32,6 +32,7 @@ bool backward_ended(LoopState* st, unsigned long long t0, unsigned long long t1)
 bool optimizer_used(LoopState* st);
 bool optimizer_started(LoopState* st, PyObject* key, unsigned long long now);
 bool optimizer_ended(LoopState* st, PyObject* key, unsigned long long t0, unsigned long long t1);
+bool loop_started(LoopState* st);
 
 // Interns the reports' method names; false with a Python error set.
 bool init();

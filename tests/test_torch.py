@@ -243,6 +243,55 @@ def test_instrument_is_idempotent_and_uninstrument_restores(run_dir):
     assert np.all(r.steps[["Forward", "Loss", "Backward", "Optimizer"]].to_numpy() > 0)
 
 
+def test_eager_steps_and_new_epochs_run_no_python_frame_of_stepscopes(run_dir):
+    """The hot path is native: neither a training step nor a new pass over a DataLoader
+    (every 4 steps here) runs a Python function of stepscope's, and the steps are right."""
+    from stepscope.integrations import torch as st_torch
+
+    import stepscope.integrations
+
+    # the package's folder (its subpackages' parent: an editable install maps them elsewhere)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(stepscope.integrations.__file__))) + os.sep
+    tests = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    st_torch.uninstrument()
+    assert st_torch.instrument()
+    try:
+        run = stepscope.start(name="no-frames")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+
+        def epochs(n):
+            for _ in range(n):
+                for x, y in loader:
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+
+        epochs(3)  # root discovery: its hooks run for the first steps of a new loader
+        ours = []
+
+        def profile(frame, event, arg):
+            name = frame.f_code.co_filename
+            if event == "call" and name.startswith(package) and not name.startswith(tests):
+                ours.append(f"{name}:{frame.f_code.co_name}")
+
+        sys.setprofile(profile)
+        try:
+            epochs(5)
+        finally:
+            sys.setprofile(None)
+        run.stop()
+    finally:
+        st_torch.uninstrument()
+    assert ours == []
+    steps = stepscope.load(run.path).steps
+    assert len(steps) == 32
+    assert np.all(steps[["GetNext", "Forward", "Loss", "Backward", "Optimizer"]].to_numpy() > 0)
+
+
 def _three_steps(optimizer_class):
     """Three steps of a linear model, its loss functional: Forward, Loss, Backward, Optimizer."""
     m = torch.nn.Linear(4, 1)

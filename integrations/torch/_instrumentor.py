@@ -101,7 +101,9 @@ class TorchInstrumentor(Instrumentor):
         self.is_dynamo_compiling = getattr(self.compiler, "is_dynamo_compiling", _NotCompiling.is_dynamo_compiling)
         self.roots = Roots(self, torch, fixed=model is not None)
         self.loops = Loops(self._new_tracker)
-        self.loaders_seen = weakref.WeakSet()  # DataLoaders iterated before (discovery: see loop_starting)
+        # weak references to the DataLoaders iterated before (discovery: _fetch.py); a set, which
+        # csrc/passes.cc reads directly
+        self.loaders_seen = set()
         # optimizers created since, by id (values: no hashing): a compiled call's step is told by their parameters
         self.optimizers = weakref.WeakValueDictionary()
         from torch.optim import optimizer as optim_mod

@@ -56,6 +56,7 @@ def check_steps(run, expected_modes):
     ("lbfgs", {"train": 12}, {"Optimizer": 12, "Forward": 36, "Loss": 36, "Backward": 36}),
     ("accum", {"train": 12}, {"Forward": 48, "Loss": 48, "Backward": 48, "Optimizer": 12}),
     ("gan", {"train": 12}, {"Forward": 60, "Loss": 36, "Backward": 24, "Optimizer": 24}),
+    ("gan_mixed", {"train": 12}, {"Forward": 60, "Loss": 36, "Backward": 24, "Optimizer": 24}),
     ("ckpt", {"train": 12}, {"Forward": 12, "Loss": 12, "Backward": 12, "Optimizer": 12, "Recompute": 12}),
     ("evalonly", {"eval": 12}, {"Forward": 12}),
 ])

@@ -34,9 +34,10 @@ def main():
                 loss = nn.functional.mse_loss(model(x), y) / 4
                 loss.backward()
             opt.step(); opt.zero_grad()
-    elif kind == "gan":
+    elif kind in ("gan", "gan_mixed"):  # gan_mixed: optimizers of two classes (each told by its range)
         G = nn.Sequential(nn.Linear(8, 16)); D = nn.Sequential(nn.Linear(16, 1))
-        oG = torch.optim.Adam(G.parameters()); oD = torch.optim.Adam(D.parameters())
+        oG = torch.optim.Adam(G.parameters())
+        oD = torch.optim.Adam(D.parameters()) if kind == "gan" else torch.optim.SGD(D.parameters(), lr=0.01)
         bce = nn.BCEWithLogitsLoss()
         for i in range(N):
             z = torch.randn(32, 8); real = torch.randn(32, 16)

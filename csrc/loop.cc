@@ -128,7 +128,7 @@ namespace loop_cache {
 // This thread's last answer. Strong references: neither object can be freed
 // and its address reused while cached (at thread exit they stay alive, as the
 // integration's list of every thread's state keeps them anyway).
-__thread Cached t_cached;
+__thread Cached t_cached __attribute__((tls_model("initial-exec")));
 std::atomic<uint64_t> g_epoch{1};
 
 LoopState* lookup(PyObject* local) {

@@ -60,7 +60,9 @@ struct Cached {
   PyObject* state;
   uint64_t epoch;
 };
-extern __thread Cached t_cached;  // plain TLS: no initialiser to run
+// plain TLS (no initialiser to run), initial-exec as writer.cc's tls_state: an
+// offset from the thread pointer, not a __tls_get_addr call at every hook
+extern __thread Cached t_cached __attribute__((tls_model("initial-exec")));
 extern std::atomic<uint64_t> g_epoch;
 LoopState* lookup(PyObject* local);  // the miss
 }  // namespace loop_cache

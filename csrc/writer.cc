@@ -48,8 +48,9 @@ std::unordered_map<std::string, uint32_t> g_name_ids;
 // The open step's mode, per thread: each thread's training loop has its own
 // steps (SPEC §3). A session restart bumps the generation: stale values read as closed.
 std::atomic<uint32_t> g_steps_generation{0};
-thread_local int32_t tls_open_mode = -1;
-thread_local uint32_t tls_open_generation = 0;
+// (initial-exec: read at every step's start, as tls_state is at every record)
+thread_local int32_t tls_open_mode __attribute__((tls_model("initial-exec"))) = -1;
+thread_local uint32_t tls_open_generation __attribute__((tls_model("initial-exec"))) = 0;
 
 TickConverter g_conv;
 

@@ -452,17 +452,10 @@ bool add_hooks(PyObject* module) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }
-  HookType.tp_name = "stepscope.core._native.Hook";
-  HookType.tp_basicsize = sizeof(Hook);
-  HookType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
-  HookType.tp_vectorcall_offset = offsetof(Hook, vectorcall);
-  HookType.tp_call = PyVectorcall_Call;
   HookType.tp_descr_get = hook_get;
-  HookType.tp_traverse = hook_traverse;
-  HookType.tp_clear = hook_clear;
-  HookType.tp_dealloc = hook_dealloc;
-  HookType.tp_doc = "A method wrapper (filtered_enter, guarded_exit).";
-  if (PyType_Ready(&HookType) < 0) return false;
+  if (!ready_wrapper_type(&HookType, "stepscope.core._native.Hook", sizeof(Hook), offsetof(Hook, vectorcall),
+                          hook_traverse, hook_clear, hook_dealloc, "A method wrapper (filtered_enter, guarded_exit)."))
+    return false;
   return PyModule_AddFunctions(module, functions) == 0;
 }
 

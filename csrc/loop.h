@@ -121,6 +121,23 @@ inline int clear_fields(PyObject* self, FieldList fields) {
   return 0;
 }
 
+// Readies a native wrapper's type (roots.cc, hooks.cc, optimizer_hooks.cc, passes.cc):
+// a GC-tracked callable whose instances hold their vectorcall at `vectorcall_offset`.
+// Slots of its own (tp_descr_get) are set before. False with a Python error set.
+inline bool ready_wrapper_type(PyTypeObject* type, const char* name, Py_ssize_t size, Py_ssize_t vectorcall_offset,
+                               traverseproc traverse, inquiry clear, destructor dealloc, const char* doc) {
+  type->tp_name = name;
+  type->tp_basicsize = size;
+  type->tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  type->tp_vectorcall_offset = vectorcall_offset;
+  type->tp_call = PyVectorcall_Call;
+  type->tp_traverse = traverse;
+  type->tp_clear = clear;
+  type->tp_dealloc = dealloc;
+  type->tp_doc = doc;
+  return PyType_Ready(type) == 0;
+}
+
 // Hands the current Python error to fail(exc), never to the caller.
 void hand_error_to(PyObject* fail);
 

@@ -120,16 +120,10 @@ PyMethodDef methods[] = {
 }  // namespace
 
 bool add_optimizer_hooks(PyObject* module) {
-  HookType.tp_name = "stepscope.core._native.OptimizerHook";
-  HookType.tp_basicsize = sizeof(Hook);
-  HookType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
-  HookType.tp_vectorcall_offset = offsetof(Hook, vectorcall);
-  HookType.tp_call = PyVectorcall_Call;
-  HookType.tp_dealloc = hook_dealloc;
-  HookType.tp_traverse = hook_traverse;
-  HookType.tp_clear = hook_clear;
-  HookType.tp_doc = "An optimizer step's pre or post hook (csrc/optimizer_hooks.cc).";
-  if (PyType_Ready(&HookType) < 0) return false;
+  if (!ready_wrapper_type(&HookType, "stepscope.core._native.OptimizerHook", sizeof(Hook), offsetof(Hook, vectorcall),
+                          hook_traverse, hook_clear, hook_dealloc,
+                          "An optimizer step's pre or post hook (csrc/optimizer_hooks.cc)."))
+    return false;
   return PyModule_AddFunctions(module, methods) == 0;
 }
 

@@ -174,19 +174,13 @@ PyMethodDef methods[] = {
 bool add_passes(PyObject* module) {
   g_num_workers = PyUnicode_InternFromString("num_workers");
   if (!g_num_workers) return false;
-  IterType.tp_name = "stepscope.core._native.TimedIter";
-  IterType.tp_basicsize = sizeof(Iter);
-  IterType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
-  IterType.tp_vectorcall_offset = offsetof(Iter, vectorcall);
-  IterType.tp_call = PyVectorcall_Call;
   IterType.tp_descr_get = iter_get;
   IterType.tp_getattro = iter_getattro;
   IterType.tp_getset = getset;
-  IterType.tp_traverse = iter_traverse;
-  IterType.tp_clear = iter_clear;
-  IterType.tp_dealloc = iter_dealloc;
-  IterType.tp_doc = "DataLoader.__iter__, marking a pass's start (csrc/passes.cc).";
-  if (PyType_Ready(&IterType) < 0) return false;
+  if (!ready_wrapper_type(&IterType, "stepscope.core._native.TimedIter", sizeof(Iter), offsetof(Iter, vectorcall),
+                          iter_traverse, iter_clear, iter_dealloc,
+                          "DataLoader.__iter__, marking a pass's start (csrc/passes.cc)."))
+    return false;
   return PyModule_AddFunctions(module, methods) == 0;
 }
 

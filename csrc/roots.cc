@@ -237,16 +237,9 @@ bool add_roots(PyObject* module) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }
-  RootType.tp_name = "stepscope.core._native.TimedRoot";
-  RootType.tp_basicsize = sizeof(Root);
-  RootType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
-  RootType.tp_vectorcall_offset = offsetof(Root, vectorcall);
-  RootType.tp_call = PyVectorcall_Call;
-  RootType.tp_dealloc = root_dealloc;
-  RootType.tp_traverse = root_traverse;
-  RootType.tp_clear = root_clear;
-  RootType.tp_doc = "A root module's timed call (csrc/roots.cc).";
-  if (PyType_Ready(&RootType) < 0) return false;
+  if (!ready_wrapper_type(&RootType, "stepscope.core._native.TimedRoot", sizeof(Root), offsetof(Root, vectorcall),
+                          root_traverse, root_clear, root_dealloc, "A root module's timed call (csrc/roots.cc)."))
+    return false;
   return PyModule_AddFunctions(module, methods) == 0;
 }
 

@@ -27,6 +27,17 @@ def _clock():
     return advance
 
 
+def _loss_backward_optimizer(tracker, advance, backward_ns):
+    """A train step's end, reported: a 0.5 ms loss, the backward, a 1 ms optimizer step (key 1)."""
+    tracker.loss(*advance(500_000))
+    t0, t1 = advance(backward_ns)
+    tracker.backward_started(t0)
+    tracker.backward_ended(t0, t1)
+    t0, t1 = advance(1_000_000)
+    tracker.optimizer_started(1, t0)
+    tracker.optimizer_ended(1, t0, t1)
+
+
 def test_tracker_makes_contiguous_steps_from_phase_reports(run_dir):
     run = stepscope.start(name="tracker")
     tracker = StepTracker()
@@ -38,13 +49,7 @@ def test_tracker_makes_contiguous_steps_from_phase_reports(run_dir):
         t0, t1 = advance(2_000_000)
         tracker.forward_started("train", t0)
         tracker.forward_ended("train", t0, t1)
-        tracker.loss(*advance(500_000))
-        t0, t1 = advance(3_000_000)
-        tracker.backward_started(t0)
-        tracker.backward_ended(t0, t1)
-        t0, t1 = advance(1_000_000)
-        tracker.optimizer_started(1, t0)
-        tracker.optimizer_ended(1, t0, t1)
+        _loss_backward_optimizer(tracker, advance, backward_ns=3_000_000)
     assert tracker.mode == "train" and tracker.done and tracker.pending is None
     tracker.exhausted(*advance(100_000))
     assert tracker.mode is None and not tracker.in_step()
@@ -81,13 +86,7 @@ def test_parts_of_a_directly_called_forward_are_one_forward(run_dir):
             tracker.forward_ended("train", t0, t1, FORWARD, group, part)
             spans.append((t0, t1))
         advance(200_000)  # the forward's own code after its last part
-        tracker.loss(*advance(500_000))
-        t0, t1 = advance(2_000_000)
-        tracker.backward_started(t0)
-        tracker.backward_ended(t0, t1)
-        t0, t1 = advance(1_000_000)
-        tracker.optimizer_started(1, t0)
-        tracker.optimizer_ended(1, t0, t1)
+        _loss_backward_optimizer(tracker, advance, backward_ns=2_000_000)
     tracker.exhausted(*advance(100_000))
     for _ in range(2):  # eval, no loader: the first part again is the next forward
         for part in (first, second):

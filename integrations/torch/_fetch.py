@@ -20,7 +20,7 @@ def wrap_iter(inst, original):
     """``DataLoader.__iter__``, native (``csrc/passes.cc``): a pass begins on every epoch,
     every few steps for a small dataset, where a Python wrapper cost six frames."""
     return _native.timed_iter(original, inst.loops.local, inst.loaders_seen, functools.partial(_new_loader, inst),
-                              functools.partial(_workers_configured, inst), inst.fail)
+                              _workers.loader_configured, inst.fail)
 
 
 def _new_loader(inst, loader) -> None:
@@ -29,10 +29,6 @@ def _new_loader(inst, loader) -> None:
     if loader is not None:
         inst.loaders_seen.add(weakref.ref(loader, inst.loaders_seen.discard))
     inst.roots.look_again(until_known_root=True)
-
-
-def _workers_configured(inst, loader) -> None:
-    _workers.loader_configured(loader)
 
 
 def loop_starting(inst, t0: int, loader=None) -> None:

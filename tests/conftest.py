@@ -10,6 +10,11 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Workers share the cores: one OpenMP thread each, or torch's idle intra-op threads
+    # spin on cores another worker needs (the jobs the tests start inherit it).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def run_python(code, cwd, env=None, timeout=120, **kwargs):
     """Runs `code` in a fresh interpreter (cwd outside the checkout, so the
@@ -41,3 +46,31 @@ def _no_leftover_session():
     stepscope.stop()
     os.environ.pop("STEPSCOPE_ACTIVE_RUN", None)
     os.environ.pop("STEPSCOPE_RUN", None)
+
+
+# --- parallel runs (pytest-xdist: tox runs `pytest -n auto --dist loadgroup`) ----------------
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """One worker per CPU, at most four, and one per 6 GiB of memory: a worker holds
+    torch, TensorFlow and the subprocesses it starts (1-3 GiB)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gib = 6
+    return max(1, min(cpus, 4, int(memory_gib // 6)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """A test that uses a module- or session-scoped fixture of the suite's runs in its
+    module's worker (the fixture, often a whole training run, is made once); the other
+    tests are spread one by one. A test that names its own group keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info else ()
+        if any(d.scope in ("module", "session", "package") and d.baseid for ds in defs for d in ds):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -43,7 +43,8 @@ def test_eight_threads_every_event_present_nesting_per_thread(run_dir):
 
 
 def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
-    """50 M events as fast as C++ can record them: memory stays bounded, nothing silent."""
+    """20 M events (~200 MB of trace) as fast as C++ can record them: memory stays
+    bounded, nothing silent. (bench/core_api.py floods 50 M for BENCHMARKS.md.)"""
     r = run_python("""
         import resource, stepscope
         from stepscope.core import _native
@@ -56,7 +57,7 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
         run = stepscope.start(dir="runs", name="flood")
         before = status_mb("VmRSS")
         name = _native.intern("flood")
-        _native.bench_cpp_pair(50_000_000, name)
+        _native.bench_cpp_pair(20_000_000, name)
         peak_during = status_mb("VmHWM")
         stats = _native.stats()
         run.stop()
@@ -75,4 +76,4 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
     # every event is either on disk or counted as dropped; readers see the count
     # (the system sampler's few events may be among the dropped ones)
     assert loaded_dropped == dropped
-    assert 0 <= loaded_events + loaded_dropped - 50_000_000 <= 1000
+    assert 0 <= loaded_events + loaded_dropped - 20_000_000 <= 1000

@@ -85,7 +85,7 @@ def _cases():
         name = os.path.splitext(os.path.basename(path))[0]
         variants = ["zero_edit"] + (["callback"] if truth_of(path).get("callback") else [])
         for variant in variants:
-            marks = []
+            marks = [pytest.mark.xdist_group(f"conformance-{name}")]  # both variants share the plain run
             if (name, variant) in XFAIL:
                 marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[(name, variant)]))
             cases.append(pytest.param(name, variant, id=f"{name}-{variant}", marks=marks))

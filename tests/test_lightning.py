@@ -58,12 +58,6 @@ def test_zero_edit(tmp_path):
     _check(run)
 
 
-def test_users_own_profiler_keeps_working(tmp_path):
-    r, run = _run(tmp_path, "callback", "simple")
-    assert "FIT Profiler Report" in r.stdout + r.stderr
-    _check(run)
-
-
 # ("simple" and "advanced": tests/conformance/lightning_profiler_*.py compare their rows exactly)
 @pytest.mark.parametrize("profiler", ["pytorch", "recording"])
 def test_users_profiler_sees_exactly_its_usual_calls(tmp_path, profiler):

@@ -420,6 +420,7 @@ def test_stepscopes_own_threads_are_not_sampled(tmp_path):
     assert "users" in functions and "ours" not in functions
 
 
+@pytest.mark.alone  # the main thread comes by in time only when no other job shares its core
 def test_a_torch_loop_walks_its_own_passes(tmp_path):
     """A loop of torch ops (each releases the GIL) takes the GIL back after every op: each
     pass is walked there by the main thread itself (a pending call), so the sampler never

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -115,6 +116,41 @@ def test_torch_compile_adds_no_graph_breaks_and_keeps_phases(tmp_path, kind, bac
     run = stepscope.load(tmp_path / "runs" / "run")
     check_steps(run, {"train": 12})
     assert phase_counts(run) == {"Forward": 12, "Loss": 12, "Backward": 12, "Optimizer": 12}
+
+
+def test_a_module_compiled_before_instrument_is_a_root_and_compiles_as_without_stepscope(tmp_path):
+    """torch.compile(model), then stepscope.start() and instrument() in code: root
+    discovery's global hooks used to run inside the compiled forward, where dynamo
+    traced them and failed (and torch warned of global hooks at every compiled call).
+    The compiled module is found at instrument() and timed as a root, with no hooks."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.nn as nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        compiled = torch.compile(model, backend="aot_eager")
+        if sys.argv[1] == "profiled":
+            import stepscope, stepscope.integrations.torch as st_torch
+            run = stepscope.start(dir="runs", name="run")
+            st_torch.instrument()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(16, 8), torch.randn(16, 1)
+        for _ in range(10):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(compiled(x), y)
+            loss.backward()
+            opt.step()
+        print("LOSS", round(loss.item(), 5))
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    plain, prof = (subprocess.run([sys.executable, str(script), how], cwd=tmp_path, env=env, capture_output=True,
+                                  text=True, timeout=300) for how in ("plain", "profiled"))
+    assert prof.returncode == 0, prof.stderr[-3000:]
+    assert prof.stdout == plain.stdout and "LOSS" in prof.stdout
+    assert "global hooks" not in prof.stderr and "stepscope:" not in prof.stderr, prof.stderr[-3000:]
+    run = stepscope.load(tmp_path / "runs" / "run")
+    check_steps(run, {"train": 10})
+    assert phase_counts(run) == {"Forward": 10, "Loss": 10, "Backward": 10, "Optimizer": 10}
 
 
 def test_roots_timed_in_native_code_leave_fullgraph_compiles_whole(tmp_path):

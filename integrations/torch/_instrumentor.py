@@ -130,7 +130,7 @@ class TorchInstrumentor(Instrumentor):
             self.patch(torch.nn.Module, "_replicate_for_data_parallel", self.wrap_replicate)
         if model is not None:
             self.roots.adopt(model)
-        else:
+        elif not self.roots.adopt_compiled_before():
             self.roots.start_discovery()
         session.on_stop(self.close_steps)
         runinfo.register_rank_provider(distributed_rank)

@@ -28,6 +28,7 @@ the calling frames, once, when such a root is adopted.
 
 from __future__ import annotations
 
+import gc
 import sys
 import weakref
 
@@ -221,6 +222,23 @@ class Roots:
                 return
         self.stop_discovery()
 
+    def adopt_compiled_before(self) -> bool:
+        """Modules ``torch.compile`` returned before stepscope was instrumented (an
+        explicit ``instrument()`` after compiling) are roots, and discovery does not
+        start: its global hooks would make each of them warn, and dynamo would trace
+        them inside the compiled forward. Found once, by a scan of the heap (~50 ms),
+        and only where dynamo is loaded at all."""
+        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+        optimized = getattr(eval_frame, "OptimizedModule", None)
+        if optimized is None:
+            return False
+        found = [o for o in gc.get_objects() if issubclass(type(o), optimized)]  # type(): no __class__ read
+        for module in found:
+            self.adopt(module)
+        if found:
+            self.compiled = True
+        return bool(found)
+
     def compile_called(self) -> None:
         """torch.compile in use: no more global hooks (they warn and add guards)."""
         self.compiled = True
@@ -253,8 +271,10 @@ class Roots:
 
     def discover_pre(self, module, args):
         inst = self.inst
+        if inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
+            return None  # first: dynamo, tracing this hook, must not see stepscope's state
         loop = inst.loop
-        if loop.depth or loop.pending_root is not None or inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
+        if loop.depth or loop.pending_root is not None:
             return None
         try:
             if module in self.timed or isinstance(module, self.skipped_types):
@@ -271,13 +291,16 @@ class Roots:
         return None
 
     def discover_post(self, module, args, output):
-        loop = self.inst.loop
+        inst = self.inst
+        if inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
+            return None
+        loop = inst.loop
         if module is loop.pending_root:
             loop.pending_root = None
             try:
-                self.inst.root_post(loop)
+                inst.root_post(loop)
             except Exception as exc:  # noqa: BLE001
-                self.inst.fail(exc)
+                inst.fail(exc)
         return None
 
 

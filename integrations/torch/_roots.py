@@ -226,7 +226,7 @@ class Roots:
         """Modules ``torch.compile`` returned before stepscope was instrumented (an
         explicit ``instrument()`` after compiling) are roots, and discovery does not
         start: its global hooks would make each of them warn, and dynamo would trace
-        them inside the compiled forward. Found once, by a scan of the heap (~50 ms),
+        them inside the compiled forward. Found once, by a scan of the heap (gc.get_objects: 29 ms for 290k objects here),
         and only where dynamo is loaded at all."""
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
         optimized = getattr(eval_frame, "OptimizedModule", None)

@@ -26,15 +26,17 @@ pairs' differences, with its standard error. Short pairs see the same VM
 speed, which whole rounds of hundreds of milliseconds do not (their spread is
 tens of microseconds a step here, more than the cost sought). Twice: with the
 session's samplers (system metrics, Python stacks) running in both chunks
-(the hooks alone), and running in the "on" chunks only (hooks and samplers:
+(the hooks alone), and running in the "on" side only (hooks and samplers:
 all that a loop pays under ``STEPSCOPE=1``, but the once-per-job start and
-stop). ``--cpu`` times those chunks in the training thread's CPU time instead
+stop; each side then a block of chunks spanning two sampling intervals, timed
+after the samplers' first sample). ``--cpu`` times those chunks in the training thread's CPU time instead
 of wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import tempfile
@@ -126,9 +128,14 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
 def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clock=time.perf_counter,
               samplers: bool = False) -> dict:
     """Median of paired (on - off) differences per step over short chunks, in one session.
-    samplers: the session's samplers (system metrics, Python stacks) run in the "on" chunks
+    samplers: the session's samplers (system metrics, Python stacks) run in the "on" side
     only, so the difference is all a loop pays under STEPSCOPE=1 but the once-per-job start
-    and stop; else they run in both, and the difference is the hooks alone."""
+    and stop; else they run in both, and the difference is the hooks alone.
+
+    With samplers, each side of a pair is a block of chunks spanning at least two sampling
+    intervals, timed from a short settling run after the samplers start: the system sampler
+    samples (and scans /proc) the moment it starts, so timing right after a start would
+    charge a sample per chunk, several times the rate a running job pays."""
     from stepscope.core import _native
     from stepscope.core.config import resolve
 
@@ -150,24 +157,39 @@ def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clo
             _native.stop_sampler()
             _native.pysampler_stop()
 
+    block, settle_s = 1, 0.0
+    if samplers:
+        t = time.perf_counter()
+        loop(chunk)
+        chunk_s = time.perf_counter() - t
+        block = max(1, math.ceil(2 * config.interval_ms / 1e3 / chunk_s))
+        settle_s = 0.03
+        pairs = max(10, pairs // block)  # about the same time as without samplers
+
+    def settle(since: float) -> None:
+        loop(5)  # past root discovery (its global hooks run for the first steps of a job)
+        while time.perf_counter() - since < settle_s:
+            loop(1)
+
     run = stepscope.start(dir=tmp, name=f"hooks-{width}-{time.time_ns()}")
     diffs, base = [], []
     try:
         for i in range(pairs):
-            # alternate which chunk comes first: the second of a pair runs ~5 us a step
+            # alternate which side comes first: the second of a pair runs ~5 us a step
             # slower here whatever it is (measured with the integration off in both)
             order = (False, True) if i % 2 else (True, False)
             times = {}
             for on in order:
+                toggled = time.perf_counter()
                 if on != st_torch.instrumentor.is_instrumented():
                     st_torch.instrument() if on else st_torch.uninstrument()
                     if samplers:
                         set_samplers(on)
-                loop(5)  # past root discovery (its global hooks run for the first steps of a job)
-                times[on] = timed()
+                settle(toggled)
+                times[on] = sum(timed() for _ in range(block))
             on, off = times[True], times[False]
-            diffs.append((on - off) / chunk)
-            base.append(off / chunk)
+            diffs.append((on - off) / (chunk * block))
+            base.append(off / (chunk * block))
     finally:
         run.stop()
         st_torch.uninstrument()

@@ -565,11 +565,12 @@ bool optimizer_started(PyObject* self, PyObject* key, unsigned long long now) {
   if (!t->cand_mode) return !(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now);
   // Stepping again begins a new iteration, unless a loader drives this loop and
   // several optimizers take turns on its batch (WGAN: critic updates, then the
-  // generator's): then only the next fetch does.
+  // generator's, on every batch or every n-th): then only the next fetch does.
+  // So does a second model's optimizer, but only in a loop no loader drives.
   int in = PySet_Contains(t->opt_in_step, key);
   if (in < 0) return false;
   bool again = in && !(t->fed && PySet_GET_SIZE(t->opt_known) > 1);
-  int other = again ? 0 : another_loop(t, key);
+  int other = again || t->fed ? 0 : another_loop(t, key);
   if (other < 0) return false;
   if (again || other) {
     char fed = t->fed;

@@ -20,7 +20,9 @@ TensorFlow backend (compiled ``train_step``, ``jit_compile`` on or off):
   ``test_function`` are wrapped for the loop's duration; the compiled
   ``one_step_on_data`` is unchanged), and the tf.data integration times that
   fetch on every step. ``predict`` fetches in Python already. Otherwise
-  GetNext comes from the sampled profiler window (``IteratorGetNextOp``).
+  GetNext comes from the sampled profiler window (``IteratorGetNextOp``, or
+  ``IteratorGetNextAsOptionalOp`` for a strategy's iterator), and a
+  run.json note says so.
 * Forward/Loss/Backward/Optimizer: from sampled ``tf.profiler`` windows, see
   ``_window`` for the sampling policy and what shares of unsampled steps mean.
 

@@ -74,14 +74,19 @@ def _build_class(keras):
             attr = {"train": "train_function", "test": "test_function"}.get(kind)
             function = getattr(model, attr, None) if attr else None
             if (function is not None and getattr(model, "steps_per_execution", 1) == 1
-                    and not _has_strategy() and not hasattr(function, "__stepscope_original__")):
+                    and not _has_strategy(model) and not hasattr(function, "__stepscope_original__")):
                 setattr(model, attr, _fetching_in_python(function, self))
                 restore = (attr, function)
             if getattr(model, "steps_per_execution", 1) not in (1, None):
                 from stepscope.core import session
 
                 session.add_note("Keras steps_per_execution > 1: the batches are fetched inside the compiled "
-                                 "loop; GetNext is not measured")
+                                 "loop; GetNext is sampled in profiler windows, not timed every step")
+            elif kind == "train" and _has_strategy(model):
+                from stepscope.core import session
+
+                session.add_note("Keras under a tf.distribute strategy: the batches are fetched inside the "
+                                 "compiled step; GetNext is sampled in profiler windows, not timed every step")
             if kind != "train":
                 from stepscope.core import session
 

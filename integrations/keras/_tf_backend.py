@@ -50,10 +50,12 @@ def _fetching_in_python(function, callback):
     return step_function
 
 
-def _has_strategy() -> bool:
+def _has_strategy(model) -> bool:
+    """Whether the model trains under a tf.distribute strategy: the one it was built
+    in (Keras keeps it; fit runs outside its scope), or a scope fit runs in."""
     import tensorflow as tf
 
-    return tf.distribute.has_strategy()
+    return getattr(model, "_distribute_strategy", None) is not None or tf.distribute.has_strategy()
 
 
 def _yield_to_user_profiler(original):

@@ -29,7 +29,9 @@ SYNC_NAME = "stepscope.sync"
 ORDER = ("Forward", "Loss", "Backward", "Optimizer")
 _TF_OP = re.compile(r"([^:]+):([A-Za-z_]\w*)$")  # "scope/op:OpType" (not "Executor::Run")
 _HLO_SUFFIX = re.compile(r"\.\d+$")  # "fusion.12" -> "fusion"
-GETNEXT_EVENT = "IteratorGetNextOp::DoCompute"
+# an in-graph fetch: get_next(), or get_next_as_optional() (a distribution strategy's
+# iterator, steps_per_execution > 1)
+GETNEXT_EVENTS = frozenset({"IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute"})
 ITERATOR_PREFIX = "Iterator::"  # tf.data's per-iterator spans, nested by pipeline stage
 
 
@@ -153,7 +155,7 @@ def parse(data: bytes, scopes: Scopes) -> Trace:
             if name == SYNC_NAME:
                 trace.sync.append((t0, t1))
                 continue
-            if name == GETNEXT_EVENT:
+            if name in GETNEXT_EVENTS:
                 trace.getnext.append((t0, t1))
                 continue
             if name.startswith(ITERATOR_PREFIX):  # on tf.data's threads, or the thread that fetches

@@ -2,7 +2,8 @@
 batches; a train step is an optimizer step (16 = optimizer.iterations), not one
 execution of 4."""
 # expect: {"train": 16, "callback": true,
-# expect:  "phases": {"train": ["Forward", "Loss", "Backward", "Optimizer"]}, "note": "steps_per_execution > 1"}
+# expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]},
+# expect:  "note": "steps_per_execution > 1: the batches are fetched inside the compiled loop; GetNext is sampled"}
 import os
 import sys
 

@@ -29,13 +29,15 @@ class KerasBackendHooks(Instrumentor):
 
         backend = keras.backend.backend()
         if backend == "tensorflow":
-            from keras.src.backend.tensorflow import tensorboard
+            from keras.src.backend.tensorflow import tensorboard, trainer
 
             from stepscope.integrations import tfdata
-            from stepscope.integrations.keras._tf_backend import _yield_to_user_profiler
+            from stepscope.integrations.keras import _tf_backend as tb
 
             tfdata.instrumentor.ensure()
-            self.patch(tensorboard, "start_trace", _yield_to_user_profiler)
+            self.patch(tensorboard, "start_trace", tb._yield_to_user_profiler)
+            if hasattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build"):  # where this Keras has it
+                self.patch(trainer.TensorFlowTrainer, "_maybe_symbolic_build", tb._symbolic_build_fetches_not_steps)
         elif backend == "torch":
             from stepscope.integrations.keras import _torch_backend as tb
 

@@ -58,6 +58,24 @@ def _has_strategy(model) -> bool:
     return getattr(model, "_distribute_strategy", None) is not None or tf.distribute.has_strategy()
 
 
+def _symbolic_build_fetches_not_steps(original):
+    """Under a tf.distribute strategy Keras fetches a batch eagerly to build the
+    model, before a loop's callbacks run (``_maybe_symbolic_build``): no step of
+    tf.data's custom-loop tracking."""
+    from stepscope.integrations import tfdata
+
+    @functools.wraps(original)
+    def build(*args, **kwargs):
+        tfdata.keras_loop_begins()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            tfdata.keras_loop_ends()
+
+    build.__stepscope_original__ = original
+    return build
+
+
 def _yield_to_user_profiler(original):
     """TensorBoard(profile_batch=...) starts TF's profiler: close our window first."""
 

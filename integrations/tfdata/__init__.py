@@ -108,8 +108,8 @@ class TfDataInstrumentor(Instrumentor):
                 if not self.noted:
                     self.noted = True
                     session.add_note("tf.data: a custom loop over a dataset records its steps and GetNext; the "
-                                     "compute phases inside its tf.function step are not measured (the Keras "
-                                     "callback samples them for model.fit)")
+                                     "compute phases of its steps (eager code or a tf.function) are not "
+                                     "measured (the Keras callback samples them for model.fit)")
                 self.tracker.fetched(t0, t1, MODE)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)

@@ -66,11 +66,8 @@ def _symbolic_build_fetches_not_steps(original):
 
     @functools.wraps(original)
     def build(*args, **kwargs):
-        tfdata.keras_loop_begins()
-        try:
+        with tfdata.keras_loop():
             return original(*args, **kwargs)
-        finally:
-            tfdata.keras_loop_ends()
 
     build.__stepscope_original__ = original
     return build

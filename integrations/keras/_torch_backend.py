@@ -57,11 +57,8 @@ def _tfdata_fetches_not_steps():
     if tfdata is None or not tfdata.is_instrumented():
         yield
         return
-    tfdata.keras_loop_begins()
-    try:
+    with tfdata.keras_loop():
         yield
-    finally:
-        tfdata.keras_loop_ends()
 
 
 def _symbolic_calls_hidden_from_torch(original):

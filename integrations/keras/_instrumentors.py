@@ -16,6 +16,7 @@ import sys
 
 from stepscope.core import safety
 from stepscope.integrations._base import Instrumentor
+from stepscope.integrations.keras._tf_backend import torch_loaders_read_through_tfdata
 
 
 class KerasBackendHooks(Instrumentor):
@@ -87,6 +88,13 @@ def _has_ours(callbacks) -> bool:
     return cls is not None and any(isinstance(cb, cls) for cb in items)
 
 
+def _on_tensorflow() -> bool:
+    try:
+        return sys.modules["keras"].backend.backend() == "tensorflow"
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _with_callback(method):
     """fit/evaluate/predict with our callback added to `callbacks` (keyword or positional)."""
     index = list(inspect.signature(method).parameters).index("callbacks") - 1  # without self
@@ -104,6 +112,9 @@ def _with_callback(method):
                     kwargs["callbacks"] = [*(callbacks or []), _callback_class()()]
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("adding the Keras callback failed", exc)
+        if _on_tensorflow():
+            with torch_loaders_read_through_tfdata():
+                return method(self, *args, **kwargs)
         return method(self, *args, **kwargs)
 
     return wrapper

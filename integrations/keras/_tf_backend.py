@@ -3,7 +3,9 @@ and the yield to TensorBoard's profiler."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 
 from stepscope.core import _native, safety
 
@@ -71,6 +73,20 @@ def _symbolic_build_fetches_not_steps(original):
 
     build.__stepscope_original__ = original
     return build
+
+
+@contextlib.contextmanager
+def torch_loaders_read_through_tfdata():
+    """A torch DataLoader fed to fit/evaluate/predict on TensorFlow: Keras reads it
+    through tf.data (``from_generator``), whose fetch is the step's GetNext, and peeks
+    at its first batches for their shapes before a loop's callbacks run. The loader's
+    own reads are no steps of the PyTorch integration (its ``hidden()``)."""
+    st_torch = sys.modules.get("stepscope.integrations.torch")
+    if st_torch is None or not st_torch.instrumentor.is_instrumented():
+        yield
+        return
+    with st_torch.hidden():
+        yield
 
 
 def _yield_to_user_profiler(original):

@@ -34,6 +34,7 @@ _PARENT_PROCESS_VAR = "STEPSCOPE_PARENT_PROCESS"  # the process folder of the pa
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
+_stopping: Optional["Session"] = None  # the session whose stop callbacks run now
 _stop_callbacks: list = []  # integrations close their open steps before the trace ends
 
 
@@ -45,8 +46,8 @@ def on_stop(callback) -> None:
 
 def add_note(text: str) -> None:
     """Adds one line to run.json's notes (what was not measured, and why); once per text."""
-    s = _session
-    if s is None or not s.active:
+    s = _session or _stopping
+    if s is None or not (s.active or s is _stopping):
         return
     try:
         runinfo.update_json_locked(os.path.join(s.run_dir, RUN_JSON), lambda info: (
@@ -90,7 +91,7 @@ class Session:
 
     def stop(self) -> None:
         """Flushes and closes the trace. Safe to call more than once."""
-        global _session
+        global _session, _stopping
         with _lock:
             if not self.active:
                 return
@@ -111,11 +112,13 @@ class Session:
                 pass
             self._node_lock.close()  # releases the host's sampler election
             self._node_lock = None
+        _stopping = self  # the callbacks may still add notes (what the last steps showed)
         for callback in list(_stop_callbacks):
             try:
                 callback()
             except Exception as exc:  # noqa: BLE001
                 safety.report_failure("closing the last step failed", exc)
+        _stopping = None
         try:
             gpu.stop()  # CUPTI's last buffers reach the trace before it closes
         except Exception:  # noqa: BLE001

@@ -56,6 +56,7 @@ struct Tracker {
   unsigned long long held_t0, held_t1;
   unsigned long long pending_t0, pending_t1, mark_at, cand_at, last_end, forward_end;
   long forwards_in_step;
+  unsigned long prefetched;  // fetches dropped as a background thread's read-ahead
   char background, worked, suspended, done, fed, has_forward_end;
   char every_step;  // on_new_step at every step; else only after one that showed no forward
   char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
@@ -295,6 +296,7 @@ bool drop_unworked(Tracker* t) {
   if (!t->background || t->worked || !t->pending_mode) return false;
   Py_CLEAR(t->pending_mode);
   clear_more(t);
+  ++t->prefetched;
   return true;
 }
 
@@ -767,6 +769,7 @@ PyMemberDef members[] = {
     MEMBER("optimizer_seen", T_BOOL, opt_used),
     MEMBER("last_end", T_ULONGLONG, last_end),
     MEMBER("forwards_in_step", T_LONG, forwards_in_step),
+    MEMBER("prefetched", T_ULONG, prefetched),
     {nullptr, 0, 0, 0, nullptr}};
 
 PyObject* get_mode(PyObject* self, void*) { return new_ref(T(self)->mode); }

@@ -46,6 +46,7 @@ class StepTracker(_native.StepTracker):
       (a DataLoader worker running transforms): nothing there is a step;
     * ``background``: set for a thread other than the main one, whose fetches make
       steps only once work (a forward, backward or optimizer step) showed in it;
+      ``prefetched`` counts the fetches it dropped as such a thread's read-ahead;
     * ``guess()``: the mode of a fetch reported with mode None (left to its work)
       when no work showed after it; None: "train".
 

@@ -29,6 +29,11 @@ _FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for th
 LoopState = _native.LoopState
 
 
+PREFETCHED = ("DataLoader batches were read in a background thread (a prefetcher such as "
+              "prefetch_generator's BackgroundGenerator): the training loop's wait for them is in Other, "
+              "not GetNext")
+
+
 def _never() -> bool:
     return False
 
@@ -78,6 +83,10 @@ class Loops:
             states = list(self.states)
         for tid, state in states:
             state.tracker.close(0 if tid == me else tid)
+        if any(s.tracker.prefetched and not s.tracker.worked for _, s in states):
+            from stepscope.core import session
+
+            session.add_note(PREFETCHED)
 
     def reset(self) -> None:
         """A forked child: it inherits no loop of its parent's threads (its one

@@ -107,7 +107,12 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
         else:
             why = ("The program most likely stopped before its training loop began: an exception, a missing "
                    "file, argument or device, or an early exit (look at its output and exit status).")
-        if used:
+        if ended and "TensorFlow" in used and "PyTorch" not in used:
+            why = ("The program ran TensorFlow, where stepscope finds steps in Keras's fit, evaluate and "
+                   "predict (and train_on_batch) and in tf.data iterators: a loop of its own that feeds a step "
+                   "function NumPy arrays or tensors, with no tf.data dataset, shows it neither; nor does a "
+                   "program that stopped before its loop (look at its output and exit status).")
+        elif used:
             why += f" It had imported {', '.join(used)}, but no model ran a forward pass that stepscope saw."
         else:
             why += (" It imported none of the frameworks stepscope instruments (PyTorch, Lightning, Keras, "

@@ -22,10 +22,11 @@ def _env(tmp_path):
     return env
 
 
-def run_job(tmp_path, kind, code=0):
+def run_job(tmp_path, kind, code=0, script=None):
     """Runs the job under `stepscope run`; returns (summary --json, summary text, report html)."""
     env = _env(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--name", kind, "--", sys.executable, JOBS, kind],
+    job = [script] if script else [JOBS, kind]
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--name", kind, "--", sys.executable, *job],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == code, r.stderr[-3000:]
     s = subprocess.run([sys.executable, "-m", "stepscope", "summary", kind, "--json"], cwd=tmp_path, env=env,
@@ -81,3 +82,18 @@ def test_a_run_that_stopped_before_its_loop_says_nothing_was_recorded(tmp_path):
     assert "FileNotFoundError" in printed  # the job's own error went through
     assert "note [nothing_recorded]: Nothing was recorded" in printed
     assert 'id="note-nothing_recorded"' in report
+
+
+def test_a_tensorflow_loop_of_its_own_is_named_as_the_cause(tmp_path):
+    """A tf.function step fed NumPy slices (no tf.data, no Keras fit) ran to its end: the
+    note names that kind of loop, not an early exit, and says how to mark it."""
+    pytest.importorskip("tensorflow")
+    script = os.path.join(os.path.dirname(JOBS), "tf_own_loop.py")
+    s, printed, _ = run_job(tmp_path, "tf_own", script=script)
+    assert s["steps"] == {}
+    (note,) = s["loop_notes"]
+    assert note["key"] == "nothing_recorded" and "TensorFlow" in note["evidence"]["frameworks"]  # tf.keras brings Keras
+    assert "a loop of its own that feeds a step function NumPy arrays" in note["message"]
+    assert "stopped before its training loop began" not in note["message"]
+    assert "stepscope.step() at the top of each iteration" in note["recommendation"]
+    assert "note [nothing_recorded]" in printed

@@ -31,7 +31,7 @@ import weakref
 from stepscope.core import _native, importhook, runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import FORWARD, LOSS, RECOMPUTE, StepTracker
-from stepscope.integrations.torch import _annotations, _fetch, _handover, _ops, _workers
+from stepscope.integrations.torch import _amp, _annotations, _fetch, _handover, _ops, _workers
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
 from stepscope.integrations.torch._loops import LoopState, Loops
@@ -114,6 +114,7 @@ class TorchInstrumentor(Instrumentor):
         _workers.install(self, torch)
         self.install_optimizer_hooks(optim_mod)
         self.patch(optim_mod.Optimizer, "__init__", self.wrap_optimizer_init)
+        _amp.install(self, torch)
         if hasattr(torch.nn.Module, "compile"):
             self.patch(torch.nn.Module, "compile", functools.partial(wrap_module_compile, self))
         if hasattr(torch, "compile"):

@@ -177,7 +177,8 @@ def loop_markdown() -> List[str]:
             f"| `{NO_STEPS}` | no steps, but phases, annotations or counters were recorded |",
             f"| `{NOTHING_RECORDED}` | no steps and no events beyond the system samples: the program stopped "
             "before its loop (the note says whether the run ended or was killed, and which frameworks it "
-            "had imported) |", "",
+            "had imported), or, in a TensorFlow program that ended, a loop of its own with no Keras fit and no "
+            "tf.data iterator (the note names that cause first) |", "",
             "A loop whose backward or optimizer stepscope does not see (`torch.distributed.autograd.backward` "
             "with a `DistributedOptimizer` over RPC, parameters updated by hand without a backward) is "
             "otherwise one long step per process. A gradient-accumulation step (many forwards, each with its "

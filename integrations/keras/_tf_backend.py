@@ -81,11 +81,11 @@ def torch_loaders_read_through_tfdata():
     through tf.data (``from_generator``), whose fetch is the step's GetNext, and peeks
     at its first batches for their shapes before a loop's callbacks run. The loader's
     own reads are no steps of the PyTorch integration (its ``hidden()``)."""
-    st_torch = sys.modules.get("stepscope.integrations.torch")
-    if st_torch is None or not st_torch.instrumentor.is_instrumented():
+    st_torch = sys.modules.get("stepscope.integrations.torch")  # never imported here: torch may be absent
+    if st_torch is None:
         yield
         return
-    with st_torch.hidden():
+    with st_torch.hidden():  # does nothing while torch is not instrumented
         yield
 
 

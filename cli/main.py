@@ -221,28 +221,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stepscope", description="Profile deep-learning training jobs.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run a command profiled",
+    r = sub.add_parser("run", help="run a command profiled", formatter_class=argparse.RawDescriptionHelpFormatter,
                        usage="stepscope run [--dir D] [--name N] [--interval-ms MS] [--gpu MODE] -- CMD ARGS...")
-    r.add_argument("--dir")
-    r.add_argument("--name")
-    r.add_argument("--interval-ms", dest="interval_ms")
-    r.add_argument("--gpu", choices=GPU_MODES)
-    r.add_argument("cmd", nargs=argparse.REMAINDER)
+    r.description = ("Runs CMD with stepscope on in every Python process it starts (python, torchrun,\n"
+                     "accelerate launch, a shell script), then prints a short summary and where the run is.")
+    r.epilog = "example:\n  stepscope run --name baseline -- torchrun --nproc_per_node 2 train.py --epochs 1"
+    r.add_argument("--dir", metavar="D", help="root folder for runs (STEPSCOPE_DIR; default ./stepscope-runs)")
+    r.add_argument("--name", metavar="N", help="the run's name (STEPSCOPE_RUN; default: script name and start time)")
+    r.add_argument("--interval-ms", dest="interval_ms", metavar="MS",
+                   help="system-metric sampling interval, 10 to 60000 (STEPSCOPE_INTERVAL_MS; default 100)")
+    r.add_argument("--gpu", choices=GPU_MODES, metavar="MODE",
+                   help="auto, off, metrics (NVML only) or trace (NVML and CUPTI activity) (STEPSCOPE_GPU)")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     r.set_defaults(func=_run_command)
 
     s = sub.add_parser("summary", help="a run's numbers and findings")
     s.add_argument("run", nargs="+", help="a run folder or name; several: the per-node folders of one job, "
                                           "merged on the fly (see stepscope merge)")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="the summary as JSON (the schema in docs/)")
     _rule_options(s)
     s.add_argument("--fail-on", dest="fail_on", metavar="WARN|ERROR",
                    help="exit 1 when a finding has this severity or a higher one (a CI gate)")
     s.set_defaults(func=_summary_command)
 
     d = sub.add_parser("diff", help="what changed between two runs")
-    d.add_argument("run_a")
-    d.add_argument("run_b")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("run_a", help="the run before the change (a folder or name)")
+    d.add_argument("run_b", help="the run after it")
+    d.add_argument("--json", action="store_true", help="the differences as JSON")
     _rule_options(d)
     d.add_argument("--fail-on", dest="fail_on", metavar="WARN|ERROR",
                    help="exit 1 on a step-time regression (severity error) or a finding new in RUN_B at or above "
@@ -254,16 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="a self-contained HTML report")
     rp.add_argument("run", nargs="+", help="a run folder or name; several: per-node folders merged on the fly "
                                            "(the report then defaults to ./<run>-report.html)")
-    rp.add_argument("-o", "--output")
+    rp.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: report.html in the run)")
     _rule_options(rp)
     rp.add_argument("--steps", help="train steps to keep in full detail in the timeline, e.g. 100-120 "
                     "(besides the ones chosen for meaning; a larger page)")
     rp.set_defaults(func=_report_command)
 
     e = sub.add_parser("export", help="a trace for Perfetto / chrome://tracing, or Parquet tables")
-    e.add_argument("run")
+    e.add_argument("run", help="a run folder or name")
     e.add_argument("--format", required=True, choices=("chrome", "perfetto", "parquet", "speedscope", "collapsed"))
-    e.add_argument("-o", "--output")
+    e.add_argument("-o", "--output", metavar="PATH", help="where to write (default: inside the run folder)")
     e.add_argument("--by-phase", action="store_true", help="collapsed: the phase as each stack's root frame")
     e.add_argument("--steps", help="chrome/perfetto: only what ran during these train steps, e.g. 100-120 "
                    "(a large run is then read a window at a time)")
@@ -277,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _rule_options(add_watch(sub, UsageError))
 
     ls = sub.add_parser("ls", help="the runs in a folder")
-    ls.add_argument("dir", nargs="?")
+    ls.add_argument("dir", nargs="?", help="default: STEPSCOPE_DIR or ./stepscope-runs")
     ls.set_defaults(func=_ls_command)
     return p
 

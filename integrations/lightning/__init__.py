@@ -51,36 +51,47 @@ def _tracker():
 
 class _ProfilerTap:
     """Records Lightning's actions as annotations by tapping the trainer's own
-    profiler from the trainer's creation: instance attributes shadow its
-    ``start``/``stop`` (and, for the do-nothing PassThroughProfiler,
-    ``profile``). The user's profiler stays the trainer's profiler and sees
-    exactly the calls it sees without stepscope (the actions of stepscope's
-    own callback hooks are not passed on). Nothing else of it changes: no
-    wrapper object whose inherited ``__del__`` would tear it down."""
+    profiler from the trainer's creation: instance attributes (this tap's bound
+    methods) shadow its ``start``/``stop`` (and, for the do-nothing
+    PassThroughProfiler, ``profile``). The user's profiler stays the trainer's
+    profiler and sees exactly the calls it sees without stepscope (the actions
+    of stepscope's own callback hooks are not passed on). Nothing else of it
+    changes: no wrapper object whose inherited ``__del__`` would tear it down.
+
+    A trainer is pickled to the processes of ``strategy="ddp_spawn"``: the tap
+    pickles as its profiler and kind, and the copy is tapped from its first
+    action as well."""
 
     def __init__(self, profiler, passthrough: bool):
         self.profiler = profiler
+        self.passthrough = passthrough
         self.open: dict = {}
         cls = type(profiler)
-        start, stop = cls.start, cls.stop
-
-        def tapped_start(action_name: str) -> None:
-            self.open[action_name] = _native.now()
-            if _OURS not in action_name:
-                start(profiler, action_name)
-
-        def tapped_stop(action_name: str) -> None:
-            t0 = self.open.pop(action_name, None)
-            if _OURS not in action_name or t0 is None:  # (ours begun before the tap: balance it)
-                stop(profiler, action_name)
-            if t0 is not None:
-                _native.span(FRAMEWORK, _native.intern(action_name), t0)
-
-        profiler.__dict__["start"] = tapped_start
-        profiler.__dict__["stop"] = tapped_stop
+        self._start, self._stop = cls.start, cls.stop
+        profiler.__dict__["start"] = self.start
+        profiler.__dict__["stop"] = self.stop
         if passthrough:
-            # ~30 actions per batch: a C span instead of the generator-based context manager
-            profiler.__dict__["profile"] = lambda action_name: _native.annotate(action_name, FRAMEWORK)
+            profiler.__dict__["profile"] = self.profile
+
+    def __reduce__(self):
+        return _ProfilerTap, (self.profiler, self.passthrough)
+
+    def start(self, action_name: str) -> None:
+        self.open[action_name] = _native.now()
+        if _OURS not in action_name:
+            self._start(self.profiler, action_name)
+
+    def stop(self, action_name: str) -> None:
+        t0 = self.open.pop(action_name, None)
+        if _OURS not in action_name or t0 is None:  # (ours begun before the tap: balance it)
+            self._stop(self.profiler, action_name)
+        if t0 is not None:
+            _native.span(FRAMEWORK, _native.intern(action_name), t0)
+
+    @staticmethod
+    def profile(action_name: str):
+        # ~30 actions per batch: a C span instead of the generator-based context manager
+        return _native.annotate(action_name, FRAMEWORK)
 
 
 _OURS = "StepscopeCallback"
@@ -95,6 +106,11 @@ def _callback_class(pl):
             self._start_kwargs = start_kwargs
             self._started = None
             self._tap = None
+
+        def __reduce__(self):
+            # Pickled with its trainer (strategy="ddp_spawn") or deep-copied: a fresh callback
+            # (no session, no tap), rebuilt by name, since this class is made at run time.
+            return _rebuilt_callback, (pl.__name__, dict(self._start_kwargs))
 
         @safety.guarded("the Lightning callback failed")
         def setup(self, trainer, pl_module, stage):
@@ -152,6 +168,10 @@ def StepscopeCallback(namespace: Optional[str] = None, **start_kwargs):
     if not instrumentor.is_instrumented():
         _tapping.ensure(namespace=pl.__name__)
     return _callback_class(pl)(**start_kwargs)
+
+
+def _rebuilt_callback(namespace: str, start_kwargs: dict):
+    return StepscopeCallback(namespace, **start_kwargs)
 
 
 def _ours(trainer):

@@ -90,7 +90,9 @@ PyObject* call_through(Root* r, PyObject* const* args, size_t nargsf, PyObject* 
 LoopState* state_of(Root* r) { return loop_state_of(r->local); }
 
 // The mode of a model's forward: a framework loop's, else eval without grad, else the module's.
-PyObject* mode_of(Root* r, LoopState* st) {
+// *acting: eval only because grad is off, the module in training mode.
+PyObject* mode_of(Root* r, LoopState* st, bool* acting) {
+  *acting = false;
   PyObject* forced = st->forced_modes;
   if (forced && PyList_Check(forced) && PyList_GET_SIZE(forced) > 0) {
     PyObject* m = PyList_GET_ITEM(forced, PyList_GET_SIZE(forced) - 1);
@@ -102,13 +104,13 @@ PyObject* mode_of(Root* r, LoopState* st) {
   Py_XDECREF(grad);
   if (enabled < 0) return nullptr;
   int training = 0;
-  if (enabled) {
+  {  // (without grad, only for *acting: the module's own flag, no look through wrappers)
     PyObject* module = module_of(r);
     if (!module) return nullptr;
     PyObject* flag = PyObject_GetAttr(module, g_training);
     training = flag ? PyObject_IsTrue(flag) : -1;
     Py_XDECREF(flag);
-    if (training == 0) {  // a wrapper (DDP, Lightning's) whose own flag may lag behind its model's
+    if (training == 0 && enabled) {  // a wrapper (DDP, Lightning's) whose own flag may lag behind its model's
       PyObject* deep = PyObject_CallOneArg(r->is_training, module);
       training = deep ? PyObject_IsTrue(deep) : -1;
       Py_XDECREF(deep);
@@ -116,7 +118,8 @@ PyObject* mode_of(Root* r, LoopState* st) {
     Py_DECREF(module);
     if (training < 0) return nullptr;
   }
-  PyObject* m = training ? g_train : g_eval;
+  *acting = training && !enabled;
+  PyObject* m = training && enabled ? g_train : g_eval;
   Py_INCREF(m);
   return m;
 }
@@ -145,10 +148,11 @@ PyObject* root_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
         Py_XDECREF(res);
       }
       Py_XDECREF(stop);
-      mode = ok ? mode_of(r, st) : nullptr;
+      bool acting = false;
+      mode = ok ? mode_of(r, st, &acting) : nullptr;
       ok = mode != nullptr;
       t0 = ticks();
-      ok = ok && tell::forward_started(st, mode, t0, r->group, callable);
+      ok = ok && tell::forward_started(st, mode, t0, r->group, callable, acting);
     } else {
       mode = g_train;
       Py_INCREF(mode);

@@ -27,6 +27,7 @@ namespace {
 enum : uint32_t { kGetNext = 0, kForward = 1, kLoss = 2, kBackward = 3, kOptimizer = 4 };
 
 PyObject* g_train = nullptr;    // "train"
+PyObject* g_eval = nullptr;     // "eval"
 PyObject* g_ops_due = nullptr;  // "ops_due"
 PyObject* g_ops_step = nullptr;
 PyObject* g_by_hand = nullptr;  // "by_hand"
@@ -56,6 +57,7 @@ struct Tracker {
   unsigned long long held_t0, held_t1;
   unsigned long long pending_t0, pending_t1, mark_at, cand_at, last_end, forward_end;
   long forwards_in_step;
+  unsigned long long act_at;  // the first acting forward since the last train step's work; 0: none
   unsigned long prefetched;  // fetches dropped as a background thread's read-ahead
   char background, worked, suspended, done, fed, has_forward_end;
   char every_step;  // on_new_step at every step; else only after one that showed no forward
@@ -163,6 +165,7 @@ bool reset(Tracker* t) {
   // the optimizers known are a fact of the process, kept across loops
   if (!t->opt_known && !new_set(&t->opt_known)) return false;
   t->last_end = 0;
+  t->act_at = 0;
   t->forwards_in_step = 0;
   return true;
 }
@@ -206,6 +209,8 @@ bool flush_mark(Tracker* t) {
 
 bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   Tracker* t = T(self);
+  if (t->act_at && is_train(mode) && t->act_at < at) at = t->act_at;  // the iteration began acting
+  t->act_at = 0;
   Py_INCREF(mode);  // held across callbacks that may change the tracker
   bool ok = false;
   if (no_mode(t) && t->may_begin && t->may_begin != Py_None) {
@@ -359,13 +364,21 @@ bool commit_pending(PyObject* self, PyObject* shown) {
 }
 
 // A forward, backward or optimizer step is starting: open the right step.
-bool phase_start(PyObject* self, PyObject* mode, unsigned long long now) {
+bool phase_start(PyObject* self, PyObject* mode, unsigned long long now, bool acting = false) {
   Tracker* t = T(self);
   if (!flush_held(t)) return false;
   t->worked = 1;
   if (t->pending_mode) return commit_pending(self, mode);
   if (no_mode(t)) return begin(self, mode, now);
   if (!t->done) return true;
+  if (acting && is_train(t->mode) && !t->fed) {
+    // A forward without grad of a model left in training mode, after a train step of a
+    // loop that no loader drives: an agent choosing its actions between its updates (DQN
+    // every iteration, PPO's rollouts), no eval batch. The next train step begins at the
+    // first of them; should none follow, they stay in the last step.
+    if (!t->act_at) t->act_at = now;
+    return true;
+  }
   if (is_train(mode) && t->mark_mode && t->fed) {
     // Eval forwards, then train work on the same fetched batch (a teacher model in
     // eval mode, then the student): one train step.
@@ -380,7 +393,8 @@ bool phase_start(PyObject* self, PyObject* mode, unsigned long long now) {
     // again first: then a new iteration began here.
     if (!t->cand_mode) {
       put(&t->cand_mode, mode);
-      t->cand_at = now;
+      t->cand_at = t->act_at && t->act_at < now ? t->act_at : now;
+      t->act_at = 0;
     }
   } else if (!t->fed) {
     return begin(self, mode, now);
@@ -415,6 +429,11 @@ bool close(PyObject* self, unsigned long long thread) {
   if (t->pending_mode && !thread && !loop_started(self)) return false;
   Py_CLEAR(t->pending_mode);
   if (!clear_more(t)) return false;
+  if (t->act_at && !thread && !no_mode(t) && !t->suspended) {
+    // no train step followed the last acting forwards: a last evaluation, a step of its own
+    if (!begin(self, g_eval, t->act_at)) return false;
+    t->done = 1;
+  }
   if (!no_mode(t) && !t->suspended) {
     unsigned long long at = (t->done || thread) && t->last_end ? t->last_end : 0;
     if (!end(self, at, thread)) return false;
@@ -488,13 +507,14 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
   return true;
 }
 
-bool forward_started(PyObject* self, PyObject* mode, unsigned long long now, PyObject* group, PyObject* part) {
+bool forward_started(PyObject* self, PyObject* mode, unsigned long long now, PyObject* group, PyObject* part,
+                     bool acting) {
   Tracker* t = T(self);
   if (group && group != Py_None && t->held_group == group && same(t->held_mode, mode) && part != t->held_first)
     return true;  // the next part of the forward held back
   if (!flush_held(t)) return false;
   if (t->pending_mode || t->done || !same(t->mode, mode)) {
-    if (!phase_start(self, mode, now)) return false;
+    if (!phase_start(self, mode, now, acting)) return false;
   } else {  // inside its step already (gradient accumulation's forwards, a second model)
     t->worked = 1;
   }
@@ -895,10 +915,11 @@ bool look(PyObject* tracker) {
 
 bool add_step_tracker(PyObject* module) {
   g_train = PyUnicode_InternFromString("train");
+  g_eval = PyUnicode_InternFromString("eval");
   g_ops_due = PyUnicode_InternFromString("ops_due");
   g_ops_step = PyUnicode_InternFromString("ops_step");
   g_by_hand = PyUnicode_InternFromString("by_hand");
-  if (!g_train || !g_ops_due || !g_ops_step || !g_by_hand) return false;
+  if (!g_train || !g_eval || !g_ops_due || !g_ops_step || !g_by_hand) return false;
   TrackerType.tp_name = "stepscope.core._native.StepTracker";
   TrackerType.tp_basicsize = sizeof(Tracker);
   TrackerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;

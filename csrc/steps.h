@@ -47,8 +47,10 @@ bool fetched(PyObject* tracker, unsigned long long t0, unsigned long long t1, Py
 bool exhausted(PyObject* tracker, unsigned long long t0, unsigned long long t1);
 // group: parts of one forward the program called directly (their Forward is one span), or
 // null; part: which (a root's identity): the first part starting again is the next forward
+// acting: an eval forward only because grad is off, its model in training mode (an RL
+// agent choosing actions between its updates: see phase_start)
 bool forward_started(PyObject* tracker, PyObject* mode, unsigned long long now, PyObject* group = nullptr,
-                     PyObject* part = nullptr);
+                     PyObject* part = nullptr, bool acting = false);
 bool forward_ended(PyObject* tracker, PyObject* mode, unsigned long long t0, unsigned long long t1, uint32_t phase,
                    PyObject* group = nullptr, PyObject* part = nullptr);
 bool loss(PyObject* tracker, unsigned long long t0, unsigned long long t1);

@@ -63,9 +63,10 @@ bool exhausted(LoopState* st, unsigned long long t0, unsigned long long t1) {
       });
 }
 
-bool forward_started(LoopState* st, PyObject* mode, unsigned long long now, PyObject* group, PyObject* part) {
+bool forward_started(LoopState* st, PyObject* mode, unsigned long long now, PyObject* group, PyObject* part,
+                     bool acting) {
   return report(
-      st, [&](PyObject* t) { return track::forward_started(t, mode, now, group, part); },
+      st, [&](PyObject* t) { return track::forward_started(t, mode, now, group, part, acting); },
       [&](PyObject* t) {
         Int a(now);
         return a.o && call(t, g_forward_started, mode, a.o);

@@ -22,7 +22,7 @@ bool exhausted(LoopState* st, unsigned long long t0, unsigned long long t1);
 // group: the root's group (parts of one forward the program called directly), or null;
 // part: the root itself.
 bool forward_started(LoopState* st, PyObject* mode, unsigned long long now, PyObject* group = nullptr,
-                     PyObject* part = nullptr);
+                     PyObject* part = nullptr, bool acting = false);
 // phase: a phase's interned id (an int object, the root's own): Forward or Recompute.
 bool forward_ended(LoopState* st, PyObject* mode, unsigned long long t0, unsigned long long t1, PyObject* phase,
                    PyObject* group = nullptr, PyObject* part = nullptr);

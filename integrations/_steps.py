@@ -12,6 +12,11 @@ an optimizer step -- and this tracker decides where steps begin and end:
   or when an optimizer that already stepped in this step steps again (several
   optimizers per iteration in GANs; one fetch, then many optimizer steps in
   full-batch training): the new step then began where that work began.
+* Acting is no eval step: after a complete train step of a loop no loader
+  drives, a forward without grad of a model still in training mode (the native
+  roots tell; an RL agent choosing actions) begins nothing; the next train step
+  began at the first such forward (none followed by the loop's end: they were
+  one eval step).
 * A fetch's mode is only known once the work on its batch shows, so a fetch
   after a complete step is held back and recorded, with the step mark at its
   start, when the next phase begins.

@@ -38,6 +38,26 @@ def test_epoch_start_of_workers_is_the_next_steps_getnext(tmp_path):
     assert first_of_epoch.min() > others.median()  # worker start is in the first fetch
 
 
+def test_acting_between_updates_is_part_of_the_train_step(tmp_path):
+    """A DQN-style loop: each iteration a no_grad forward of the model (still in
+    training mode) chooses an action, the environment steps (2 ms), then one update.
+    The iteration is one train step from its acting forward on, not an eval step
+    and a shorter train step. Before the first train step, acting forwards are eval
+    steps: the 9 warm-up iterations' and the first update's."""
+    r, run = _load(tmp_path, "acting")
+    steps = run.steps.sort_values("start_ns")
+    assert steps.groupby("mode").size().to_dict() == {"eval": 10, "train": 21}, steps[["mode", "duration_ns"]]
+    train = steps[steps["mode"] == "train"]
+    forwards = run.events[(run.events["category"] == "phase") & (run.events["name"] == "Forward")]
+    per_step = [int(((forwards["start_ns"] >= s.start_ns) & (forwards["start_ns"] < s.end_ns)).sum())
+                for s in train.itertuples()]
+    assert per_step[1:] == [2] * 20, per_step  # the action's forward and the update's
+    # the environment's 2 ms fall inside the train steps, which cover the timed loop
+    assert (train["duration_ns"].iloc[1:] > 2_000_000).all(), train["duration_ns"].tolist()
+    loop_ns = int(r.stdout.split("loop_ns")[1].split()[0])
+    assert train["duration_ns"].iloc[1:].sum() >= 0.9 * loop_ns, (train["duration_ns"].sum(), loop_ns)
+
+
 def test_full_batch_training_is_one_step_per_optimizer_step(tmp_path):
     _, run = _load(tmp_path, "fullbatch")
     steps = run.steps

@@ -58,6 +58,19 @@ def main():
             for x, y in loader:
                 train_step(model, opt, x, y)
         print("loop_ns", time.perf_counter_ns() - t0)
+    elif kind == "acting":  # DQN: a no_grad forward chooses an action, then one update, every iteration
+        buffer = []
+        t0 = None
+        for it in range(30):
+            if it == 10:
+                t0 = time.perf_counter_ns()  # (warm-up before it: acting only)
+            with torch.no_grad():
+                model(torch.randn(1, 16))
+            time.sleep(0.002)  # the environment's step
+            buffer.append(torch.randn(1, 16))
+            if len(buffer) >= 10:
+                train_step(model, opt, torch.cat(buffer[-8:]), torch.randn(8, 1))
+        print("loop_ns", time.perf_counter_ns() - t0)
     elif kind == "fullbatch":  # one fetch, then many optimizer steps
         x, y = next(iter(DataLoader(data, batch_size=48)))
         for _ in range(30):

@@ -375,7 +375,8 @@ bool phase_start(PyObject* self, PyObject* mode, unsigned long long now, bool ac
     // A forward without grad of a model left in training mode, after a train step of a
     // loop that no loader drives: an agent choosing its actions between its updates (DQN
     // every iteration, PPO's rollouts), no eval batch. The next train step begins at the
-    // first of them; should none follow, they stay in the last step.
+    // first of them; where the loop ends first, they are one eval step (close); where an
+    // eval step begins first, they stay in the last train step.
     if (!t->act_at) t->act_at = now;
     return true;
   }

@@ -7,7 +7,8 @@ they do not see -- ``torch.distributed.autograd.backward`` with a
 backward (zeroth-order or evolutionary updates of ``p.data``), a framework
 stepscope does not instrument -- is recorded as one long step per process, and
 a program that stopped before its loop records nothing at all. ``loop_notes``
-says so, from the steps and phases tables; the thresholds are documented in
+says so, from the steps and phases tables (and, where the steps are right but
+the forward pass ran where no hook looks, that its time is in Other); the thresholds are documented in
 docs/rules.md ("When the loop is not understood").
 """
 
@@ -24,7 +25,9 @@ MIN_FORWARDS = 8  # forwards piled up in one train step with no backward and no 
 MAX_FEW_STEPS = 3  # a process with at most this many train steps has "few steps"...
 MIN_STEP_SHARE = 0.5  # ...and one of them holding more than this share of its profiled time is suspect
 
+MIN_BLIND_STEPS = 3  # train steps with a backward or optimizer step and never a forward: the forward is unseen
 NOT_DELIMITED, NO_STEPS, NOTHING_RECORDED = "steps_not_delimited", "no_steps", "nothing_recorded"
+FORWARD_NOT_SEEN = "forward_not_seen"
 FRAMEWORKS = {"torch": "PyTorch", "lightning": "Lightning", "pytorch_lightning": "Lightning", "keras": "Keras",
               "tensorflow": "TensorFlow", "transformers": "Transformers"}
 
@@ -95,7 +98,8 @@ def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Di
 def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str, int], recorded: int,
                frameworks: Optional[List[str]] = None, ended: bool = True, duration_s: float = 0.0) -> List[dict]:
     """Notes on a loop stepscope did not understand, each with a stable ``key``:
-    ``steps_not_delimited``, ``no_steps``, ``nothing_recorded`` (see ``undelimited_steps``).
+    ``steps_not_delimited``, ``no_steps``, ``nothing_recorded`` (see ``undelimited_steps``),
+    ``forward_not_seen``.
 
     profiled_ns: per process folder, the time from its first to its last event;
     recorded: events other than system samples; frameworks: the distributions the
@@ -129,7 +133,7 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
                       _capital(HOW_TO_MARK), {"recorded_events": int(recorded), "frameworks": used})]
     bad = undelimited_steps(steps, phases, profiled_ns)
     if not bad:
-        return []
+        return _forward_not_seen(steps, used)
     b = bad[0]
     what = []
     if b["forwards"] >= MIN_FORWARDS:
@@ -147,6 +151,25 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
                "the phase shares and the findings built on them do not describe single iterations.")
     return [_note(NOT_DELIMITED, "Steps could not be delimited", message, _capital(HOW_TO_MARK),
                   {"processes": bad})]
+
+
+def _forward_not_seen(steps: pd.DataFrame, used: List[str]) -> List[dict]:
+    """Train steps that each have a backward or an optimizer step, none of them a forward:
+    the model's forward runs outside what stepscope hooks (in PyTorch, outside every
+    nn.Module: `xb @ weights + bias`), so its time is in Other."""
+    train = steps[steps["mode"] == TRAIN]
+    worked = (train[BACKWARD] > 0) | (train[OPTIMIZER] > 0)
+    if len(train) < MIN_BLIND_STEPS or (train[FORWARD] > 0).any() or not worked.all():
+        return []
+    where = ("outside every torch.nn.Module (plain tensor code such as `xb @ weights + bias`, or a function "
+             "of parameters held in a list)" if "PyTorch" in used else "where stepscope's hooks do not look")
+    return [_note(FORWARD_NOT_SEEN, "The forward pass was not seen",
+                  f"All {len(train)} train steps have a backward or an optimizer step, and none has a forward "
+                  f"pass that stepscope saw: the model's forward runs {where}. The step counts and times are "
+                  "right, but the forward's time (and the loss's) is counted in Other.",
+                  "Make the model an nn.Module (its forward is then timed as Forward, its loss as Loss), or "
+                  "wrap the forward in `with stepscope.phase(\"Forward\"):` (likewise Loss).",
+                  {"train_steps": int(len(train)), "frameworks": used})]
 
 
 def run_loop_notes(run) -> List[dict]:
@@ -178,7 +201,10 @@ def loop_markdown() -> List[str]:
             f"| `{NOTHING_RECORDED}` | no steps and no events beyond the system samples: the program stopped "
             "before its loop (the note says whether the run ended or was killed, and which frameworks it "
             "had imported), or, in a TensorFlow program that ended, a loop of its own with no Keras fit and no "
-            "tf.data iterator (the note names that cause first) |", "",
+            "tf.data iterator (the note names that cause first) |",
+            f"| `{FORWARD_NOT_SEEN}` | at least {MIN_BLIND_STEPS} train steps, every one with a backward or an "
+            "optimizer step and none with a forward: the model's forward runs outside what stepscope hooks "
+            "(in PyTorch, outside every `nn.Module`), and its time is in Other |", "",
             "A loop whose backward or optimizer stepscope does not see (`torch.distributed.autograd.backward` "
             "with a `DistributedOptimizer` over RPC, parameters updated by hand without a backward) is "
             "otherwise one long step per process. A gradient-accumulation step (many forwards, each with its "

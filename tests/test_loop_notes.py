@@ -71,6 +71,20 @@ def test_a_normal_run_has_no_note(tmp_path):
     assert "note [" not in printed and "finding loop-note" not in report
 
 
+def test_a_forward_outside_every_module_is_named_as_unseen(tmp_path):
+    """Plain tensor code (`xb @ weights + bias`) with a backward and a hand-made update:
+    24 right steps, each with a Backward and no Forward; the note says where the
+    forward's time went and how to see it."""
+    s, printed, report = run_job(tmp_path, "scratch")
+    assert s["steps"]["train"]["count"] == 24
+    assert "Forward" not in s["phases"] and s["phases"]["Backward"]["count"] == 24
+    (note,) = s["loop_notes"]
+    assert note["key"] == "forward_not_seen" and note["evidence"]["train_steps"] == 24
+    assert "outside every torch.nn.Module" in note["message"] and "Other" in note["message"]
+    assert "stepscope.phase(\"Forward\")" in note["recommendation"]
+    assert "note [forward_not_seen]" in printed and 'id="note-forward_not_seen"' in report
+
+
 def test_a_run_that_stopped_before_its_loop_says_nothing_was_recorded(tmp_path):
     s, printed, report = run_job(tmp_path, "fails", code=1)
     assert s["steps"] == {} and s["phases"] == {}

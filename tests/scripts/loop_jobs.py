@@ -6,6 +6,8 @@ zeroth:        zeroth-order training (SPSA): two forwards of the model under gra
 zeroth_marked: the same loop with stepscope.step() at the top of each iteration.
 normal:        forward, loss, backward, optimizer step: 40 ordinary steps.
 fails:         stops at a missing data file before its loop begins.
+scratch:       "What is torch.nn really?": weights in plain tensors, `xb @ weights + bias`,
+               a backward and a hand-made SGD update: 24 steps, no nn.Module, no optimizer.
 """
 import sys
 import time
@@ -49,6 +51,22 @@ def normal():
         time.sleep(0.005)
 
 
+def scratch():
+    weights = (torch.randn(64, 4) / 8).requires_grad_()
+    bias = torch.zeros(4, requires_grad=True)
+    x, y = torch.randn(512, 64), torch.randint(0, 4, (512,))
+    for epoch in range(3):
+        for i in range(8):
+            xb, yb = x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]
+            loss = nn.functional.cross_entropy(xb @ weights + bias, yb)
+            loss.backward()
+            with torch.no_grad():
+                weights -= weights.grad * 0.1
+                bias -= bias.grad * 0.1
+                weights.grad.zero_()
+                bias.grad.zero_()
+
+
 def main(kind):
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -57,6 +75,8 @@ def main(kind):
             f.read()
     elif kind == "normal":
         normal()
+    elif kind == "scratch":
+        scratch()
     else:
         zeroth(mark=kind == "zeroth_marked")
     print("done", kind)

@@ -58,6 +58,18 @@ def test_acting_between_updates_is_part_of_the_train_step(tmp_path):
     assert train["duration_ns"].iloc[1:].sum() >= 0.9 * loop_ns, (train["duration_ns"].sum(), loop_ns)
 
 
+def test_a_model_wrapper_named_like_a_loss_is_still_the_forward(tmp_path):
+    """Criteria written as plain modules are losses by their class names (FocalLoss,
+    LabelSmoothingCrossEntropy: conformance torch_custom_criterion); a ModelWithLoss,
+    which trains the model's parameters, stays the Forward."""
+    _, run = _load(tmp_path, "model_with_loss")
+    steps = run.steps
+    assert len(steps) == 6 and set(steps["mode"]) == {"train"}
+    assert (steps["Forward"] > 0).all() and (steps["Backward"] > 0).all()
+    phases = run.events[run.events["category"] == "phase"]
+    assert int((phases["name"] == "Forward").sum()) == 6
+
+
 def test_full_batch_training_is_one_step_per_optimizer_step(tmp_path):
     _, run = _load(tmp_path, "fullbatch")
     steps = run.steps

@@ -241,7 +241,7 @@ class TorchInstrumentor(Instrumentor):
                 return
             if st.in_backward:
                 st.stack.append((_native.now(), "train", RECOMPUTE, None))
-            elif isinstance(module, self.roots.loss_type):
+            elif self.roots.is_loss(module):
                 st.stack.append((_native.now(), "train", LOSS, None))
             else:
                 if self.roots.stop_at_known is st and module is not st.pending_root:

@@ -29,6 +29,7 @@ the calling frames, once, when such a root is adopted.
 from __future__ import annotations
 
 import gc
+import re
 import sys
 import weakref
 
@@ -37,6 +38,10 @@ from stepscope.integrations._steps import FORWARD, RECOMPUTE
 
 
 DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
+# A criterion written as a plain nn.Module (timm's LabelSmoothingCrossEntropy, the
+# FocalLoss and DiceLoss of countless repositories) is a loss by its class's name, when
+# it trains no parameters of its own (a ModelWithLoss holds the model: a model).
+_LOSS_NAME = re.compile(r"(Loss|Criterion)(?![a-z])|CrossEntropy$")
 
 
 class _Group:
@@ -65,6 +70,7 @@ class Roots:
         from torch.nn.modules.loss import _Loss
 
         self.loss_type = _Loss
+        self._loss_classes = weakref.WeakKeyDictionary()  # class -> is a loss (is_loss)
         skipped = []  # cannot carry Python timing, or compiler output
         for path in ("torch.fx.GraphModule", "torch.jit.ScriptModule"):
             module_name, _, cls = path.rpartition(".")
@@ -78,6 +84,18 @@ class Roots:
         self._module_mod = module_mod
         self._hooks = _GlobalHooks.of(module_mod, self.discover_pre, self.discover_post)
 
+    def is_loss(self, module) -> bool:
+        """A torch.nn loss, or a module without trainable parameters whose class is named
+        as one (``FocalLoss``, ``LabelSmoothingCrossEntropy``): its forward is the Loss."""
+        cls = type(module)
+        if issubclass(cls, self.loss_type):
+            return True
+        named = self._loss_classes.get(cls)
+        if named is None:
+            named = self._loss_classes[cls] = any(
+                _LOSS_NAME.search(c.__name__) for c in cls.__mro__ if c.__module__.split(".")[0] != "torch")
+        return named and not any(p.requires_grad for p in module.parameters())
+
     # --- adopting a root ------------------------------------------------------------
     def adopt(self, module, group=None) -> None:
         if module in self.timed or isinstance(module, self.skipped_types):
@@ -87,7 +105,7 @@ class Roots:
         before = module.__dict__.get("_compiled_call_impl")
         module.__dict__["_compiled_call_impl"] = self._timed_call(module, before)
         self.timed[module] = (module.__dict__["_compiled_call_impl"], before)
-        if not isinstance(module, self.loss_type):
+        if not self.is_loss(module):
             self.model_refs.append(weakref.ref(module, self._refresh_models))
             self._refresh_models()
 
@@ -111,7 +129,7 @@ class Roots:
         inst = self.inst
         return _native.timed_root(weakref.ref(module), inner, self.torch.nn.Module._call_impl, inst.loops.local,
                                   self, self.torch.is_grad_enabled, inst.is_training, inst.compiler, inst.fail,
-                                  isinstance(module, self.loss_type), (FORWARD, RECOMPUTE),
+                                  self.is_loss(module), (FORWARD, RECOMPUTE),
                                   self.group_of.get(module))
 
     def group_for(self, module):
@@ -130,7 +148,7 @@ class Roots:
         owner = None
         while frame is not None and frame.f_code.co_argcount and frame.f_code.co_varnames[0] == "self":
             candidate = frame.f_locals.get("self")
-            if not isinstance(candidate, self.torch.nn.Module) or isinstance(candidate, self.loss_type):
+            if not isinstance(candidate, self.torch.nn.Module) or self.is_loss(candidate):
                 break
             owner, frame = candidate, frame.f_back
             if frame is not None and frame.f_code.co_filename == machinery:
@@ -279,7 +297,7 @@ class Roots:
         try:
             if module in self.timed or isinstance(module, self.skipped_types):
                 return None
-            self.adopt(module, None if isinstance(module, self.loss_type) else self.group_for(module))
+            self.adopt(module, None if self.is_loss(module) else self.group_for(module))
             loop.pending_root = module
             if self.discovery is None:  # stopped by another thread meanwhile: no post hook will come
                 loop.pending_root = None

@@ -8,8 +8,8 @@ backward (zeroth-order or evolutionary updates of ``p.data``), a framework
 stepscope does not instrument -- is recorded as one long step per process, and
 a program that stopped before its loop records nothing at all. ``loop_notes``
 says so, from the steps and phases tables (and, where the steps are right but
-the forward pass ran where no hook looks, that its time is in Other); the thresholds are documented in
-docs/rules.md ("When the loop is not understood").
+the forward pass ran where no hook looks, that its time is in Other); the
+thresholds are documented in docs/rules.md ("When the loop is not understood").
 """
 
 from __future__ import annotations

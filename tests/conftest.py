@@ -48,7 +48,7 @@ def _no_leftover_session():
     os.environ.pop("STEPSCOPE_RUN", None)
 
 
-# --- parallel runs (pytest-xdist: tox runs `pytest -n auto --dist loadgroup`) ----------------
+# --- parallel runs (pytest-xdist: tox runs tests/run_suite.py, `-n auto --dist loadgroup`) ------
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
@@ -77,6 +77,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """tox's second command (`-m alone`) finds none in a selection without them: a pass."""
+    """run_suite.py's last part (`-m alone`) finds none in a selection without them: a pass."""
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and session.config.option.markexpr == "alone":
         session.exitstatus = pytest.ExitCode.OK

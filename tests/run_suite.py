@@ -1,0 +1,61 @@
+"""The test suite as `tox` runs it: in parallel first, then what needs an idle machine.
+
+1. Every test not marked `alone`, on pytest-xdist workers (one per CPU, at most four:
+   conftest.py), tests sharing a module fixture kept in one worker.
+2. The tests that failed there, once more, one at a time. Many tests time real work
+   (phase shares, sampled stacks, busy cores); with two workers on two cores one can
+   miss its bound only because the other worker took the core. On an idle machine a
+   real failure fails again, and the run fails; the log names every test rerun.
+3. The tests marked `alone` (timing seen to need an idle machine), one at a time.
+
+With arguments (`python3 -m tox -- tests/test_torch.py -k compile`) pytest runs them as
+given, in one process.
+"""
+
+import subprocess
+import sys
+import time
+
+PARALLEL = ["-n", "auto", "--dist", "loadgroup"]
+OK, FAILED, NO_TESTS = 0, 1, 5
+
+
+def pytest(*args):
+    started = time.monotonic()
+    rc = subprocess.call([sys.executable, "-m", "pytest", *args])
+    print(f"[run_suite] pytest {' '.join(args)}: exit {rc} after {time.monotonic() - started:.0f} s",
+          flush=True)
+    return rc
+
+
+def last_failed():
+    """Node ids that failed in the parallel part, from pytest's cache (plain JSON)."""
+    import json
+    import pathlib
+
+    path = pathlib.Path(".pytest_cache/v/cache/lastfailed")
+    try:
+        return sorted(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return []
+
+
+def main(args):
+    if args:
+        return pytest(*args)
+    rc = pytest(*PARALLEL, "-m", "not alone", "--cache-clear")
+    if rc == FAILED:
+        failed = last_failed()
+        print(f"[run_suite] {len(failed)} test(s) failed with workers sharing the cores; "
+              "running them again, one at a time:", *failed, sep="\n  ", flush=True)
+        rc = pytest("--last-failed", "--last-failed-no-failures", "none", "-m", "not alone")
+        if rc == NO_TESTS:  # a failure the cache did not record (a crashed worker's setup)
+            rc = FAILED
+    if rc not in (OK, NO_TESTS):
+        return rc
+    rc = pytest("-m", "alone")
+    return OK if rc == NO_TESTS else rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

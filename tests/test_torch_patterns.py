@@ -188,6 +188,17 @@ def test_discovery_never_ends_inside_another_threads_call(tmp_path):
         assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
 
 
+def test_discovery_waits_for_a_thread_inside_its_first_fetch(tmp_path):
+    """Root discovery ends once every running loop had a few steps without a new root: a
+    thread still inside its first fetch runs a loop too, and its first forward is timed."""
+    _, run = _load(tmp_path, "first_fetch")
+    steps = run.steps
+    per_thread = steps.groupby("tid").size().sort_values()
+    assert per_thread.tolist() == [4, 12], per_thread  # 4 batches; 2 passes of 6 batches
+    for p in ("GetNext", "Forward", "Backward", "Optimizer"):
+        assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
+
+
 def test_a_thread_python_did_not_start_makes_no_steps(tmp_path):
     """The autograd engine's device threads (GPUs) run checkpointing's recomputed forwards:
     threads Python did not start are never loops; their forwards are Recompute."""

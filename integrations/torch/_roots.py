@@ -280,10 +280,14 @@ class Roots:
                 self._stop_unless_a_call_is_pending()
 
     def _all_quiet(self) -> bool:
+        """Every loop running had its quiet steps. A loop runs from its first fetch on:
+        a thread inside the first fetch of its pass (another thread's steps go on
+        meanwhile) has no step yet, and its first forward comes next."""
         for _, loop in self.inst.loops.states:
             tracker = loop.tracker
-            if (tracker.mode is not None or tracker.pending is not None) \
-                    and self.quiet.get(id(loop), 0) < DISCOVERY_STEPS:
+            running = tracker.mode is not None or tracker.pending is not None \
+                or loop.fetch_t0 or loop.iter_started is not None
+            if running and self.quiet.get(id(loop), 0) < DISCOVERY_STEPS:
                 return False
         return True
 

@@ -240,6 +240,37 @@ def main():
         thread.join()
         for x, y in it:
             train_step(model, opt, x, y)
+    elif kind == "first_fetch":
+        # Two loops in two threads (a hyper-parameter sweep): the other thread's first fetch
+        # is still running when the main loop's steps end root discovery (seen once in 30
+        # runs of two threads under load): its first forward went untimed.
+        import threading
+
+        entered, release = threading.Event(), threading.Event()
+
+        class FirstWaits(Dataset):
+            def __len__(self):
+                return 32
+
+            def __getitem__(self, i):
+                if not entered.is_set():
+                    entered.set()
+                    release.wait(30)  # the GIL is free meanwhile
+                return torch.randn(16), torch.randn(1)
+
+        def other():
+            m, o = model_and_opt()
+            for x, y in DataLoader(FirstWaits(), batch_size=8):
+                train_step(m, o, x, y)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        entered.wait(30)
+        for _ in range(2):  # the main loop: its model found, then steps without a new root
+            for x, y in DataLoader(data, batch_size=8):
+                train_step(model, opt, x, y)
+        release.set()
+        thread.join()
     print("done")
 
 

@@ -76,6 +76,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
+def pytest_runtest_logreport(report):
+    """run_suite.py's parallel part lists the tests that failed (in the controller: the
+    workers' reports come there), without xdist's ``@group`` suffix, to run them again."""
+    path = os.environ.get("RUN_SUITE_FAILED")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        nodeid, at, group = report.nodeid.rpartition("@")
+        with open(path, "a") as f:
+            f.write((nodeid if at and "]" not in group and "::" not in group else report.nodeid) + "\n")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """run_suite.py's last part (`-m alone`) finds none in a selection without them: a pass."""
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and session.config.option.markexpr == "alone":

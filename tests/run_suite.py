@@ -12,45 +12,38 @@ With arguments (`python3 -m tox -- tests/test_torch.py -k compile`) pytest runs 
 given, in one process.
 """
 
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 PARALLEL = ["-n", "auto", "--dist", "loadgroup"]
 OK, FAILED, NO_TESTS = 0, 1, 5
 
 
-def pytest(*args):
+def pytest(*args, env=None):
     started = time.monotonic()
-    rc = subprocess.call([sys.executable, "-m", "pytest", *args])
-    print(f"[run_suite] pytest {' '.join(args)}: exit {rc} after {time.monotonic() - started:.0f} s",
-          flush=True)
+    rc = subprocess.call([sys.executable, "-m", "pytest", *args], env=env)
+    shown = " ".join(args) if len(args) < 8 else " ".join(args[:6]) + f" ... ({len(args)} arguments)"
+    print(f"[run_suite] pytest {shown}: exit {rc} after {time.monotonic() - started:.0f} s", flush=True)
     return rc
-
-
-def last_failed():
-    """Node ids that failed in the parallel part, from pytest's cache (plain JSON)."""
-    import json
-    import pathlib
-
-    path = pathlib.Path(".pytest_cache/v/cache/lastfailed")
-    try:
-        return sorted(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return []
 
 
 def main(args):
     if args:
         return pytest(*args)
-    rc = pytest(*PARALLEL, "-m", "not alone", "--cache-clear")
-    if rc == FAILED:
-        failed = last_failed()
+    with tempfile.TemporaryDirectory() as tmp:
+        listed = os.path.join(tmp, "failed")  # conftest.py writes the failures there
+        rc = pytest(*PARALLEL, "-m", "not alone", env={**os.environ, "RUN_SUITE_FAILED": listed})
+        failed = []
+        if os.path.exists(listed):
+            with open(listed) as f:
+                failed = list(dict.fromkeys(line.strip() for line in f if line.strip()))
+    if rc == FAILED and failed:
         print(f"[run_suite] {len(failed)} test(s) failed with workers sharing the cores; "
               "running them again, one at a time:", *failed, sep="\n  ", flush=True)
-        rc = pytest("--last-failed", "--last-failed-no-failures", "none", "-m", "not alone")
-        if rc == NO_TESTS:  # a failure the cache did not record (a crashed worker's setup)
-            rc = FAILED
+        rc = pytest(*failed)
     if rc not in (OK, NO_TESTS):
         return rc
     rc = pytest("-m", "alone")

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TRAIN
+from stepscope.core.vocabulary import COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TORCH_OP_WINDOW, TRAIN
 
 SHARE_DIGITS = 4  # shares are ratios rounded to 4 digits: 0.7421 prints as 74.2%
 
@@ -82,6 +82,20 @@ def phase_shares(steps: pd.DataFrame) -> Dict[str, dict]:
 def phase_share(steps: pd.DataFrame, phase: str) -> float:
     """One phase's share of the given steps, exactly as ``phase_shares`` gives it (0.0 if none)."""
     return phase_shares(steps).get(phase, {}).get("share", 0.0)
+
+
+def profiler_windows(run, steps: pd.DataFrame) -> Optional[dict]:
+    """What stepscope's own PyTorch operator windows cost (their ``stepscope.op_window``
+    spans: closing a window reads and writes every operator of its sampled steps), over
+    the given (summary) steps' time, or None without windows. The phases leave that time
+    out (``tables.py``): it is in Other, and this says how much."""
+    windows = run.select(categories=["framework"], names=[TORCH_OP_WINDOW], columns=["start_ns", "end_ns"])
+    if not len(windows):
+        return None
+    cost = float((windows["end_ns"] - windows["start_ns"]).sum())
+    total = float(steps["duration_ns"].sum()) if len(steps) else 0.0
+    return {"windows": int(len(windows)), "total_ms": ms(cost),
+            "share": round(cost / total, SHARE_DIGITS) if total else 0.0}
 
 
 # --- epochs -------------------------------------------------------------------------------

@@ -6,9 +6,19 @@ Every figure comes from ``analysis/quantities.py``, which the rules use too.
 from __future__ import annotations
 
 from stepscope.analysis.loop import run_loop_notes
-from stepscope.analysis.quantities import percent, phase_shares, step_stats, summary_steps
+from stepscope.analysis.quantities import percent, phase_shares, profiler_windows, step_stats, summary_steps
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.system import summarize_system
+
+
+# stepscope's operator windows cost a short run this share of its train step time, or more:
+# the summary's notes say so (their time is in Other, not in the phase they interrupted)
+PROFILER_NOTE_SHARE = 0.02
+PROFILER_NOTE = ("stepscope's PyTorch operator windows took {total_ms:.1f} ms ({percent} of train step time, "
+                 "{windows} window(s)): closing one reads and writes every operator of its sampled steps. "
+                 "That time is counted in Other, not in the phase it interrupted; a longer run spreads it "
+                 "(after the first window, train steps 5-7, windows stay within 1% of the run), "
+                 "STEPSCOPE_OPS=0 turns them off")
 
 
 def summarize(run, params=None) -> dict:
@@ -36,6 +46,11 @@ def summarize(run, params=None) -> dict:
     for mode, s in steps.groupby("mode", sort=False, observed=True):
         out["steps"][mode] = step_stats(s)
     out["phases"] = phase_shares(summary_steps(steps))
+    windows = profiler_windows(r, summary_steps(steps))
+    if windows is not None:
+        out["profiler_windows"] = windows
+        if windows["share"] >= PROFILER_NOTE_SHARE:
+            out["notes"] = list(out["notes"]) + [PROFILER_NOTE.format(**windows, percent=percent(windows["share"]))]
     out["loop_notes"] = run_loop_notes(r)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
@@ -56,6 +71,10 @@ def format_text(s: dict) -> str:
     for phase, p in s["phases"].items():
         where = f"of the {p['sampled_steps']} sampled steps' time" if "sampled_steps" in p else "of train step time"
         lines.append(f"  {phase:<10} {percent(p['share']):>6} {where} ({p['total_ms']:.1f} ms)")
+    if s.get("profiler_windows", {}).get("share", 0) >= PROFILER_NOTE_SHARE:
+        w = s["profiler_windows"]
+        lines.append(f"  (stepscope {percent(w['share']):>6} of train step time in {w['windows']} operator "
+                     f"window(s), counted in Other: STEPSCOPE_OPS=0 turns them off)")
     sysb = s["system"]
     if sysb.get("cpu_util"):
         c = sysb["cpu_util"]

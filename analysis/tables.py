@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import END_MARK, OTHER, PHASES
+from stepscope.core.vocabulary import END_MARK, OTHER, PHASES, TORCH_OP_WINDOW
 
 STEP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
 PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
@@ -195,6 +195,42 @@ def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
     return phases, labels
 
 
+def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.ndarray,
+                            steps: pd.DataFrame) -> Optional[np.ndarray]:
+    """stepscope's own work inside a phase is not the phase's time: closing a PyTorch
+    operator window (``stepscope.op_window``: Kineto's events read and written, ~1 ms to
+    a few hundred for steps of many small ops) falls inside whatever phase the next step
+    began in. It leaves that phase's exclusive time (``phases`` in place, and the step's
+    phase columns) and counts in the step's Other; returns the time taken out per step,
+    or None. A window is a handful of spans a run: one loop over them."""
+    windows = _rows_of(events, "framework", "span")
+    if not len(windows):
+        return None
+    windows = windows[(events["name"].iloc[windows] == TORCH_OP_WINDOW).to_numpy()]
+    if not len(windows):
+        return None
+    taken = np.zeros(len(steps), dtype=np.int64)
+    p_start, p_end = phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy()
+    p_tid, p_process = phases["tid"].to_numpy(), phases["process"].astype(str).to_numpy()
+    excl = phases["exclusive_ns"].to_numpy().copy()
+    for i in windows:
+        w = events.iloc[i]
+        inside = np.flatnonzero((p_tid == w["tid"]) & (p_process == str(w["process"])) & (p_start <= w["start_ns"])
+                                & (p_end >= w["end_ns"]) & (row >= 0))
+        if not len(inside):
+            continue  # between phases: Other already
+        at = inside[np.argmax(p_start[inside])]  # the innermost phase around it
+        name = str(phases["name"].iloc[at])
+        if name not in PHASES:
+            continue
+        cut = min(int(w["end_ns"]) - int(w["start_ns"]), int(excl[at]))
+        excl[at] -= cut
+        taken[row[at]] += cut
+        steps.loc[steps.index[row[at]], name] -= cut
+    phases["exclusive_ns"] = excl
+    return taken
+
+
 def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, step_end: np.ndarray) -> np.ndarray:
     """Per step, the length of the union of its phases (each clipped to its step's end;
     ``row`` -1 for phases outside every step, which cover nothing).
@@ -244,5 +280,8 @@ def steps_and_phases(events: pd.DataFrame):
             del sel
         covered = _covered_per_step(row, phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy(),
                                     steps["end_ns"].to_numpy())
+        taken = _take_out_profiler_work(events, phases, row, steps)
+        if taken is not None:
+            covered = np.maximum(covered - taken, 0)
         steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)
     return steps[STEP_COLUMNS], phases[PHASE_COLUMNS]

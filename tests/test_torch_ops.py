@@ -99,6 +99,54 @@ def test_ops_in_sampled_steps_nest_in_their_phases(tmp_path):
     assert top.groupby("phase").size().max() <= 3
 
 
+MANY_OPS = """
+import torch, torch.nn as nn
+torch.manual_seed(0); torch.set_num_threads(1)
+cell, head = nn.GRUCell(8, 16), nn.Linear(16, 4)  # a decoder run token by token: many small ops a step
+opt = torch.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.05)
+lossf = nn.CrossEntropyLoss()
+x, y = torch.randn(24, 1, 8), torch.randint(0, 4, (24, 1))
+for step in range(16):
+    opt.zero_grad()
+    h, loss = torch.zeros(1, 16), 0
+    for t in range(24):
+        h = cell(x[t], h)
+        loss = loss + lossf(head(h), y[t])
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_closing_a_window_is_not_the_time_of_the_phase_it_falls_in(tmp_path):
+    """Closing the first window (every op of steps 5-7 read and written: tens to hundreds of
+    ms for steps of many small ops) falls in the next step's first phase: stepscope's cost,
+    counted in Other, and the summary says how much."""
+    from stepscope.analysis.summary import summarize
+
+    _, run = profiled(tmp_path, MANY_OPS)
+    steps, phases = run.steps, run.phases
+    assert len(steps) == 16
+    (window,) = run.select(categories=["framework"], names=["stepscope.op_window"],
+                           columns=["tid", "start_ns", "end_ns"]).itertuples()
+    cost = window.end_ns - window.start_ns
+    around = phases[(phases["tid"] == window.tid) & (phases["start_ns"] <= window.start_ns)
+                    & (phases["end_ns"] >= window.end_ns)]
+    assert len(around), "the window closes inside a phase (the next step's zero_grad or forward)"
+    inner = around.sort_values("start_ns").iloc[-1]
+    assert inner["exclusive_ns"] <= inner["end_ns"] - inner["start_ns"] - cost, inner
+    step = steps[steps["step"] == inner["step"]].iloc[0]
+    assert step["Other"] >= cost
+    parts = steps[["GetNext", "Forward", "Loss", "Backward", "Optimizer", "Other"]].sum(axis=1)
+    assert (parts == steps["duration_ns"]).all()  # steps still add up
+    s = summarize(run)
+    w = s["profiler_windows"]
+    assert w["windows"] == 1 and abs(w["total_ms"] - cost / 1e6) < 1e-3
+    assert abs(w["share"] - cost / steps["duration_ns"].sum()) < 1e-4
+    assert w["share"] >= 0.02 and any("operator windows took" in n for n in s["notes"]), s["notes"]
+    # the phase it fell in keeps its usual size: no step's phase is the window's cost
+    assert steps[inner["name"]].max() < cost
+
+
 def test_report_and_chrome_export_carry_the_ops(tmp_path):
     _, run = profiled(tmp_path, TRAIN, 12)
     from stepscope.analysis.export import export

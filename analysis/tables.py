@@ -202,31 +202,55 @@ def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.
     a few hundred for steps of many small ops) falls inside whatever phase the next step
     began in. It leaves that phase's exclusive time (``phases`` in place, and the step's
     phase columns) and counts in the step's Other; returns the time taken out per step,
-    or None. A window is a handful of spans a run: one loop over them."""
+    or None. A long run has thousands of windows and millions of phases: one sort per
+    thread that has windows, then binary searches."""
     windows = _rows_of(events, "framework", "span")
-    if not len(windows):
+    if len(windows):
+        windows = windows[(events["name"].iloc[windows] == TORCH_OP_WINDOW).to_numpy()]
+    if not len(windows) or not len(phases):
         return None
-    windows = windows[(events["name"].iloc[windows] == TORCH_OP_WINDOW).to_numpy()]
-    if not len(windows):
-        return None
-    taken = np.zeros(len(steps), dtype=np.int64)
-    p_start, p_end = phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy()
-    p_tid, p_process = phases["tid"].to_numpy(), phases["process"].astype(str).to_numpy()
+    w_start, w_end = events["start_ns"].to_numpy()[windows], events["end_ns"].to_numpy()[windows]
+    w_tid = events["tid"].to_numpy()[windows]
+    p_cats = phases["process"].cat.categories if hasattr(phases["process"], "cat") else None
+    w_process = events["process"].iloc[windows].astype(str).to_numpy()
+    p_codes = phases["process"].cat.codes.to_numpy() if p_cats is not None else None
+    p_start, p_end, p_tid = phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy(), phases["tid"].to_numpy()
+    names = phases["name"].astype("category")
+    counted = np.isin(names.cat.codes.to_numpy(), [i for i, c in enumerate(names.cat.categories) if c in PHASES])
     excl = phases["exclusive_ns"].to_numpy().copy()
-    for i in windows:
-        w = events.iloc[i]
-        inside = np.flatnonzero((p_tid == w["tid"]) & (p_process == str(w["process"])) & (p_start <= w["start_ns"])
-                                & (p_end >= w["end_ns"]) & (row >= 0))
-        if not len(inside):
-            continue  # between phases: Other already
-        at = inside[np.argmax(p_start[inside])]  # the innermost phase around it
-        name = str(phases["name"].iloc[at])
-        if name not in PHASES:
+    taken = np.zeros(len(steps), dtype=np.int64)
+    for process, tid in sorted(set(zip(w_process, w_tid.tolist()))):
+        if p_cats is not None:
+            if process not in p_cats:
+                continue
+            mine = (p_codes == p_cats.get_loc(process))
+        else:
+            mine = phases["process"].astype(str).to_numpy() == process
+        on = np.flatnonzero(mine & (p_tid == tid) & counted & (row >= 0))
+        if not len(on):
             continue
-        cut = min(int(w["end_ns"]) - int(w["start_ns"]), int(excl[at]))
-        excl[at] -= cut
-        taken[row[at]] += cut
-        steps.loc[steps.index[row[at]], name] -= cut
+        on = on[np.argsort(p_start[on], kind="stable")]
+        ws_sel = (w_process == process) & (w_tid == tid)
+        ws, we = w_start[ws_sel], w_end[ws_sel]
+        at = np.searchsorted(p_start[on], ws, side="right") - 1  # the latest phase begun by then
+        found = np.full(len(ws), -1, dtype=np.int64)
+        for back in range(4):  # phases nest a level or two (Loss in a Forward): walk out
+            i = at - back
+            ok = (found < 0) & (i >= 0)
+            ok[ok] &= p_end[on[i[ok]]] >= we[ok]
+            found[ok] = on[i[ok]]
+        hit = found >= 0  # a window between phases is in Other already
+        if not hit.any():
+            continue
+        idx, cut = found[hit], (we - ws)[hit]
+        cut = np.minimum(cut, excl[idx])
+        np.subtract.at(excl, idx, cut)
+        np.add.at(taken, row[idx], cut)
+        for name in set(names.iloc[idx].astype(str)):
+            this = (names.iloc[idx].astype(str) == name).to_numpy()
+            col = steps[name].to_numpy().copy()
+            np.subtract.at(col, row[idx[this]], cut[this])
+            steps[name] = col
     phases["exclusive_ns"] = excl
     return taken
 

@@ -145,6 +145,9 @@ def test_closing_a_window_is_not_the_time_of_the_phase_it_falls_in(tmp_path):
     assert w["share"] >= 0.02 and any("operator windows took" in n for n in s["notes"]), s["notes"]
     # the phase it fell in keeps its usual size: no step's phase is the window's cost
     assert steps[inner["name"]].max() < cost
+    from stepscope.analysis.report import render
+
+    assert f"took {w['total_ms']:,.1f} ms" in render(run)  # the report's operators section says it
 
 
 def test_report_and_chrome_export_carry_the_ops(tmp_path):

@@ -87,7 +87,8 @@ def phase_share(steps: pd.DataFrame, phase: str) -> float:
 def profiler_windows(run, steps: pd.DataFrame) -> Optional[dict]:
     """What stepscope's own PyTorch operator windows cost (their ``stepscope.op_window``
     spans: closing a window reads and writes every operator of its sampled steps), over
-    the given (summary) steps' time, or None without windows. The phases leave that time
+    the given steps' time (every mode: a window also closes where an eval step or the
+    loop's end comes), or None without windows. The phases leave that time
     out (``tables.py``): it is in Other, and this says how much."""
     windows = run.select(categories=["framework"], names=[TORCH_OP_WINDOW], columns=["start_ns", "end_ns"])
     if not len(windows):

@@ -323,12 +323,12 @@ def operators_html(run, esc, top: int = 10) -> str:
     out = [f"<p class='muted'>Operators of the {steps} sampled step(s) (the framework's profiler in short "
            "windows); self time excludes nested operators; share is of the phase's time in those steps "
            "(operators that run on several threads at once, as TensorFlow's do, can add up above 100%).</p>"]
-    from stepscope.analysis.quantities import percent, profiler_windows, summary_steps
+    from stepscope.analysis.quantities import percent, profiler_windows
 
-    cost = profiler_windows(run, summary_steps(run.steps))
+    cost = profiler_windows(run, run.steps)
     if cost is not None:
         out.append(f"<p class='muted'>Closing the {cost['windows']} PyTorch window(s) (reading and writing their "
-                   f"operators) took {cost['total_ms']:,.1f} ms, {percent(cost['share'])} of train step time: "
+                   f"operators) took {cost['total_ms']:,.1f} ms, {percent(cost['share'])} of the time of all steps: "
                    "stepscope's cost, counted in Other, not in the phase it interrupted "
                    "(<code>STEPSCOPE_OPS=0</code> turns the windows off).</p>")
     order = {p: i for i, p in enumerate((*PHASES, "Other"))}

@@ -11,10 +11,10 @@ from stepscope.analysis.run import Run, load
 from stepscope.analysis.system import summarize_system
 
 
-# stepscope's operator windows cost a short run this share of its train step time, or more:
+# stepscope's operator windows cost a short run this share of its step time, or more:
 # the summary's notes say so (their time is in Other, not in the phase they interrupted)
 PROFILER_NOTE_SHARE = 0.02
-PROFILER_NOTE = ("stepscope's PyTorch operator windows took {total_ms:.1f} ms ({percent} of train step time, "
+PROFILER_NOTE = ("stepscope's PyTorch operator windows took {total_ms:.1f} ms ({percent} of the time of all steps, "
                  "{windows} window(s)): closing one reads and writes every operator of its sampled steps. "
                  "That time is counted in Other, not in the phase it interrupted; a longer run spreads it "
                  "(after the first window, train steps 5-7, windows stay within 1% of the run), "
@@ -46,7 +46,7 @@ def summarize(run, params=None) -> dict:
     for mode, s in steps.groupby("mode", sort=False, observed=True):
         out["steps"][mode] = step_stats(s)
     out["phases"] = phase_shares(summary_steps(steps))
-    windows = profiler_windows(r, summary_steps(steps))
+    windows = profiler_windows(r, steps)
     if windows is not None:
         out["profiler_windows"] = windows
         if windows["share"] >= PROFILER_NOTE_SHARE:
@@ -73,7 +73,7 @@ def format_text(s: dict) -> str:
         lines.append(f"  {phase:<10} {percent(p['share']):>6} {where} ({p['total_ms']:.1f} ms)")
     if s.get("profiler_windows", {}).get("share", 0) >= PROFILER_NOTE_SHARE:
         w = s["profiler_windows"]
-        lines.append(f"  (stepscope {percent(w['share']):>6} of train step time in {w['windows']} operator "
+        lines.append(f"  (stepscope {percent(w['share']):>6} of step time in {w['windows']} operator "
                      f"window(s), counted in Other: STEPSCOPE_OPS=0 turns them off)")
     sysb = s["system"]
     if sysb.get("cpu_util"):

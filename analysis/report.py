@@ -209,7 +209,7 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     for key, title, head, figs in figure_sections:
         parts = [head] + [_figure_html(fig, f"{key}-plot{i}") for i, fig in enumerate(figs)]
         sections.append((key, title, "\n".join(p for p in parts if p) or "<p class='muted'>No data.</p>"))
-    operators = sections_.operators_html(run, _esc)
+    operators = sections_.operators_html(run, _esc, windows=summary.get("profiler_windows"))
     if operators:  # only where operator windows ran
         sections.append(("operators", "Operators", operators))
     sections.append(("timeline", "Timeline", _timeline(run, summary, steps)))

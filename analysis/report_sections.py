@@ -13,11 +13,13 @@ from __future__ import annotations
 import html
 
 import re
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from stepscope.analysis.pipeline import tfdata_stages
+from stepscope.analysis.quantities import percent
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, PHASES, TRAIN
 
 GETNEXT_BINS = 60
@@ -312,9 +314,10 @@ def gpu_boxes(run):
 
 
 # --- operators (operator windows, analysis/ops.py) ---------------------------------------------
-def operators_html(run, esc, top: int = 10) -> str:
+def operators_html(run, esc, top: int = 10, windows: Optional[dict] = None) -> str:
     """Per phase, the operators with the most self time in the sampled steps; empty
-    when the run has no operator windows."""
+    when the run has no operator windows. ``windows``: the summary's
+    ``profiler_windows`` (what closing them cost)."""
     ops = run.ops
     if not len(ops):
         return ""
@@ -323,9 +326,7 @@ def operators_html(run, esc, top: int = 10) -> str:
     out = [f"<p class='muted'>Operators of the {steps} sampled step(s) (the framework's profiler in short "
            "windows); self time excludes nested operators; share is of the phase's time in those steps "
            "(operators that run on several threads at once, as TensorFlow's do, can add up above 100%).</p>"]
-    from stepscope.analysis.quantities import percent, profiler_windows
-
-    cost = profiler_windows(run, run.steps)
+    cost = windows
     if cost is not None:
         out.append(f"<p class='muted'>Closing the {cost['windows']} PyTorch window(s) (reading and writing their "
                    f"operators) took {cost['total_ms']:,.1f} ms, {percent(cost['share'])} of the time of all steps: "

@@ -196,14 +196,14 @@ def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
 
 
 def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.ndarray,
-                            steps: pd.DataFrame) -> Optional[np.ndarray]:
+                            n_steps: int) -> Optional[np.ndarray]:
     """stepscope's own work inside a phase is not the phase's time: closing a PyTorch
     operator window (``stepscope.op_window``: Kineto's events read and written, ~1 ms to
     a few hundred for steps of many small ops) falls inside whatever phase the next step
-    began in. It leaves that phase's exclusive time (``phases`` in place, and the step's
-    phase columns) and counts in the step's Other; returns the time taken out per step,
-    or None. A long run has thousands of windows and millions of phases: one sort per
-    thread that has windows, then binary searches."""
+    began in. It leaves that phase's exclusive time (``phases`` in place) and counts in
+    the step's Other; returns the time taken out per step, or None. A long run has
+    thousands of windows and millions of phases: one sort per thread that has windows,
+    then binary searches."""
     windows = _rows_of(events, "framework", "span")
     if len(windows):
         windows = windows[(events["name"].iloc[windows] == TORCH_OP_WINDOW).to_numpy()]
@@ -211,27 +211,22 @@ def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.
         return None
     w_start, w_end = events["start_ns"].to_numpy()[windows], events["end_ns"].to_numpy()[windows]
     w_tid = events["tid"].to_numpy()[windows]
-    p_cats = phases["process"].cat.categories if hasattr(phases["process"], "cat") else None
     w_process = events["process"].iloc[windows].astype(str).to_numpy()
-    p_codes = phases["process"].cat.codes.to_numpy() if p_cats is not None else None
+    p_cats, p_codes = phases["process"].cat.categories, phases["process"].cat.codes.to_numpy()
     p_start, p_end, p_tid = phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy(), phases["tid"].to_numpy()
-    names = phases["name"].astype("category")
-    counted = np.isin(names.cat.codes.to_numpy(), [i for i, c in enumerate(names.cat.categories) if c in PHASES])
+    names = phases["name"].cat
+    counted = np.isin(names.codes.to_numpy(), [i for i, c in enumerate(names.categories) if c in PHASES])
     excl = phases["exclusive_ns"].to_numpy().copy()
-    taken = np.zeros(len(steps), dtype=np.int64)
+    taken = np.zeros(n_steps, dtype=np.int64)
     for process, tid in sorted(set(zip(w_process, w_tid.tolist()))):
-        if p_cats is not None:
-            if process not in p_cats:
-                continue
-            mine = (p_codes == p_cats.get_loc(process))
-        else:
-            mine = phases["process"].astype(str).to_numpy() == process
-        on = np.flatnonzero(mine & (p_tid == tid) & counted & (row >= 0))
+        if process not in p_cats:
+            continue
+        on = np.flatnonzero((p_codes == p_cats.get_loc(process)) & (p_tid == tid) & counted & (row >= 0))
         if not len(on):
             continue
         on = on[np.argsort(p_start[on], kind="stable")]
-        ws_sel = (w_process == process) & (w_tid == tid)
-        ws, we = w_start[ws_sel], w_end[ws_sel]
+        mine = (w_process == process) & (w_tid == tid)
+        ws, we = w_start[mine], w_end[mine]
         at = np.searchsorted(p_start[on], ws, side="right") - 1  # the latest phase begun by then
         found = np.full(len(ws), -1, dtype=np.int64)
         for back in range(4):  # phases nest a level or two (Loss in a Forward): walk out
@@ -240,17 +235,10 @@ def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.
             ok[ok] &= p_end[on[i[ok]]] >= we[ok]
             found[ok] = on[i[ok]]
         hit = found >= 0  # a window between phases is in Other already
-        if not hit.any():
-            continue
-        idx, cut = found[hit], (we - ws)[hit]
-        cut = np.minimum(cut, excl[idx])
+        idx = found[hit]
+        cut = np.minimum((we - ws)[hit], excl[idx])
         np.subtract.at(excl, idx, cut)
         np.add.at(taken, row[idx], cut)
-        for name in set(names.iloc[idx].astype(str)):
-            this = (names.iloc[idx].astype(str) == name).to_numpy()
-            col = steps[name].to_numpy().copy()
-            np.subtract.at(col, row[idx[this]], cut[this])
-            steps[name] = col
     phases["exclusive_ns"] = excl
     return taken
 
@@ -290,6 +278,7 @@ def steps_and_phases(events: pd.DataFrame):
         steps[name] = np.int64(0)
     steps["Other"] = steps["duration_ns"]
     if len(phases) and len(steps):
+        taken = _take_out_profiler_work(events, phases, row, len(steps))
         inside = row >= 0
         everywhere = bool(inside.all())
         excl = phases["exclusive_ns"].to_numpy()
@@ -304,7 +293,6 @@ def steps_and_phases(events: pd.DataFrame):
             del sel
         covered = _covered_per_step(row, phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy(),
                                     steps["end_ns"].to_numpy())
-        taken = _take_out_profiler_work(events, phases, row, steps)
         if taken is not None:
             covered = np.maximum(covered - taken, 0)
         steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)

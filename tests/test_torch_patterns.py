@@ -1,6 +1,7 @@
 """Training patterns that were miscounted, each run unmodified under STEPSCOPE=1."""
 
 import os
+import time
 
 import pytest
 
@@ -197,6 +198,56 @@ def test_discovery_waits_for_a_thread_inside_its_first_fetch(tmp_path):
     assert per_thread.tolist() == [4, 12], per_thread  # 4 batches; 2 passes of 6 batches
     for p in ("GetNext", "Forward", "Backward", "Optimizer"):
         assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
+
+
+def test_discovery_waits_for_a_thread_that_made_an_optimizer(tmp_path):
+    """A thread that made a new optimizer is about to train a model not seen yet: another
+    loop's quiet steps do not end discovery before that thread's first step."""
+    _, run = _load(tmp_path, "set_up_then_wait")
+    steps = run.steps
+    per_thread = steps.groupby("tid").size().sort_values()
+    assert per_thread.tolist() == [4, 6], per_thread
+    for p in ("Forward", "Backward", "Optimizer"):
+        assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
+
+
+def test_a_thread_that_made_an_optimizer_and_never_steps_lets_discovery_end(tmp_path, monkeypatch):
+    """The main thread makes the model and optimizer and another thread trains them: the
+    main thread's claim to be setting up a loop expires, and discovery's global hooks go."""
+    import threading
+
+    from stepscope.integrations import torch as st_torch
+    from stepscope.integrations.torch import _roots
+
+    monkeypatch.setattr(_roots, "SET_UP_NS", 200_000_000)
+    st_torch.instrument()
+    try:
+        run = stepscope.start(dir=str(tmp_path), name="handed_over")
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 4)
+        on = []
+
+        def train(n):
+            for _ in range(n):
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+            on.append(st_torch.instrumentor.roots.discovery is not None)
+
+        def trainer():
+            train(5)  # quiet steps, but the main thread is still setting up
+            time.sleep(0.3)
+            train(2)  # its claim expired
+
+        thread = threading.Thread(target=trainer)
+        thread.start()
+        thread.join()
+        run.stop()
+    finally:
+        st_torch.uninstrument()
+    assert on == [True, False]
+    assert len(stepscope.load(run.path).steps) == 7
 
 
 def test_a_thread_python_did_not_start_makes_no_steps(tmp_path):

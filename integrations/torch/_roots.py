@@ -31,6 +31,7 @@ from __future__ import annotations
 import gc
 import re
 import sys
+import time
 import weakref
 
 from stepscope.core import _native
@@ -38,6 +39,10 @@ from stepscope.integrations._steps import FORWARD, RECOMPUTE
 
 
 DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
+# A thread that made an optimizer counts as a running loop until its first step ends, for
+# at most this long: a thread that made one and trains nothing (it hands the model to
+# another) must not keep the global hooks on.
+SET_UP_NS = 2_000_000_000
 # A criterion written as a plain nn.Module (timm's LabelSmoothingCrossEntropy, the
 # FocalLoss and DiceLoss of countless repositories) is a loss by its class's name, when
 # it trains no parameters of its own (a ModelWithLoss holds the model: a model).
@@ -64,6 +69,7 @@ class Roots:
         self.models = []  # ...and those still alive (refreshed when one is adopted or dies)
         self.discovery = None
         self.quiet = {}  # id(loop state) -> its steps since a new root showed (a loop per thread)
+        self.set_up = {}  # id(loop state) -> until when it counts as running before its first step
         self.compiled = False  # torch.compile was called: discovery is over for good
         # the loop (its state) whose next known root ends discovery (see look_again), or None
         self.stop_at_known = None
@@ -193,6 +199,7 @@ class Roots:
                 self._module_mod.register_module_forward_pre_hook(self.discover_pre),
                 self._module_mod.register_module_forward_hook(self.discover_post, always_call=True))
             self.quiet = {}
+            self.set_up = {}
             self._notify_every_step(True)
 
     def stop_discovery(self) -> None:
@@ -222,6 +229,10 @@ class Roots:
             self.quiet = {}
             if not (until_known_root and self.stop_at_known is loop):
                 self.stop_at_known = None
+        if not until_known_root and self.discovery is not None:
+            # a thread setting up a model may wait (for data, a barrier) before its first
+            # forward, while other loops step on: it runs a loop already (_all_quiet)
+            self.set_up[id(loop)] = time.monotonic_ns() + SET_UP_NS
 
     def known_root_ran(self, loop) -> None:
         """A known root ran in ``loop``'s thread: the loop that looked again goes on
@@ -268,6 +279,8 @@ class Roots:
         if had_forward and self.discovery is None:
             return  # the common case: nothing to look for
         me = id(self.inst.loop)
+        if self.set_up:
+            self.set_up.pop(me, None)
         if not had_forward:
             if self.compiled and self.discovery is None and not self.fixed:
                 return
@@ -282,11 +295,13 @@ class Roots:
     def _all_quiet(self) -> bool:
         """Every loop running had its quiet steps. A loop runs from its first fetch on:
         a thread inside the first fetch of its pass (another thread's steps go on
-        meanwhile) has no step yet, and its first forward comes next."""
+        meanwhile) has no step yet, and its first forward comes next. So does a thread
+        that made an optimizer and has not stepped yet (look_again)."""
+        now = time.monotonic_ns() if self.set_up else 0
         for _, loop in self.inst.loops.states:
             tracker = loop.tracker
             running = tracker.mode is not None or tracker.pending is not None \
-                or loop.fetch_t0 or loop.iter_started is not None
+                or loop.fetch_t0 or loop.iter_started is not None or self.set_up.get(id(loop), 0) > now
             if running and self.quiet.get(id(loop), 0) < DISCOVERY_STEPS:
                 return False
         return True

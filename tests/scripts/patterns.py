@@ -271,6 +271,30 @@ def main():
                 train_step(model, opt, x, y)
         release.set()
         thread.join()
+    elif kind == "set_up_then_wait":
+        # A thread makes its model and optimizer, then waits (for data, for a barrier) while
+        # the main loop steps: seen once under load with two loops in two threads, the main
+        # loop's quiet steps ended root discovery and the thread's first forward went untimed.
+        import threading
+
+        made, release = threading.Event(), threading.Event()
+
+        def other():
+            m, o = model_and_opt()
+            made.set()
+            release.wait(30)
+            x, y = torch.randn(8, 16), torch.randn(8, 1)
+            for _ in range(4):
+                train_step(m, o, x, y)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        made.wait(30)
+        x, y = torch.randn(8, 16), torch.randn(8, 1)
+        for _ in range(6):  # the main loop: its model found, then steps without a new root
+            train_step(model, opt, x, y)
+        release.set()
+        thread.join()
     print("done")
 
 

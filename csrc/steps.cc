@@ -62,6 +62,7 @@ struct Tracker {
   char background, worked, suspended, done, fed, has_forward_end;
   char every_step;  // on_new_step at every step; else only after one that showed no forward
   char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
+  char pass_begun;  // a pass began after the held-back fetch of a complete step (loop_started)
 };
 
 inline Tracker* T(PyObject* o) { return reinterpret_cast<Tracker*>(o); }
@@ -146,6 +147,7 @@ bool new_set(PyObject** slot) {
 }
 
 bool clear_more(Tracker* t) {
+  t->pass_begun = 0;
   if (t->pending_more && PyList_CheckExact(t->pending_more) && PyList_GET_SIZE(t->pending_more) == 0) return true;
   PyObject* l = PyList_New(0);
   if (!l) return false;
@@ -274,8 +276,10 @@ out:
 }
 
 // Ends the open step at `at` (0: now); `thread`: the native id of the loop's
-// thread when another thread ends it (at session end).
-bool end(PyObject* self, unsigned long long at, unsigned long long thread) {
+// thread when another thread ends it (at session end). `followed`: a step of the next
+// loop began already (its fetch): an operator window left open closes where that step
+// begins, inside it, not here after the fetch.
+bool end(PyObject* self, unsigned long long at, unsigned long long thread, bool followed = false) {
   Tracker* t = T(self);
   if (thread) {
     if (!t->mark_mode) end_step_of_thread(thread, at ? at : ticks());  // an unwritten mark began nothing
@@ -285,7 +289,7 @@ bool end(PyObject* self, unsigned long long at, unsigned long long thread) {
   if (!flush_mark(t)) return false;
   long long due;
   if (!ops_due(self, &due)) return false;
-  if (!due) {
+  if (!due && !followed) {
     // An operator window open at a loop's end closes inside the step it sampled:
     // its cost must not fall between two steps (SPEC §3: steps add up)
     if (!ops_step(self, -1, at ? at : ticks())) return false;
@@ -314,8 +318,10 @@ bool record_more(Tracker* t) {
     PyObject* item = PyList_GET_ITEM(more, i);
     ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && arg_u64(PyTuple_GET_ITEM(item, 0), &a) &&
          arg_u64(PyTuple_GET_ITEM(item, 1), &b);
-    if (ok) phase(kGetNext, a, b);
-    else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
+    if (ok) {
+      phase(kGetNext, a, b);
+      t->last_end = std::max<unsigned long long>(t->last_end, b);
+    } else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
   }
   Py_DECREF(more);
   return ok && clear_more(t);
@@ -358,8 +364,8 @@ bool commit_pending(PyObject* self, PyObject* shown) {
   if (!ok) return false;
   t->fed = 1;
   phase(kGetNext, t0, t1);
-  if (!record_more(t)) return false;
   t->last_end = t1;
+  if (!record_more(t)) return false;
   return true;
 }
 
@@ -403,17 +409,30 @@ bool phase_start(PyObject* self, PyObject* mode, unsigned long long now, bool ac
   return true;
 }
 
+// The held-back fetch was read and never worked on (a loop left with break, zip's
+// longer loader): the last GetNext of the loop, which ends there.
+bool end_with_pending(PyObject* self, bool followed = false) {
+  Tracker* t = T(self);
+  Py_CLEAR(t->pending_mode);
+  phase(kGetNext, t->pending_t0, t->pending_t1);
+  t->last_end = std::max(t->pending_t1, t->last_end);
+  if (!record_more(t)) return false;
+  if (!end(self, t->last_end, 0, followed)) return false;
+  put(&t->mode, Py_None);
+  t->done = 0;
+  return true;
+}
+
 bool loop_started(PyObject* self) {
   Tracker* t = T(self);
   if (!flush_held(t)) return false;
   if (!t->pending_mode) return true;
   if (!no_mode(t) && t->done) {
-    Py_CLEAR(t->pending_mode);
-    phase(kGetNext, t->pending_t0, t->pending_t1);
-    if (!record_more(t)) return false;
-    if (!end(self, std::max(t->pending_t1, t->last_end), 0)) return false;
-    put(&t->mode, Py_None);
-    t->done = 0;
+    // A fetch held back after a complete step, and now a pass begins: either the fetch
+    // was the last of its loop, or the program restarts a second loader inside its
+    // iteration (FixMatch's unlabeled data) and the fetch begins that iteration's step.
+    // What comes next tells: work on it (phase_start), or a fetch of another mode.
+    t->pass_begun = 1;
     return true;
   }
   return commit_pending(self, nullptr);
@@ -427,7 +446,10 @@ bool close(PyObject* self, unsigned long long thread) {
   } else if (!flush_held(t)) {
     return false;
   }
-  if (t->pending_mode && !thread && !loop_started(self)) return false;
+  if (t->pending_mode && !thread) {
+    bool ok = !no_mode(t) && t->done ? end_with_pending(self) : commit_pending(self, nullptr);
+    if (!ok) return false;
+  }
   Py_CLEAR(t->pending_mode);
   if (!clear_more(t)) return false;
   if (t->act_at && !thread && !no_mode(t) && !t->suspended) {
@@ -470,8 +492,12 @@ bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObj
       if (ahead < 0) return false;
       if (ahead) return append_more(t, t0, t1);
     }
-    if (!commit_pending(self, nullptr)) return false;  // no visible work: its own step
-    t->done = 1;
+    if (t->pass_begun) {
+      if (!end_with_pending(self, true)) return false;  // a new loop of another mode begins
+    } else {
+      if (!commit_pending(self, nullptr)) return false;  // no visible work: its own step
+      t->done = 1;
+    }
   }
   if (no_mode(t) || t->done) {
     put(&t->pending_mode, mode);
@@ -497,7 +523,7 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
       // batches it handed out: that work is still to come in this step.
       return t1 <= t0 || append_more(t, t0, t1);
     }
-    if (!commit_pending(self, nullptr)) return false;
+    if (!(t->pass_begun ? end_with_pending(self) : commit_pending(self, nullptr))) return false;
   }
   if (!no_mode(t)) {
     if (t1 > t0) phase(kGetNext, t0, t1);

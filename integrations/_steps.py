@@ -20,6 +20,11 @@ an optimizer step -- and this tracker decides where steps begin and end:
 * A fetch's mode is only known once the work on its batch shows, so a fetch
   after a complete step is held back and recorded, with the step mark at its
   start, when the next phase begins.
+* A new pass over a loader after such a fetch is no loop end yet: work on the
+  batch (a second loader restarted inside the iteration, FixMatch's unlabeled
+  data) makes the fetch begin that iteration's step; a fetch of another mode
+  (zip's longer loader left with a batch unused, then validation) makes it the
+  loop's last GetNext.
 
 The tracker is native (``csrc/steps.cc``): it runs a dozen times in every
 training step, where each Python frame of bookkeeping costs about a microsecond.

@@ -17,6 +17,19 @@ def _load(tmp_path, kind):
     return r, stepscope.load(str(tmp_path / "runs" / kind))
 
 
+def _phases_outside_steps(run):
+    """The phase spans that begin in no step (by time: an eval step's mark is written
+    after its phases, so the records' own step numbers do not tell)."""
+    import numpy as np
+
+    steps = run.steps.sort_values("start_ns")
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    phases = run.phases
+    i = np.searchsorted(starts, phases["start_ns"].to_numpy(), side="right") - 1
+    inside = (i >= 0) & (phases["start_ns"].to_numpy() < ends[np.maximum(i, 0)])
+    return phases[~inside]
+
+
 def test_forked_workers_after_break_write_no_steps(tmp_path):
     _, run = _load(tmp_path, "forkbreak")
     steps = run.steps
@@ -198,6 +211,42 @@ def test_discovery_waits_for_a_thread_inside_its_first_fetch(tmp_path):
     assert per_thread.tolist() == [4, 12], per_thread  # 4 batches; 2 passes of 6 batches
     for p in ("GetNext", "Forward", "Backward", "Optimizer"):
         assert (steps[p] > 0).all(), (p, steps[["tid", "step", p]])
+
+
+@pytest.mark.parametrize("kind", ["restarted_loader", "restarted_by_count"])
+def test_a_second_loader_restarted_inside_the_loop_keeps_every_step_whole(tmp_path, kind):
+    """A second loader read with next() and restarted inside the loop, where it runs out
+    or by a count (FixMatch's unlabeled data): the restart is no loop end, and the batch
+    fetched before it begins its step. Ended there, the fetch fell in the step before;
+    where an operator window closed there too, the next step began before the previous
+    one ended, and its phases fell outside every step."""
+    r, run = _load(tmp_path, kind)
+    loop_ns = int(r.stdout.split("loop_ns")[1].split()[0])
+    steps = run.steps.sort_values("start_ns")
+    assert len(steps) == 24 and set(steps["mode"]) == {"train"}
+    for p in ("GetNext", "Forward", "Backward", "Optimizer"):
+        assert (steps[p] > 0).all(), (p, steps[["step", p]])
+    gaps = steps["start_ns"].to_numpy()[1:] - steps["end_ns"].to_numpy()[:-1]
+    assert (gaps >= 0).all() and gaps.sum() < 0.02 * loop_ns, gaps
+    outside = _phases_outside_steps(run)
+    assert outside.empty, outside
+
+
+def test_a_loop_ending_in_an_unused_batch_then_another_loop(tmp_path):
+    """zip() of two loaders ends at the shorter one, the other's batch read and unused:
+    the train loop ends with that fetch, and the validation pass that follows is a loop
+    of its own. Its first step begins after the train loop's end, also where closing an
+    operator window extended that end."""
+    _, run = _load(tmp_path, "zip_then_eval")
+    steps = run.steps.sort_values("start_ns")
+    assert steps.groupby("mode").size().to_dict() == {"eval": 4, "train": 7}
+    train, evals = steps[steps["mode"] == "train"], steps[steps["mode"] == "eval"]
+    for p in ("GetNext", "Forward", "Backward", "Optimizer"):
+        assert (train[p] > 0).all(), (p, train[["step", p]])
+    assert (evals["Forward"] > 0).all() and (evals["GetNext"] > 0).all()
+    assert evals["start_ns"].min() >= train["end_ns"].max()
+    outside = _phases_outside_steps(run)
+    assert outside.empty, outside
 
 
 def test_discovery_waits_for_a_thread_that_made_an_optimizer(tmp_path):

@@ -295,6 +295,55 @@ def main():
             train_step(model, opt, x, y)
         release.set()
         thread.join()
+    elif kind == "restarted_loader":
+        # FixMatch: the labeled loader drives the loop; a smaller unlabeled one is read with
+        # next() and restarted where it runs out (here every 4th iteration: the 8th comes
+        # right after the first operator window, steps 5-7, whose closing ran there).
+        labeled = DataLoader(data, batch_size=4)  # 12 batches an epoch
+        unlabeled = DataLoader(TensorDataset(torch.randn(16, 16)), batch_size=4)  # 4 batches
+        u_iter = iter(unlabeled)
+        t0 = time.perf_counter_ns()
+        for epoch in range(2):
+            for x, y in labeled:
+                try:
+                    (u,) = next(u_iter)
+                except StopIteration:
+                    u_iter = iter(unlabeled)
+                    (u,) = next(u_iter)
+                opt.zero_grad()
+                (nn.functional.mse_loss(model(x), y) + model(u).pow(2).mean()).backward()
+                opt.step()
+        print("loop_ns", time.perf_counter_ns() - t0)
+    elif kind == "restarted_by_count":
+        # the same, restarting the unlabeled loader by a count instead of at StopIteration
+        labeled = DataLoader(data, batch_size=4)
+        unlabeled = DataLoader(TensorDataset(torch.randn(16, 16)), batch_size=4)
+        t0 = time.perf_counter_ns()
+        n = 0
+        for epoch in range(2):
+            for x, y in labeled:
+                if n % len(unlabeled) == 0:
+                    u_iter = iter(unlabeled)
+                (u,) = next(u_iter)
+                n += 1
+                opt.zero_grad()
+                (nn.functional.mse_loss(model(x), y) + model(u).pow(2).mean()).backward()
+                opt.step()
+        print("loop_ns", time.perf_counter_ns() - t0)
+    elif kind == "zip_then_eval":
+        # two loaders zipped (domain adaptation): zip ends at the shorter one, the longer
+        # one's last batch read and never used; then a validation pass. The train loop
+        # ends inside the first operator window (steps 5-7), which closes there.
+        source = DataLoader(data, batch_size=6)  # 8 batches
+        target = DataLoader(TensorDataset(torch.randn(42, 16)), batch_size=6)  # 7 batches
+        for (x, y), (u,) in zip(source, target):
+            opt.zero_grad()
+            (nn.functional.mse_loss(model(x), y) + model(u).pow(2).mean()).backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            for x, y in DataLoader(data, batch_size=12):  # 4 eval steps
+                model(x)
     print("done")
 
 

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TORCH_OP_WINDOW, TRAIN
+from stepscope.core.vocabulary import COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TORCH_OP_WINDOW, TORCH_OP_WINDOW_SPANS, TRAIN
 
 SHARE_DIGITS = 4  # shares are ratios rounded to 4 digits: 0.7421 prints as 74.2%
 
@@ -85,17 +85,20 @@ def phase_share(steps: pd.DataFrame, phase: str) -> float:
 
 
 def profiler_windows(run, steps: pd.DataFrame) -> Optional[dict]:
-    """What stepscope's own PyTorch operator windows cost (their ``stepscope.op_window``
-    spans: closing a window reads and writes every operator of its sampled steps), over
+    """What stepscope's own PyTorch operator windows cost (their ``stepscope.op_window_open``
+    and ``stepscope.op_window`` spans: opening starts torch's profiler, closing reads and
+    writes every operator of the window's sampled steps), over
     the given steps' time (every mode: a window also closes where an eval step or the
     loop's end comes), or None without windows. The phases leave that time
     out (``tables.py``): it is in Other, and this says how much."""
-    windows = run.select(categories=["framework"], names=[TORCH_OP_WINDOW], columns=["start_ns", "end_ns"])
-    if not len(windows):
+    spans = run.select(categories=["framework"], names=list(TORCH_OP_WINDOW_SPANS),
+                       columns=["name", "start_ns", "end_ns"])
+    closed = int((spans["name"] == TORCH_OP_WINDOW).sum()) if len(spans) else 0
+    if not closed:
         return None
-    cost = float((windows["end_ns"] - windows["start_ns"]).sum())
+    cost = float((spans["end_ns"] - spans["start_ns"]).sum())
     total = float(steps["duration_ns"].sum()) if len(steps) else 0.0
-    return {"windows": int(len(windows)), "total_ms": ms(cost),
+    return {"windows": closed, "total_ms": ms(cost),
             "share": round(cost / total, SHARE_DIGITS) if total else 0.0}
 
 

@@ -15,7 +15,8 @@ from stepscope.analysis.system import summarize_system
 # the summary's notes say so (their time is in Other, not in the phase they interrupted)
 PROFILER_NOTE_SHARE = 0.02
 PROFILER_NOTE = ("stepscope's PyTorch operator windows took {total_ms:.1f} ms ({percent} of the time of all steps, "
-                 "{windows} window(s)): closing one reads and writes every operator of its sampled steps. "
+                 "{windows} window(s)): opening one starts torch's profiler, closing one reads and writes every "
+                 "operator of its sampled steps. "
                  "That time is counted in Other, not in the phase it interrupted; a longer run spreads it "
                  "(after the first window, train steps 5-7, windows stay within 1% of the run), "
                  "STEPSCOPE_OPS=0 turns them off")

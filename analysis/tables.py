@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import END_MARK, OTHER, PHASES, TORCH_OP_WINDOW
+from stepscope.core.vocabulary import END_MARK, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
 
 STEP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
 PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
@@ -197,16 +197,17 @@ def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
 
 def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.ndarray,
                             n_steps: int) -> Optional[np.ndarray]:
-    """stepscope's own work inside a phase is not the phase's time: closing a PyTorch
-    operator window (``stepscope.op_window``: Kineto's events read and written, ~1 ms to
-    a few hundred for steps of many small ops) falls inside whatever phase the next step
-    began in. It leaves that phase's exclusive time (``phases`` in place) and counts in
+    """stepscope's own work inside a phase is not the phase's time: opening a PyTorch
+    operator window (``stepscope.op_window_open``: Kineto started, tens of ms the first
+    time) falls inside the phase that began its first step, and closing one
+    (``stepscope.op_window``: Kineto's events read and written, ~1 ms to a few hundred
+    for steps of many small ops) inside whatever phase the next step began in. It leaves that phase's exclusive time (``phases`` in place) and counts in
     the step's Other; returns the time taken out per step, or None. A long run has
     thousands of windows and millions of phases: one sort per thread that has windows,
     then binary searches."""
     windows = _rows_of(events, "framework", "span")
     if len(windows):
-        windows = windows[(events["name"].iloc[windows] == TORCH_OP_WINDOW).to_numpy()]
+        windows = windows[events["name"].iloc[windows].isin(TORCH_OP_WINDOW_SPANS).to_numpy()]
     if not len(windows) or not len(phases):
         return None
     w_start, w_end = events["start_ns"].to_numpy()[windows], events["end_ns"].to_numpy()[windows]

@@ -55,8 +55,13 @@ def pack_op_arg(seq: int, index: int, phase: "str | None" = None) -> int:
     return ((seq + 1) & 0xFFFFFFFF if seq >= 0 else 0) | (index & OP_INDEX_MASK) << 32 | hint << 59
 
 
-#: The framework span the PyTorch integration records for each operator window.
+#: The framework span the PyTorch integration records for each operator window: its closing
+#: (Kineto stopped, its operators read and written).
 TORCH_OP_WINDOW = "stepscope.op_window"
+#: ... and its opening (Kineto prepared and started: tens of ms the first time).
+TORCH_OP_WINDOW_OPEN = "stepscope.op_window_open"
+#: Both: stepscope's own time inside the steps it samples.
+TORCH_OP_WINDOW_SPANS = (TORCH_OP_WINDOW_OPEN, TORCH_OP_WINDOW)
 #: The framework span the Keras integration records for each sampled profiler window.
 KERAS_PROFILER_WINDOW = "stepscope.profiler_window"
 #: The framework span a PyTorch DataLoader worker records for each batch it makes (``arg``:

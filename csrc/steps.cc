@@ -209,6 +209,8 @@ bool flush_mark(Tracker* t) {
   return ok;
 }
 
+bool end(PyObject* self, unsigned long long at, unsigned long long thread, bool followed = false);
+
 bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   Tracker* t = T(self);
   if (t->act_at && is_train(mode) && t->act_at < at) at = t->act_at;  // the iteration began acting
@@ -233,6 +235,15 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
     Py_DECREF(r);
   }
   if (!flush_mark(t)) goto out;
+  if (!no_mode(t) && t->done && !t->fed && !is_train(t->mode) && !same(mode, t->mode) && t->last_end &&
+      t->last_end <= at) {
+    // An eval step no loader fed (a lone forward without grad: a dry run that sizes or
+    // initialises the model) ends at its forward, as at a loop's end (close): what
+    // follows until the next loop (making the optimizer, the data) is no part of it.
+    if (!end(self, t->last_end, 0)) goto out;
+    put(&t->mode, Py_None);
+    t->done = 0;
+  }
   if (g_marks) {  // the program marks its own steps: phases only
     PyObject* by_hand = PyDict_GetItemWithError(g_marks, g_by_hand);
     if (!by_hand && PyErr_Occurred()) goto out;
@@ -279,7 +290,7 @@ out:
 // thread when another thread ends it (at session end). `followed`: a step of the next
 // loop began already (its fetch): an operator window left open closes where that step
 // begins, inside it, not here after the fetch.
-bool end(PyObject* self, unsigned long long at, unsigned long long thread, bool followed = false) {
+bool end(PyObject* self, unsigned long long at, unsigned long long thread, bool followed) {
   Tracker* t = T(self);
   if (thread) {
     if (!t->mark_mode) end_step_of_thread(thread, at ? at : ticks());  // an unwritten mark began nothing

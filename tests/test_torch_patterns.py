@@ -249,6 +249,20 @@ def test_a_loop_ending_in_an_unused_batch_then_another_loop(tmp_path):
     assert outside.empty, outside
 
 
+def test_a_dry_run_forward_is_a_step_as_long_as_its_forward(tmp_path):
+    """A forward without grad on a dummy input before training (sizing the model) is an
+    eval step of its own, which ends at its forward: the setup after it (0.3 s here) is
+    no part of it, as it is no part of any step."""
+    _, run = _load(tmp_path, "dry_run")
+    steps = run.steps
+    assert steps.groupby("mode").size().to_dict() == {"eval": 1, "train": 6}
+    dry = steps[steps["mode"] == "eval"].iloc[0]
+    assert dry["duration_ns"] == dry["Forward"] < 0.1e9, dry
+    train = steps[steps["mode"] == "train"]
+    assert train["start_ns"].min() - dry["end_ns"] >= 0.3e9
+    assert (train["duration_ns"] < 0.25e9).all(), train["duration_ns"]
+
+
 def test_discovery_waits_for_a_thread_that_made_an_optimizer(tmp_path):
     """A thread that made a new optimizer is about to train a model not seen yet: another
     loop's quiet steps do not end discovery before that thread's first step."""

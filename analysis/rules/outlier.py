@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.core.vocabulary import KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW
+from stepscope.core.vocabulary import KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
 
 PARTS = (*PHASES, OTHER)
 # Framework spans of stepscope's own profiler windows (torch operator windows, Keras's sampled
 # steps): a step that one touches carries profiling cost, which is not the job's.
-PROFILER_WINDOWS = (TORCH_OP_WINDOW, KERAS_PROFILER_WINDOW)
+PROFILER_WINDOWS = (*TORCH_OP_WINDOW_SPANS, KERAS_PROFILER_WINDOW)
 
 
 def _profiled(steps, windows) -> np.ndarray:

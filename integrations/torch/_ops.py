@@ -23,7 +23,9 @@ reaches ``StepTracker.ops_due`` (one comparison per step), and when an eval step
 begins or a loop ends while a window is open (``ops_due == 0``). The window
 closes where the step after its last one begins: the close costs ~5-15 ms and
 falls in that step, inside the phase that began it, as the
-``stepscope.op_window`` framework span.
+``stepscope.op_window`` framework span. Opening (Kineto prepared and started:
+~60 ms the first time on the development VM) falls in the phase that began the
+first step, as the ``stepscope.op_window_open`` span.
 
 Torch allows one profiler: while the user's ``torch.profiler.profile`` is
 started (even in its schedule's wait) or the autograd profiler runs, no window
@@ -48,12 +50,13 @@ from typing import List, Optional, Tuple
 
 from stepscope.core import _native, gpu, safety
 from stepscope.core.quiet import native_logs_dropped
-from stepscope.core.vocabulary import TORCH_OP_WINDOW, pack_op_arg
+from stepscope.core.vocabulary import TORCH_OP_WINDOW, TORCH_OP_WINDOW_OPEN, pack_op_arg
 from stepscope.integrations._steps import StepTracker
 
 OP = _native.CATEGORIES.index("op")
 FRAMEWORK = _native.CATEGORIES.index("framework")
 WINDOW_NAME = _native.intern(TORCH_OP_WINDOW)
+OPEN_NAME = _native.intern(TORCH_OP_WINDOW_OPEN)
 SYNC_NAME = "aten::neg"  # the clock markers: tiny ops the window runs first and last
 SYNC_OPS = 4
 NEVER = 1 << 62
@@ -248,6 +251,7 @@ class Windows:
             raise
         self._set_enabled(True)
         w.sync_open = self._sync()
+        _native.span(FRAMEWORK, OPEN_NAME, now, _native.now())
         if not self.windows:
             self.first_tick = now
         self.windows += 1

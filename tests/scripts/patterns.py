@@ -344,6 +344,15 @@ def main():
         with torch.no_grad():
             for x, y in DataLoader(data, batch_size=12):  # 4 eval steps
                 model(x)
+    elif kind == "dry_run":
+        # a forward on a dummy input sizes the model (the CNN tutorials' flatten size, lazy
+        # modules), then the data is set up (a download: slow), then the training loop
+        with torch.no_grad():
+            n_out = model(torch.zeros(1, 16)).numel()
+        time.sleep(0.3)
+        for x, y in DataLoader(data, batch_size=8):  # 6 train steps
+            train_step(model, opt, x, y)
+        print("n_out", n_out)
     print("done")
 
 

@@ -30,6 +30,11 @@ def _phases_outside_steps(run):
     return phases[~inside]
 
 
+def _small_model():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4)
+
+
 def test_forked_workers_after_break_write_no_steps(tmp_path):
     _, run = _load(tmp_path, "forkbreak")
     steps = run.steps
@@ -286,9 +291,7 @@ def test_a_thread_that_made_an_optimizer_and_never_steps_lets_discovery_end(tmp_
     st_torch.instrument()
     try:
         run = stepscope.start(dir=str(tmp_path), name="handed_over")
-        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(8, 4)
+        model, opt, x = _small_model()
         on = []
 
         def train(n):
@@ -324,9 +327,7 @@ def test_a_thread_python_did_not_start_makes_no_steps(tmp_path):
     st_torch.instrument()
     try:
         run = stepscope.start(dir=str(tmp_path), name="foreign")
-        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        x = torch.randn(8, 4)
+        model, opt, x = _small_model()
         for _ in range(3):
             opt.zero_grad()
             model(x).sum().backward()

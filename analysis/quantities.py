@@ -14,7 +14,8 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TORCH_OP_WINDOW, TORCH_OP_WINDOW_SPANS, TRAIN
+from stepscope.core.vocabulary import (COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TORCH_OP_WINDOW,
+                                       TORCH_OP_WINDOW_SPANS, TRAIN)
 
 SHARE_DIGITS = 4  # shares are ratios rounded to 4 digits: 0.7421 prints as 74.2%
 
@@ -87,10 +88,10 @@ def phase_share(steps: pd.DataFrame, phase: str) -> float:
 def profiler_windows(run, steps: pd.DataFrame) -> Optional[dict]:
     """What stepscope's own PyTorch operator windows cost (their ``stepscope.op_window_open``
     and ``stepscope.op_window`` spans: opening starts torch's profiler, closing reads and
-    writes every operator of the window's sampled steps), over
-    the given steps' time (every mode: a window also closes where an eval step or the
-    loop's end comes), or None without windows. The phases leave that time
-    out (``tables.py``): it is in Other, and this says how much."""
+    writes every operator of the window's sampled steps), over the given steps' time
+    (every mode: a window also closes where an eval step or the loop's end comes), or
+    None without windows. The phases leave that time out (``tables.py``): it is in
+    Other, and this says how much."""
     spans = run.select(categories=["framework"], names=list(TORCH_OP_WINDOW_SPANS),
                        columns=["name", "start_ns", "end_ns"])
     closed = int((spans["name"] == TORCH_OP_WINDOW).sum()) if len(spans) else 0

@@ -317,7 +317,7 @@ def gpu_boxes(run):
 def operators_html(run, esc, top: int = 10, windows: Optional[dict] = None) -> str:
     """Per phase, the operators with the most self time in the sampled steps; empty
     when the run has no operator windows. ``windows``: the summary's
-    ``profiler_windows`` (what closing them cost)."""
+    ``profiler_windows`` (what opening and closing them cost)."""
     ops = run.ops
     if not len(ops):
         return ""
@@ -328,8 +328,9 @@ def operators_html(run, esc, top: int = 10, windows: Optional[dict] = None) -> s
            "(operators that run on several threads at once, as TensorFlow's do, can add up above 100%).</p>"]
     cost = windows
     if cost is not None:
-        out.append(f"<p class='muted'>Closing the {cost['windows']} PyTorch window(s) (reading and writing their "
-                   f"operators) took {cost['total_ms']:,.1f} ms, {percent(cost['share'])} of the time of all steps: "
+        out.append(f"<p class='muted'>Opening and closing the {cost['windows']} PyTorch window(s) (starting torch's "
+                   f"profiler, reading and writing their operators) took {cost['total_ms']:,.1f} ms, "
+                   f"{percent(cost['share'])} of the time of all steps: "
                    "stepscope's cost, counted in Other, not in the phase it interrupted "
                    "(<code>STEPSCOPE_OPS=0</code> turns the windows off).</p>")
     order = {p: i for i, p in enumerate((*PHASES, "Other"))}

@@ -198,13 +198,13 @@ def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
 def _take_out_profiler_work(events: pd.DataFrame, phases: pd.DataFrame, row: np.ndarray,
                             n_steps: int) -> Optional[np.ndarray]:
     """stepscope's own work inside a phase is not the phase's time: opening a PyTorch
-    operator window (``stepscope.op_window_open``: Kineto started, tens of ms the first
-    time) falls inside the phase that began its first step, and closing one
-    (``stepscope.op_window``: Kineto's events read and written, ~1 ms to a few hundred
-    for steps of many small ops) inside whatever phase the next step began in. It leaves that phase's exclusive time (``phases`` in place) and counts in
-    the step's Other; returns the time taken out per step, or None. A long run has
-    thousands of windows and millions of phases: one sort per thread that has windows,
-    then binary searches."""
+    operator window (``stepscope.op_window_open``: Kineto started, ~1-2 ms here) falls
+    inside the phase that began its first step, and closing one (``stepscope.op_window``:
+    Kineto's events read and written, ~1 ms to a few hundred for steps of many small
+    ops) inside whatever phase the next step began in. It leaves that phase's exclusive
+    time (``phases`` in place) and counts in the step's Other; returns the time taken out
+    per step, or None. A long run has thousands of windows and millions of phases: one
+    sort per thread that has windows, then binary searches."""
     windows = _rows_of(events, "framework", "span")
     if len(windows):
         windows = windows[events["name"].iloc[windows].isin(TORCH_OP_WINDOW_SPANS).to_numpy()]

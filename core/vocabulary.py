@@ -58,7 +58,7 @@ def pack_op_arg(seq: int, index: int, phase: "str | None" = None) -> int:
 #: The framework span the PyTorch integration records for each operator window: its closing
 #: (Kineto stopped, its operators read and written).
 TORCH_OP_WINDOW = "stepscope.op_window"
-#: ... and its opening (Kineto prepared and started: tens of ms the first time).
+#: ... and its opening (Kineto prepared and started).
 TORCH_OP_WINDOW_OPEN = "stepscope.op_window_open"
 #: Both: stepscope's own time inside the steps it samples.
 TORCH_OP_WINDOW_SPANS = (TORCH_OP_WINDOW_OPEN, TORCH_OP_WINDOW)

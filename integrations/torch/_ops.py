@@ -24,8 +24,8 @@ begins or a loop ends while a window is open (``ops_due == 0``). The window
 closes where the step after its last one begins: the close costs ~5-15 ms and
 falls in that step, inside the phase that began it, as the
 ``stepscope.op_window`` framework span. Opening (Kineto prepared and started:
-~60 ms the first time on the development VM) falls in the phase that began the
-first step, as the ``stepscope.op_window_open`` span.
+~1-2 ms on the development VM) falls in the phase that began the first step, as
+the ``stepscope.op_window_open`` span.
 
 Torch allows one profiler: while the user's ``torch.profiler.profile`` is
 started (even in its schedule's wait) or the autograd profiler runs, no window

@@ -375,7 +375,7 @@ def check_recorded(run_path, truth):
         assert any(truth["note"] in n for n in notes), f"no run.json note with {truth['note']!r}: {notes}"
 
 
-@pytest.mark.slow  # the whole corpus: about 17 CPU minutes (2 runs of ~3-7 s a case)
+@pytest.mark.slow  # the whole corpus: about 19 CPU minutes (2 runs of ~3-7 s a case); CI runs it (run_suite.py)
 @pytest.mark.parametrize("name,variant", _cases())
 def test_conformance(name, variant, tmp_path, plain_job):
     path = os.path.join(CORPUS, name + ".py")

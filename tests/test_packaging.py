@@ -44,3 +44,19 @@ def test_readme_opens_with_two_commands_and_ci_runs_the_second():
     ci = open(os.path.join(REPO, ".ci", "run")).read()
     assert lines[1] in ci.splitlines(), "the CI script must run the README's test command verbatim"
     assert "examples/" in lines[0]
+
+
+def test_ci_runs_the_slow_tests_and_a_developers_run_leaves_them_out(monkeypatch):
+    """CI sets CI=true (and tox passes it on): the conformance corpus runs there."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    try:
+        import run_suite
+    finally:
+        sys.path.pop(0)
+    for value, whole in (("true", True), ("1", True), ("", False), ("false", False), ("0", False)):
+        monkeypatch.setenv("CI", value)
+        assert run_suite.whole_suite() is whole, value
+    monkeypatch.delenv("CI")
+    assert not run_suite.whole_suite()
+    tox = open(os.path.join(REPO, "tox.ini")).read()
+    assert re.search(r"^passenv = .*\bCI\b", tox, re.M), "tox must pass CI on to the suite"

@@ -63,6 +63,7 @@ struct Tracker {
   char every_step;  // on_new_step at every step; else only after one that showed no forward
   char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
   char pass_begun;  // a pass began after the held-back fetch of a complete step (loop_started)
+  char trained;     // a train step began on this thread: a fact kept across loops, as opt_known
 };
 
 inline Tracker* T(PyObject* o) { return reinterpret_cast<Tracker*>(o); }
@@ -235,11 +236,13 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
     Py_DECREF(r);
   }
   if (!flush_mark(t)) goto out;
-  if (!no_mode(t) && t->done && !t->fed && !is_train(t->mode) && !same(mode, t->mode) && t->last_end &&
-      t->last_end <= at) {
-    // An eval step no loader fed (a lone forward without grad: a dry run that sizes or
-    // initialises the model) ends at its forward, as at a loop's end (close): what
-    // follows until the next loop (making the optimizer, the data) is no part of it.
+  if (!no_mode(t) && t->done && !t->fed && !is_train(t->mode) && !same(mode, t->mode) && !t->trained &&
+      t->last_end && t->last_end <= at) {
+    // An eval step no loader fed before any training (a lone forward without grad: a dry
+    // run that sizes or initialises the model) ends at its forward, as at a loop's end
+    // (close): what follows until the loop (making the optimizer, the data) is no part of
+    // it. Once training ran, such a step is inside the loop (the training accuracy after
+    // each update, an evaluation between epochs) and lasts until the next step begins.
     if (!end(self, t->last_end, 0)) goto out;
     put(&t->mode, Py_None);
     t->done = 0;
@@ -264,6 +267,7 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   }
   put(&t->mode, mode);
   t->done = t->fed = 0;
+  if (is_train(mode)) t->trained = 1;
   Py_CLEAR(t->cand_mode);
   {
     // this step's set becomes the one before; the old one before, emptied, is this step's

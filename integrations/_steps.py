@@ -20,9 +20,12 @@ an optimizer step -- and this tracker decides where steps begin and end:
 * A fetch's mode is only known once the work on its batch shows, so a fetch
   after a complete step is held back and recorded, with the step mark at its
   start, when the next phase begins.
-* An eval step no loader fed (a lone forward without grad: a dry run sizing
-  the model) ends at its forward when a step of another mode follows, as a
-  loop's last step does at its end: the setup in between is in no step.
+* An eval step no loader fed before any train step of its thread (a lone
+  forward without grad: a dry run sizing the model) ends at its forward when a
+  step of another mode follows, as a loop's last step does at its end: the
+  setup in between is in no step. Once training ran, such a step is inside the
+  loop (the training accuracy after each update, an evaluation between epochs)
+  and lasts until the next step begins.
 * A new pass over a loader after such a fetch is no loop end yet: work on the
   batch (a second loader restarted inside the iteration, FixMatch's unlabeled
   data) makes the fetch begin that iteration's step; a fetch of another mode

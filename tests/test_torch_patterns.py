@@ -268,6 +268,24 @@ def test_a_dry_run_forward_is_a_step_as_long_as_its_forward(tmp_path):
     assert (train["duration_ns"] < 0.25e9).all(), train["duration_ns"]
 
 
+def test_an_eval_forward_inside_each_iteration_keeps_the_steps_contiguous(tmp_path):
+    """The model in eval mode on the training batch (the training accuracy) after each
+    train step is an eval step, and that step lasts until the next iteration begins: the
+    bookkeeping after it (5 ms) is inside the loop, so inside a step (SPEC §3: steps add
+    up to the loop). Only a forward before any training (a dry run) ends at itself."""
+    r, run = _load(tmp_path, "train_accuracy")
+    steps = run.steps.sort_values("start_ns")
+    assert steps.groupby("mode").size().to_dict() == {"eval": 6, "train": 6}
+    assert steps["mode"].tolist() == ["train", "eval"] * 6
+    gaps = steps["start_ns"].to_numpy()[1:] - steps["end_ns"].to_numpy()[:-1]
+    assert (abs(gaps) < 20_000).all(), gaps  # contiguous (within 20 us)
+    evals = steps[steps["mode"] == "eval"]
+    assert (evals["duration_ns"] >= 4_000_000).all(), evals["duration_ns"]  # the sleep is in them
+    loop_ns = int(r.stdout.split("loop_ns", 1)[1].split()[0])
+    covered = steps["end_ns"].max() - steps["start_ns"].min()
+    assert covered >= 0.9 * loop_ns, (covered, loop_ns)
+
+
 def test_discovery_waits_for_a_thread_that_made_an_optimizer(tmp_path):
     """A thread that made a new optimizer is about to train a model not seen yet: another
     loop's quiet steps do not end discovery before that thread's first step."""

@@ -74,6 +74,36 @@ def test_periodic_stall_names_the_steps_and_other(tmp_path):
     assert f["evidence"]["mostly"] == "Other"
 
 
+def test_epoch_start_outliers_name_persistent_workers(tmp_path):
+    """Each epoch's first step waits for the DataLoader to start its workers again (each
+    opens its data: 0.1 s). The loop is not input-bound (GetNext ~10%), so StepOutlier is
+    the finding: it names those steps as epoch starts and what persistent_workers=True saves."""
+    s = run_job(tmp_path, "epochworkers")
+    assert fired(s) == ["StepOutlier"], s["findings"]
+    (f,) = s["findings"]
+    # the epochs' first steps; under load also their last ones, whose fetch shuts the workers down
+    firsts = sorted(o["step"] for o in f["evidence"]["outliers"] if o.get("epoch") == "first")
+    assert firsts == [40, 80], f["evidence"]["outliers"]
+    assert {o["step"] for o in f["evidence"]["outliers"] if o.get("epoch") != "first"} <= {39, 79, 119}
+    assert all(o.get("epoch") for o in f["evidence"]["outliers"])
+    epoch = f["evidence"]["epoch_start"]
+    assert epoch["epochs"] == 3 and epoch["first_step_getnext_ms"] >= 100, epoch
+    assert "persistent_workers=True would remove about" in f["recommendation"]
+    assert "steps of epochs" in f["message"]
+
+
+def test_an_input_bound_loop_explains_its_epoch_start_outliers(tmp_path):
+    """The same loader under a small model: input-bound, one finding (GetNextBottleneck with
+    the persistent_workers figure), and the epoch-start outliers are related to it."""
+    s = run_job(tmp_path, "epochworkers_small")
+    assert fired(s) == ["GetNextBottleneck"], s["findings"]
+    (f,) = s["findings"]
+    assert f["evidence"]["epoch_start"]["epochs"] == 3
+    related = {r["rule"]: r for r in s["related_findings"]}
+    assert related["StepOutlier"]["related_to"]["rule"] == "GetNextBottleneck", related
+    assert "steps of epochs" in related["StepOutlier"]["related_to"]["why"]
+
+
 def test_growing_list_of_tensors_is_a_memory_increase(tmp_path):
     s = run_job(tmp_path, "leak")
     assert fired(s) == ["HostMemoryIncrease"], s["findings"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepscope.analysis.quantities import epoch_start_wait, loop_starts
+from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.core.vocabulary import KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
+from stepscope.core.vocabulary import GETNEXT, KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
 
 PARTS = (*PHASES, OTHER)
 # Framework spans of stepscope's own profiler windows (torch operator windows, Keras's sampled
@@ -36,6 +38,10 @@ class StepOutlier(Rule):
         "min_outliers": Param(1, "steps", "fire when a rank and mode has at least this many outlier steps"),
         "mode": Param("all", "", "the steps judged: `all` modes (each on its own), or only `train`, `eval` or "
                                  "`predict` steps", choices=("all", "train", "eval", "predict")),
+        "epoch_start_s": Param(0.01, "s", "PyTorch: where the train outliers slow in GetNext are the first steps "
+                                          "of epochs, name what persistent_workers=True would save (as "
+                                          "GetNextBottleneck does, with its figure) when those steps wait at "
+                                          "least this much longer than the slowest tenth of the others"),
     }
 
     def not_applicable(self, run):
@@ -46,6 +52,8 @@ class StepOutlier(Rule):
     def evaluate(self, run, p):
         out = []
         steps = run.steps
+        every_step = steps
+        starts = None
         windows = run.select(categories=["framework"], names=list(PROFILER_WINDOWS),
                              columns=["process", "start_ns", "end_ns"])
         if p.get("mode", "all") != "all":
@@ -75,17 +83,54 @@ class StepOutlier(Rule):
             main = max(set(culprits), key=culprits.count)
             where = "outside every phase (Other)" if main == "Other" else f"in {main}"
             listed = ", ".join(str(r["step"]) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
+            recommendation = ("Look at these steps in the timeline. Time in Other points at work between "
+                              "phases (checkpointing, logging, evaluation, garbage collection); in GetNext at "
+                              "an uneven data pipeline; in Forward/Backward at changing input shapes or "
+                              "recompilation. Make periodic work asynchronous or less frequent.")
+            epoch = None
+            if mode == "train" and main == GETNEXT and framework_of(run) == TORCH:
+                if starts is None:
+                    starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
+                epoch = _epoch_starts(bad, rows, culprits, starts, every_step[every_step["process"] == process],
+                                      p["epoch_start_s"])
+            if epoch is not None:
+                edges = {r.get("epoch") for r in rows}
+                listed += ": the first" + ("" if edges == {"first"} else " and last") + " steps of epochs"
+                recommendation = advice("epoch_start", TORCH, **epoch).strip()
+            evidence = {"process": str(process), "mode": mode, "median_ms": round(med / 1e6, 3),
+                        "robust_sigma_ms": round(sigma / 1e6, 3), "steps_judged": int(len(s)),
+                        "outliers": rows[:50], "mostly": main}
+            if epoch is not None:
+                evidence["epoch_start"] = epoch
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)}: {len(rows)} of {len(s)} {mode} steps took more than "
                          f"{p['factor']:g}x the median {med / 1e6:.1f} ms (steps {listed}); the extra time is "
                          f"mostly {where}"),
-                recommendation=("Look at these steps in the timeline. Time in Other points at work between "
-                                "phases (checkpointing, logging, evaluation, garbage collection); in GetNext at "
-                                "an uneven data pipeline; in Forward/Backward at changing input shapes or "
-                                "recompilation. Make periodic work asynchronous or less frequent."),
-                evidence={"process": str(process), "mode": mode, "median_ms": round(med / 1e6, 3),
-                          "robust_sigma_ms": round(sigma / 1e6, 3), "steps_judged": int(len(s)),
-                          "outliers": rows[:50], "mostly": main},
+                recommendation=recommendation, evidence=evidence,
                 cost_ms_per_step=float((bad["duration_ns"] - med).sum()) / len(s) / 1e6))
         return out
+
+
+def _epoch_starts(bad, rows, culprits, starts, process_steps, min_s):
+    """The persistent-workers figure (quantities.epoch_start_wait) where every outlier slow in
+    GetNext is at an epoch's edge, else None: its first step (the DataLoader starts its
+    workers again) or its last (the fetch that runs out shuts them down). Marks those rows
+    ``epoch`` ``first`` or ``last``."""
+    train = process_steps[process_steps["mode"] == "train"].sort_values("start_ns", kind="stable")
+    first = starts.reindex(train.index, fill_value=False).to_numpy(dtype=bool)
+    last = np.zeros(len(train), dtype=bool)
+    if len(train):
+        last[:-1] = first[1:]
+        last[-1] = True
+    edge = dict(zip(train.index, np.where(first, "first", np.where(last, "last", ""))))
+    where = [edge.get(i, "") for i in bad.index]
+    if not all(w for w, c in zip(where, culprits) if c == GETNEXT) or "first" not in where:
+        return None
+    epoch = epoch_start_wait(process_steps, starts, min_s)
+    if epoch is None:
+        return None
+    for row, w in zip(rows, where):
+        if w:
+            row["epoch"] = w
+    return epoch

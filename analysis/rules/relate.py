@@ -99,11 +99,24 @@ def _workers(run, primary: Finding, secondary: Finding, params) -> Optional[str]
     return (f"the cause of this wait: {ev.get('workers')} data-loader workers on {ev.get('cores')} cores")
 
 
+def _epoch_starts(run, primary: Finding, secondary: Finding, params) -> Optional[str]:
+    """GetNextBottleneck -> StepOutlier on the same process, where both found the epochs' first
+    steps waiting for restarted DataLoader workers: the outliers are that wait, and the
+    primary's persistent_workers figure covers them."""
+    epoch = primary.evidence.get("epoch_start")
+    if not epoch or not secondary.evidence.get("epoch_start") or \
+            str(secondary.evidence.get("process")) != str(primary.evidence.get("process")):
+        return None
+    return ("the outliers are the first (and last) steps of epochs, where the DataLoader starts (and stops) "
+            f"its workers ({epoch['first_step_getnext_ms']:.0f} ms for the first batch against "
+            f"{epoch['other_getnext_ms']:.1f} ms): persistent_workers=True removes them")
+
+
 # (primary rule, secondary rule, test -> why, or None when the primary does not explain it)
 RELATIONS: List[Tuple[str, str, Callable]] = (
     [("KernelLaunchBound", r, _launch) for r in ("CPUBottleneck", "LowGPUUtilization", "BatchSize")]
     + [("GetNextBottleneck", r, _loader) for r in LOW_GPU]
-    + [("GetNextBottleneck", "Dataloader", _workers)])
+    + [("GetNextBottleneck", "Dataloader", _workers), ("GetNextBottleneck", "StepOutlier", _epoch_starts)])
 
 
 def _minor_sync(f: Finding, params) -> Optional[str]:
@@ -187,6 +200,9 @@ def related_markdown() -> list:
             "time in them (the CPU is busy making, or the disk reading, the batches the loop waits for) |",
             "| GetNextBottleneck | Dataloader (same process) | Dataloader's too-few-workers finding: the same "
             "wait with its cause named (too many workers stays a finding of its own) |",
+            "| GetNextBottleneck | StepOutlier (same process) | both found the first steps of epochs waiting for "
+            "a DataLoader that starts its workers again (`evidence.epoch_start`): the outliers are that wait, "
+            "which persistent_workers=True removes |",
             "| any finding on the same rank | HostSyncStall | its cost is below `related_below` of the step: a "
             "deliberate per-step `.item()` that leaves the GPU busy rides along with the job's real problem "
             "(alone, it is still reported) |", "",

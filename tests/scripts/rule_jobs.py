@@ -51,6 +51,17 @@ def main(kind):
         train(DataLoader(SlowDataset(32 * 40), batch_size=32, num_workers=8), hidden=2048)
     elif kind == "stall":
         train(DataLoader(data, batch_size=128), steps_hook=lambda i: time.sleep(0.2) if i % 15 == 7 else None)
+    elif kind.startswith("epochworkers"):  # workers started again at every epoch, each opening its data
+        hidden = 2048 if kind == "epochworkers" else 128
+        loader = DataLoader(TensorDataset(torch.randn(64 * 40, 512), torch.randn(64 * 40, 1)), batch_size=64,
+                            num_workers=2, worker_init_fn=lambda worker: time.sleep(0.1))
+        m = model(hidden)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        for epoch in range(3):
+            for x, y in loader:
+                opt.zero_grad()
+                nn.functional.mse_loss(m(x), y).backward()
+                opt.step()
     elif kind == "leak":
         kept = []
         train(DataLoader(TensorDataset(torch.randn(128 * 100, 512), torch.randn(128 * 100, 1)), batch_size=128),

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import (COMPUTE_PHASES, END_MARK, GETNEXT, PHASES, TORCH_OP_WINDOW,
+from stepscope.core.vocabulary import (COMPUTE_PHASES, END_MARK, GETNEXT, OTHER, PHASES, TORCH_OP_WINDOW,
                                        TORCH_OP_WINDOW_SPANS, TRAIN)
 
 SHARE_DIGITS = 4  # shares are ratios rounded to 4 digits: 0.7421 prints as 74.2%
@@ -77,6 +77,22 @@ def phase_shares(steps: pd.DataFrame) -> Dict[str, dict]:
                       "share": round(float(over[phase].sum()) / within, SHARE_DIGITS) if within else 0.0}
         if over is not steps:
             out[phase]["sampled_steps"] = int(len(over))
+    return out
+
+
+def other_share(steps: pd.DataFrame) -> Optional[dict]:
+    """Time in no phase (``Other``) of the given steps, as ``phase_shares`` gives a phase:
+    total_ms and share (over the sampled steps of a sampled Keras run, whose other steps
+    have their compute in Other), or None without steps."""
+    if not len(steps) or OTHER not in steps:
+        return None
+    sampled = sampled_mask(steps)
+    over = steps[sampled] if sampled is not None else steps
+    within = float(over["duration_ns"].sum())
+    out = {"total_ms": ms(over[OTHER].sum()),
+           "share": round(float(over[OTHER].sum()) / within, SHARE_DIGITS) if within else 0.0}
+    if sampled is not None:
+        out["sampled_steps"] = int(len(over))
     return out
 
 

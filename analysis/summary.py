@@ -6,7 +6,8 @@ Every figure comes from ``analysis/quantities.py``, which the rules use too.
 from __future__ import annotations
 
 from stepscope.analysis.loop import run_loop_notes
-from stepscope.analysis.quantities import percent, phase_shares, profiler_windows, step_stats, summary_steps
+from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
+                                           summary_steps)
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.system import summarize_system
 
@@ -47,6 +48,9 @@ def summarize(run, params=None) -> dict:
     for mode, s in steps.groupby("mode", sort=False, observed=True):
         out["steps"][mode] = step_stats(s)
     out["phases"] = phase_shares(summary_steps(steps))
+    other = other_share(summary_steps(steps))
+    if other is not None:
+        out["other"] = other  # the steps' time in no phase, over the same steps as the phases
     windows = profiler_windows(r, steps)
     if windows is not None:
         out["profiler_windows"] = windows
@@ -72,6 +76,10 @@ def format_text(s: dict) -> str:
     for phase, p in s["phases"].items():
         where = f"of the {p['sampled_steps']} sampled steps' time" if "sampled_steps" in p else "of train step time"
         lines.append(f"  {phase:<10} {percent(p['share']):>6} {where} ({p['total_ms']:.1f} ms)")
+    if s.get("other") and s["phases"]:
+        o = s["other"]
+        where = f"of the {o['sampled_steps']} sampled steps' time" if "sampled_steps" in o else "of train step time"
+        lines.append(f"  {'Other':<10} {percent(o['share']):>6} {where}, in no phase ({o['total_ms']:.1f} ms)")
     if s.get("profiler_windows", {}).get("share", 0) >= PROFILER_NOTE_SHARE:
         w = s["profiler_windows"]
         lines.append(f"  (stepscope {percent(w['share']):>6} of step time in {w['windows']} operator "

@@ -68,7 +68,9 @@ def test_getnext_finding_quotes_the_summarys_share(tmp_path):
     from stepscope.analysis.quantities import percent
     from stepscope.analysis.summary import format_text, summarize
 
-    run = _epochs_run(tmp_path, "share", "1", "plain", "2", "10")  # one epoch, 10 ms of host work a step
+    # one epoch, 5 ms of host work a step: the loop waits ~10 ms a step for its 2 workers
+    # (with 10 ms it waited ~5 ms, and under load the steady wait fell below the threshold)
+    run = _epochs_run(tmp_path, "share", "1", "plain", "2", "5")
     s = summarize(run)
     share = s["phases"]["GetNext"]["share"]
     f = _finding(s, "GetNextBottleneck")
@@ -80,6 +82,11 @@ def test_getnext_finding_quotes_the_summarys_share(tmp_path):
     # the worker start-up of the first step is what made the two numbers differ
     train = run.steps[run.steps["mode"] == "train"].sort_values("start_ns").iloc[1:]
     assert train["GetNext"].sum() / train["duration_ns"].sum() < share - 0.05
+    # the rest of the step, in no phase (the 5 ms of host work), over the same steps
+    other, every = s["other"], run.steps[run.steps["mode"] == "train"]
+    assert other["total_ms"] == round(every["Other"].sum() / 1e6, 3) and other["total_ms"] >= 5 * 9
+    assert other["share"] == pytest.approx(1 - sum(p["share"] for p in s["phases"].values()), abs=0.001)
+    assert f"Other {percent(other['share'])} of train step time, in no phase" in " ".join(format_text(s).split())
 
 
 def test_epoch_start_figure_for_persistent_workers(tmp_path):

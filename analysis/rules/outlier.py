@@ -7,7 +7,7 @@ import numpy as np
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.core.vocabulary import GETNEXT, KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
+from stepscope.core.vocabulary import GETNEXT, KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW_SPANS, TRAIN
 
 PARTS = (*PHASES, OTHER)
 # Framework spans of stepscope's own profiler windows (torch operator windows, Keras's sampled
@@ -88,7 +88,7 @@ class StepOutlier(Rule):
                               "an uneven data pipeline; in Forward/Backward at changing input shapes or "
                               "recompilation. Make periodic work asynchronous or less frequent.")
             epoch = None
-            if mode == "train" and main == GETNEXT and framework_of(run) == TORCH:
+            if mode == TRAIN and main == GETNEXT and framework_of(run) == TORCH:
                 if starts is None:
                     starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
                 epoch = _epoch_starts(bad, rows, culprits, starts, every_step[every_step["process"] == process],
@@ -117,7 +117,7 @@ def _epoch_starts(bad, rows, culprits, starts, process_steps, min_s):
     GetNext is at an epoch's edge, else None: its first step (the DataLoader starts its
     workers again) or its last (the fetch that runs out shuts them down). Marks those rows
     ``epoch`` ``first`` or ``last``."""
-    train = process_steps[process_steps["mode"] == "train"].sort_values("start_ns", kind="stable")
+    train = process_steps[process_steps["mode"] == TRAIN].sort_values("start_ns", kind="stable")
     first = starts.reindex(train.index, fill_value=False).to_numpy(dtype=bool)
     last = np.zeros(len(train), dtype=bool)
     if len(train):

@@ -10,7 +10,7 @@
 
 Tests marked `slow` (the conformance corpus, the static-toolchain build: about 19 of
 the suite's 36 CPU minutes) run where CI is set, as CI sets it (`CI=true`), and are left
-out of a developer's run, which then takes about 11 minutes on 2 cores instead of 22.
+out of a developer's run, which then takes about 12 minutes on 2 cores instead of 21.
 
 With arguments (`python3 -m tox -- tests/test_torch.py -k compile`) pytest runs them as
 given, in one process.

@@ -53,6 +53,16 @@ def _trace_files(path: str) -> dict:
     return out
 
 
+FOLDED_NAME = "(other names)"  # csrc/recorder.h kOverflowName
+
+
+def _names_folded(meta) -> int:
+    """The events a process recorded under FOLDED_NAME (process.json's writer stats)."""
+    stats = meta.get("stats") if isinstance(meta, dict) else None
+    value = stats.get("names_folded") if isinstance(stats, dict) else None
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 class Run:
     """A recorded run: ``events``, ``steps``, ``phases``, ``system``, ``kernels``,
     ``memcpy``, ``memset``, ``sync``, ``cuda_api``, ``processes`` as DataFrames; ``sql(query)`` over them; ``dropped_events``,
@@ -72,6 +82,10 @@ class Run:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
         self.warnings = [w for p in self._procs for w in p.warnings]
         self.dropped_events = sum(p.dropped for p in self._procs)
+        self.names_folded = sum(_names_folded(p.meta) for p in self._procs)
+        if self.names_folded:
+            self.warnings.append(f"{self.names_folded} events were recorded as {FOLDED_NAME!r}: their processes "
+                                 f"named more than stepscope's name table holds (docs/design.md, Names)")
         if not quiet:
             level = _caller_stacklevel()
             for w in self.warnings:

@@ -42,6 +42,7 @@ def summarize(run, params=None) -> dict:
         "system": summarize_system(r.system),
         "findings": [],
         "dropped_events": int(r.dropped_events),
+        "names_folded": int(getattr(r, "names_folded", 0)),
         "warnings": r.warnings,
         "notes": r.notes,
     }

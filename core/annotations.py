@@ -80,5 +80,11 @@ def end_step() -> None:
 
 
 def counter(name: str, value: float) -> None:
-    """Records a numeric sample (a loss, a queue length, a batch size...)."""
-    _native.counter(CATEGORY["counter"], _native.intern(name), value)
+    """Records a numeric sample (a loss, a queue length, a batch size...).
+
+    Names are interned only while a session records: a program that names its
+    counters by item keeps no table of them while it is not profiled."""
+    if _native.enabled():
+        _native.counter(CATEGORY["counter"], _native.intern(name), value)
+    elif not isinstance(name, str):
+        raise TypeError(f"a counter's name must be a str, not {type(name).__name__}")

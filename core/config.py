@@ -31,6 +31,10 @@ class Config:
     flush_interval_ms: int = 1000
     buffer_mb: int = 32
     pysample_hz: int = 100  # Python stack samples per second; 0: none
+    # Free space left to the job on the run's file system: the trace stops before
+    # it would fall under the larger of the two (0 and 0: no floor).
+    disk_floor_mb: int = 100
+    disk_floor_pct: float = 1.0
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -47,6 +51,16 @@ def _parse_int(label: str, value, lo: int, hi: int) -> int:
     if not lo <= n <= hi:
         raise ConfigError(f"{label}={n} is out of range; allowed: {lo} to {hi}")
     return n
+
+
+def _parse_float(label: str, value, lo: float, hi: float) -> float:
+    try:
+        x = float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{label}={value!r} is not a number; allowed: {lo:g} to {hi:g}") from None
+    if not lo <= x <= hi:  # NaN fails too
+        raise ConfigError(f"{label}={value!r} is out of range; allowed: {lo:g} to {hi:g}")
+    return x
 
 
 def _parse_gpu(label: str, value) -> str:
@@ -100,6 +114,8 @@ _FIELDS = {
     "flush_interval_ms": ("STEPSCOPE_FLUSH_MS", lambda label, v: _parse_int(label, v, 10, 60000)),
     "buffer_mb": ("STEPSCOPE_BUFFER_MB", lambda label, v: _parse_int(label, v, 1, 4096)),
     "pysample_hz": ("STEPSCOPE_PYSAMPLE_HZ", lambda label, v: _parse_int(label, v, 0, PYSAMPLE_MAX_HZ)),
+    "disk_floor_mb": ("STEPSCOPE_DISK_FLOOR_MB", lambda label, v: _parse_int(label, v, 0, 1 << 30)),
+    "disk_floor_pct": ("STEPSCOPE_DISK_FLOOR_PCT", lambda label, v: _parse_float(label, v, 0, 50)),
 }
 
 ENV_VARIABLES = tuple(var for var, _ in _FIELDS.values())

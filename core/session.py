@@ -180,7 +180,7 @@ class Session:
                                    meta.get("world_size"))
         meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
                            if t.native_id is not None}
-        meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "error")}
+        meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "names_folded", "error")}
         meta["versions"] = runinfo.framework_versions()
         runinfo.write_json_atomic(path, meta)
         if self.created_run:
@@ -260,7 +260,8 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
     header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
                          "clock": meta["clock"]})
     err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
-                       config.flush_interval_ms, config.buffer_mb << 20)
+                       config.flush_interval_ms, config.buffer_mb << 20,
+                       config.disk_floor_mb << 20, config.disk_floor_pct / 100)
     if err:
         raise OSError(err)
     session.active = True

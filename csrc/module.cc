@@ -34,7 +34,10 @@ PyObject* g_name_cache = nullptr;  // str -> int: interning without leaving C
 PyObject* g_decorate = nullptr;    // python: (name, category, func) -> wrapper
 PyObject* g_decorate_bare = nullptr;  // python: (func) -> wrapper
 
-// Returns the interned id of a str, or -1 with a Python error set.
+constexpr uint32_t kUnresolved = UINT32_MAX;  // a Span made while nothing recorded
+
+// Returns the interned id of a str, or -1 with a Python error set. A name folded
+// into the overflow name (the table is full) is not cached: the cache stays bounded.
 int64_t intern_obj(PyObject* name) {
   PyObject* v = PyDict_GetItemWithError(g_name_cache, name);
   if (v) return int64_t(PyLong_AsUnsignedLong(v));
@@ -46,7 +49,9 @@ int64_t intern_obj(PyObject* name) {
   Py_ssize_t n;
   const char* s = PyUnicode_AsUTF8AndSize(name, &n);
   if (!s) return -1;
-  uint32_t id = intern(std::string(s, size_t(n)));
+  bool folded = false;
+  uint32_t id = intern(std::string(s, size_t(n)), &folded);
+  if (folded) return id;
   PyObject* idobj = PyLong_FromUnsignedLong(id);
   if (!idobj || PyDict_SetItem(g_name_cache, name, idobj) < 0) {
     Py_XDECREF(idobj);
@@ -107,9 +112,22 @@ void span_dealloc(PyObject* self) {
   }
 }
 
+// A Span made while nothing recorded has no name id yet: a program that names
+// spans by item costs no memory until a session records them.
+bool resolve_name(SpanObject* s) {
+  if (s->name != kUnresolved) return true;
+  const int64_t id = intern_obj(s->pyname);
+  if (id < 0) {
+    PyErr_Clear();  // a str whose text cannot be encoded: not recorded
+    return false;
+  }
+  s->name = uint32_t(id);
+  return true;
+}
+
 PyObject* span_enter(PyObject* self, PyObject*) {
   auto* s = reinterpret_cast<SpanObject*>(self);
-  s->t0 = g_enabled.load(std::memory_order_relaxed) ? ticks() : 0;
+  s->t0 = g_enabled.load(std::memory_order_relaxed) && resolve_name(s) ? ticks() : 0;
   Py_INCREF(self);
   return self;
 }
@@ -178,8 +196,12 @@ PyObject* py_annotate(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* name = args[0];
   if (!PyUnicode_Check(name) && PyCallable_Check(name) && nargs == 1 && g_decorate_bare)
     return PyObject_CallOneArg(g_decorate_bare, name);
-  int64_t id = intern_obj(name);
-  if (id < 0) return nullptr;
+  if (!PyUnicode_Check(name)) {
+    PyErr_Format(PyExc_TypeError, "a name must be a str, not %.100s", Py_TYPE(name)->tp_name);
+    return nullptr;
+  }
+  int64_t id = kUnresolved;  // interned when it first records
+  if (g_enabled.load(std::memory_order_relaxed) && (id = intern_obj(name)) < 0) return nullptr;
   long cat = nargs == 2 ? PyLong_AsLong(args[1]) : kCatAnnotation;
   if (cat < 0 || cat >= kNumCategories) {
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "category must be in 0..15");
@@ -213,7 +235,8 @@ PyObject* py_phase(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* py_annotation_begin(PyObject* m, PyObject* const* args, Py_ssize_t nargs) {
   PyObject* s = py_annotate(m, args, nargs);
   if (s && Py_TYPE(s) == &SpanType) {
-    reinterpret_cast<SpanObject*>(s)->t0 = g_enabled.load(std::memory_order_relaxed) ? ticks() : 0;
+    auto* span = reinterpret_cast<SpanObject*>(s);
+    span->t0 = g_enabled.load(std::memory_order_relaxed) && resolve_name(span) ? ticks() : 0;
   }
   return s;
 }
@@ -411,6 +434,9 @@ NB_MODULE(_native, m) {
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");
   m.attr("FORMAT_VERSION") = nb::make_tuple(kFormatMajor, kFormatMinor);
+  m.attr("MAX_NAMES") = kMaxNames;
+  m.attr("MAX_NAME_BYTES") = kMaxNameBytes;
+  m.attr("OVERFLOW_NAME") = kOverflowName;
 
   m.def("intern", [](nb::handle name) {
     int64_t id = intern_obj(name.ptr());
@@ -435,11 +461,12 @@ NB_MODULE(_native, m) {
         "step of that thread's loop instead (its native id), from another thread.");
   m.def("current_step", [] { return g_step.load(); });
   m.def("open", [](const std::string& path, const std::string& header_json, int flush_ms,
-                   size_t buffer_bytes) {
-    WriterOptions o{path, header_json, flush_ms, buffer_bytes};
+                   size_t buffer_bytes, uint64_t disk_floor_bytes, double disk_floor_fraction) {
+    WriterOptions o{path, header_json, flush_ms, buffer_bytes, disk_floor_bytes, disk_floor_fraction};
     return open_writer(o);
   }, nb::arg("path"), nb::arg("header_json"), nb::arg("flush_interval_ms") = 1000,
-     nb::arg("buffer_bytes") = size_t(32) << 20,
+     nb::arg("buffer_bytes") = size_t(32) << 20, nb::arg("disk_floor_bytes") = 0,
+     nb::arg("disk_floor_fraction") = 0.0,
      "Starts writing events to a new trace file; returns '' or the reason it cannot.");
   m.def("close", [] {
     nb::gil_scoped_release nogil;
@@ -453,6 +480,7 @@ NB_MODULE(_native, m) {
     d["bytes"] = s.bytes;
     d["chunks_in_use"] = s.chunks_in_use;
     d["chunk_bytes"] = sizeof(Chunk);
+    d["names_folded"] = s.names_folded;
     d["error"] = s.error;
     return d;
   });

@@ -13,7 +13,10 @@
 // prefix tree, so a stack costs one entry per new leaf) are interned for the
 // life of the process, with ids dense from 0; each new trace file gets them
 // all again. Code objects seen are kept alive (one reference each) so their
-// addresses stay unique keys.
+// addresses stay unique keys. Every table is bounded (kMax*): a program that
+// makes code as it runs (exec, generated lambdas) sees its newer code as one
+// frame, kOtherCode, under its callers, and a stack past the bound is dropped
+// and counted; memory stays within a few MiB whatever the program runs.
 #include <Python.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h>  // PyFrame_GetBack: Python.h declares it only from 3.11
@@ -49,7 +52,11 @@ namespace {
 
 constexpr int kMaxDepth = 512;                 // deeper stacks keep their innermost frames
 constexpr size_t kMaxPending = size_t(1) << 20;  // samples queued while the writer stalls
-constexpr size_t kMaxFrames = size_t(1) << 22;   // interning bound (exec'd code in a loop)
+constexpr size_t kMaxCodes = size_t(1) << 14;    // code objects kept alive: ~1 KiB each
+constexpr size_t kMaxFrames = size_t(1) << 16;   // (code, line) frames, the last one kOtherCode
+constexpr size_t kMaxStacks = size_t(1) << 18;
+constexpr size_t kMaxOffsets = size_t(1) << 18;  // (code, instruction) -> frame: a cache only
+constexpr const char* kOtherCode = "(other code: the sampler's tables are full)";
 // A pass's owner: armed, the main thread walks it (pending call) unless the
 // sampler claims it after the grace period; done, the main thread walked it.
 enum PassState { kIdle, kArmed, kInMain, kDone, kSampler };
@@ -105,6 +112,7 @@ struct State {
   std::unordered_map<uint64_t, uint32_t> offset_ids;  // code index << 32 | instruction offset
   std::unordered_map<PyObject*, uint32_t> code_index;
   std::unordered_map<uint64_t, uint32_t> stack_ids;  // (parent + 1) << 32 | frame
+  uint32_t other_code = UINT32_MAX;                   // kOtherCode's frame, once made
   PyObject* threading_name = nullptr;  // "threading", made once
   PyObject* native_id_name = nullptr;  // "_native_id", made once
   PyObject* active_name = nullptr;     // "_active", made once
@@ -141,12 +149,26 @@ uint32_t string_of(PyObject* o) {
 // The frame id of (code, line); the code object is kept alive from its first sighting.
 // Lines are found through the instruction offset: PyFrame_GetLineNumber scans the
 // code's line table, so it runs once per distinct (code, offset), not per sample.
+size_t frame_count() { return g_p.frames.size() + g_p.new_frames.size(); }
+
+// The frame that stands for code the full tables have no room for (the slot kept for it).
+uint32_t other_code_frame() {
+  if (g_p.other_code == UINT32_MAX) {
+    g_p.other_code = uint32_t(frame_count());
+    g_p.new_frames.push_back({string_id(kOtherCode, std::strlen(kOtherCode)), string_id("", 0), 0});
+  }
+  return g_p.other_code;
+}
+
 bool frame_id(PyCodeObject* code, PyFrameObject* f, uint32_t* out) {
   PyObject* key = reinterpret_cast<PyObject*>(code);
   uint32_t ci;
   auto c = g_p.code_index.find(key);
   if (c == g_p.code_index.end()) {
-    if (g_p.frames.size() + g_p.new_frames.size() >= kMaxFrames) return false;
+    if (g_p.codes.size() >= kMaxCodes || frame_count() + 1 >= kMaxFrames) {
+      *out = other_code_frame();
+      return true;
+    }
 #if PY_VERSION_HEX >= 0x030B0000
     PyObject* name = code->co_qualname;  // Class.method
 #else
@@ -171,32 +193,38 @@ bool frame_id(PyCodeObject* code, PyFrameObject* f, uint32_t* out) {
     *out = hit->second;
     return true;
   }
+  const bool cache = g_p.offset_ids.size() < kMaxOffsets;
   const int line = PyFrame_GetLineNumber(f);
   const uint64_t k = (uint64_t(ci) << 32) | uint32_t(line);
   auto it = g_p.frame_ids.find(k);
   if (it != g_p.frame_ids.end()) {
     *out = it->second;
-    g_p.offset_ids.emplace(at, it->second);
+    if (cache) g_p.offset_ids.emplace(at, it->second);
     return true;
   }
-  if (g_p.frames.size() + g_p.new_frames.size() >= kMaxFrames) return false;
+  if (frame_count() + 1 >= kMaxFrames) {
+    *out = other_code_frame();
+    return true;
+  }
   const CodeNames& names = g_p.codes[key];
-  const uint32_t id = uint32_t(g_p.frames.size() + g_p.new_frames.size());
+  const uint32_t id = uint32_t(frame_count());
   g_p.new_frames.push_back({names.func, names.file, line});
   g_p.frame_ids.emplace(k, id);
-  g_p.offset_ids.emplace(at, id);
+  if (cache) g_p.offset_ids.emplace(at, id);
   *out = id;
   return true;
 }
 
-uint32_t stack_id(int32_t parent, uint32_t frame) {
+// A stack's id, or -2 where the table is full (the sample is dropped and counted).
+int64_t stack_id(int32_t parent, uint32_t frame) {
   const uint64_t k = (uint64_t(uint32_t(parent + 1)) << 32) | frame;
   auto it = g_p.stack_ids.find(k);
   if (it != g_p.stack_ids.end()) return it->second;
-  const uint32_t id = uint32_t(g_p.stacks.size() + g_p.new_stacks.size());
+  const size_t n = g_p.stacks.size() + g_p.new_stacks.size();
+  if (n >= kMaxStacks) return -2;
   g_p.new_stacks.emplace_back(parent, frame);
-  g_p.stack_ids.emplace(k, id);
-  return id;
+  g_p.stack_ids.emplace(k, uint32_t(n));
+  return uint32_t(n);
 }
 
 // The OS thread id of a live thread, from its pthread handle (the ident): the
@@ -299,8 +327,12 @@ void walk() {
       ++g_p.pass_dropped;  // the frame table is full
       continue;
     }
-    int32_t stack = -1;
-    for (int i = depth - 1; i >= 0; --i) stack = int32_t(stack_id(stack, ids[i]));
+    int64_t stack = -1;
+    for (int i = depth - 1; i >= 0 && stack != -2; --i) stack = stack_id(int32_t(stack), ids[i]);
+    if (stack < 0) {
+      ++g_p.pass_dropped;  // the stack table is full
+      continue;
+    }
     g_p.new_samples.push_back({tick, tid, uint32_t(stack)});
   }
   Py_XDECREF(active);

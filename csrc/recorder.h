@@ -101,8 +101,13 @@ inline void record_instant(uint8_t cat, uint32_t name, uint64_t arg = 0, bool ha
 // at: the sample's tick (0: now), so the counters of one sample share a timestamp.
 void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool has_arg, uint64_t at = 0);
 
-// Interned names: register once, record the integer.
-uint32_t intern(const std::string& s);
+// Interned names: register once, record the integer. Bounded (writer.cc): past
+// the bound a name is recorded as kOverflowName (`folded`, when given, says so).
+constexpr size_t kMaxNames = 65536;
+constexpr size_t kMaxNameBytes = size_t(16) << 20;
+constexpr const char* kOverflowName = "(other names)";
+uint32_t intern(const std::string& s, bool* folded = nullptr);
+bool is_interned(uint64_t id);  // an id intern() returned
 
 // Steps: marks a new step of `mode` (an interned mode name) at tick `at` (0: now)
 // and returns its number. Integrations that learn of a step late pass its start.
@@ -121,6 +126,8 @@ struct WriterOptions {
   std::string header_json;  // process metadata stored in the file header
   int flush_interval_ms = 1000;
   size_t buffer_bytes = 32u << 20;
+  uint64_t disk_floor_bytes = 0;   // free space left to the job: the larger of this
+  double disk_floor_fraction = 0;  // and this fraction of the file system
 };
 std::string open_writer(const WriterOptions& opt);
 void close_writer();
@@ -129,6 +136,7 @@ struct WriterStats {
   uint64_t dropped;
   uint64_t bytes;
   uint64_t chunks_in_use;
+  uint64_t names_folded;  // name lookups recorded as kOverflowName
   std::string error;
 };
 WriterStats writer_stats();

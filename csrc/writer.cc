@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -44,6 +45,9 @@ size_t g_chunks_max = 64;
 std::mutex g_names_mu;
 std::vector<std::string> g_names;
 std::unordered_map<std::string, uint32_t> g_name_ids;
+size_t g_name_bytes = 0;                       // the text held in g_names
+uint32_t g_overflow_id = UINT32_MAX;           // kOverflowName's id, once a name was folded
+std::atomic<uint64_t> g_names_folded{0};      // lookups folded since the trace opened
 
 // The open step's mode, per thread: each thread's training loop has its own
 // steps (SPEC §3). A session restart bumps the generation: stale values read as closed.
@@ -66,10 +70,13 @@ struct Writer {
   bool stop = false;
   std::atomic<bool> urgent{false};
   size_t names_written = 0;
+  uint64_t floor_bytes = 0;  // free space kept for the job on the trace's file system
+  double floor_fraction = 0;
   std::atomic<uint64_t> written{0};
   std::atomic<uint64_t> bytes{0};
   std::string error;
   std::string buf;
+  bool opening = false;  // open_writer returns its error: the caller reports it
 } g_w;
 
 std::atomic<bool> g_failed{false};
@@ -153,14 +160,39 @@ void record_counter(uint8_t cat, uint32_t name, double value, uint64_t arg, bool
   push(kCounter, cat, name, at ? at : ticks(), bits, arg, has_arg ? kHasArg : 0);
 }
 
-uint32_t intern(const std::string& s) {
+// The table lives as long as the process (ids stay valid across sessions), so it
+// is bounded: past kMaxNames names or kMaxNameBytes of text, a new name is
+// recorded as kOverflowName and counted, and memory stays flat whatever a
+// program names (a name per item, per request, per generated op).
+uint32_t intern(const std::string& s, bool* folded) {
   std::lock_guard<std::mutex> lk(g_names_mu);
   auto it = g_name_ids.find(s);
-  if (it != g_name_ids.end()) return it->second;
+  if (it != g_name_ids.end()) {
+    if (folded) *folded = false;
+    return it->second;
+  }
+  const bool full = g_names.size() + 1 >= kMaxNames || g_name_bytes + s.size() > kMaxNameBytes;
+  if (full) {
+    if (g_overflow_id == UINT32_MAX) {  // the slot kept for it
+      g_overflow_id = uint32_t(g_names.size());
+      g_names.emplace_back(kOverflowName);
+      g_name_ids.emplace(kOverflowName, g_overflow_id);
+    }
+    g_names_folded.fetch_add(1, std::memory_order_relaxed);
+    if (folded) *folded = true;
+    return g_overflow_id;
+  }
+  if (folded) *folded = false;
   uint32_t id = uint32_t(g_names.size());
   g_names.push_back(s);
+  g_name_bytes += s.size();
   g_name_ids.emplace(s, id);
   return id;
+}
+
+bool is_interned(uint64_t id) {
+  std::lock_guard<std::mutex> lk(g_names_mu);
+  return id < g_names.size();
 }
 
 // Step numbers count per mode, from 0 in every session.
@@ -317,6 +349,7 @@ void fail(const std::string& why) {
   g_enabled.store(false);
   if (!g_failed.exchange(true)) {
     g_w.error = why;
+    if (g_w.opening) return;
     std::fprintf(stderr,
                  "stepscope: %s; profiling is turned off, the program continues unaffected\n",
                  why.c_str());
@@ -324,8 +357,28 @@ void fail(const std::string& why) {
   }
 }
 
+// The job's disk comes first: a write that would leave its file system with less
+// free space than the floor (the larger of a size and a fraction of the file
+// system) is not made, and the trace ends there, so that a checkpoint the job
+// writes next still fits.
+bool leaves_floor(size_t len) {
+  struct statvfs fs;
+  if (::fstatvfs(g_w.fd, &fs) != 0 || fs.f_frsize == 0) return true;  // unknown: write
+  const double unit = double(fs.f_frsize);
+  const double avail = double(fs.f_bavail) * unit;
+  const double floor = std::max(double(g_w.floor_bytes), g_w.floor_fraction * double(fs.f_blocks) * unit);
+  if (avail >= double(len) + floor) return true;
+  char figures[128];
+  std::snprintf(figures, sizeof figures, "its file system has %.1f MiB free and stepscope leaves at least %.1f MiB",
+                avail / (1 << 20), floor / (1 << 20));
+  fail("stopped writing " + g_w.path + ": " + figures +
+       " to the job (STEPSCOPE_DISK_FLOOR_MB, STEPSCOPE_DISK_FLOOR_PCT)");
+  return false;
+}
+
 bool write_all(const std::string& data) {
   if (g_failed.load() || g_w.fd < 0) return false;
+  if ((g_w.floor_bytes || g_w.floor_fraction > 0) && !leaves_floor(data.size())) return false;
   const char* p = data.data();
   size_t left = data.size();
   while (left > 0) {
@@ -414,6 +467,7 @@ void reset_writer_state() {
   g_w.bytes = 0;
   g_w.error.clear();
   g_dropped = 0;
+  g_names_folded = 0;
   g_failed = false;
 }
 
@@ -479,6 +533,8 @@ std::string open_writer(const WriterOptions& opt) {
   g_w.path = opt.path;
   g_w.flush_ms = opt.flush_interval_ms > 0 ? opt.flush_interval_ms : 1000;
   reset_writer_state();
+  g_w.floor_bytes = opt.disk_floor_bytes;
+  g_w.floor_fraction = std::min(std::max(opt.disk_floor_fraction, 0.0), 1.0);
   reset_gpu_state(false);
   reset_steps();
   {
@@ -491,9 +547,13 @@ std::string open_writer(const WriterOptions& opt) {
   uint32_t jlen = uint32_t(opt.header_json.size());
   header.append(reinterpret_cast<const char*>(&jlen), 4);
   header += opt.header_json;
-  if (!write_all(header)) {
+  g_w.opening = true;
+  const bool header_written = write_all(header);
+  g_w.opening = false;
+  if (!header_written) {
     std::string err = g_w.error;
     ::close(fd);
+    ::unlink(opt.path.c_str());  // no empty trace left behind
     g_w.fd = -1;
     return err;
   }
@@ -544,7 +604,7 @@ WriterStats writer_stats() {
     in_use = g_chunks_total - free_n;
   }
   return {g_w.written.load() + gpu_written(), g_dropped.load() + gpu_dropped(), g_w.bytes.load(), in_use,
-          g_w.error};
+          g_names_folded.load(), g_w.error};
 }
 
 }  // namespace stepscope

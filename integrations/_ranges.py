@@ -58,7 +58,8 @@ class Ranges:
 
     @staticmethod
     def mark(name) -> None:
-        _native.instant(ANNOTATION, _native.intern(_text(name)))
+        if _native.enabled():  # names are interned only while something records
+            _native.instant(ANNOTATION, _native.intern(_text(name)))
 
     def clear(self) -> None:
         """Forgets open ranges (uninstrument; a forked child: its parent's ranges are not its own)."""

@@ -21,7 +21,7 @@ import struct
 from typing import List, Optional
 
 from stepscope.analysis.reader import RunFormatError, resolve_run_path
-from stepscope.core import runinfo
+from stepscope.core import files, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, CLOCK_JSON, PROCESS_JSON, RUN_JSON, TRACE_FILE
 
 TOLERANCE_NS = 1_000_000  # the alignment the merge promises; wider bounds are a warning
@@ -95,7 +95,7 @@ def host_offsets(procs: List[dict]) -> dict:
 
 
 def _link_tree(src: str, dst: str, symlink: bool) -> None:
-    os.mkdir(dst)
+    files.make_dir(dst)
     for name in os.listdir(src):
         s, d = os.path.join(src, name), os.path.join(dst, name)
         if name == PROCESS_JSON or not os.path.isfile(s):
@@ -107,6 +107,7 @@ def _link_tree(src: str, dst: str, symlink: bool) -> None:
             os.link(s, d)  # same file system: no copy of a large trace
         except OSError:
             shutil.copy2(s, d)
+            files.narrow(d)
 
 
 def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
@@ -128,7 +129,7 @@ def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
         if o["uncertainty_ns"] > TOLERANCE_NS:
             warnings.append(f"host {host}: clock aligned within {o['uncertainty_ns'] / 1e6:.1f} ms only "
                             "(slow round trips to rank 0's store)")
-    os.makedirs(out, exist_ok=True)
+    files.make_dirs(out)
     skew = {}
     taken = set()
     for p in procs:

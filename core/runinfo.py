@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Optional
 
+from stepscope.core import files
+
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "tensorflow", "keras", "jax",
               "numpy", "pandas", "pynvml", "cupti")
 # import name -> distribution name, where they differ
@@ -160,7 +162,7 @@ def read_json(path: str) -> dict:
 
 def write_json_atomic(path: str, data: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with files.open_new(tmp) as f:
         json.dump(data, f, indent=2, default=str)
         f.write("\n")
     os.replace(tmp, path)

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Optional
 
-from stepscope.core import _native, annotations, gpu, runinfo, safety
+from stepscope.core import _native, annotations, files, gpu, runinfo, safety
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE
 from stepscope.core.config import Config, resolve
 from stepscope.core.sampling import start_sampling
@@ -215,14 +215,14 @@ def _make_process_dir(run_dir: str, origin: str) -> str:
     for i, name in enumerate(candidates):
         path = os.path.join(run_dir, name)
         try:
-            os.mkdir(path)
+            files.make_dir(path)
             return path
         except FileExistsError:
             if i == len(candidates) - 1:  # our pid folder exists: an earlier session of ours
                 for n in range(1, 1000):
                     alt = f"{path}.{n}"
                     try:
-                        os.mkdir(alt)
+                        files.make_dir(alt)
                         return alt
                     except FileExistsError:
                         continue
@@ -232,10 +232,10 @@ def _make_process_dir(run_dir: str, origin: str) -> str:
 
 def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> Session:
     """Creates the folders and metadata and starts the native writer; raises on failure."""
-    os.makedirs(os.path.dirname(run_dir) or ".", exist_ok=True)
+    files.make_dirs(os.path.dirname(run_dir) or ".")
     created = False
     try:
-        os.mkdir(run_dir)
+        files.make_dir(run_dir)
         created = True
     except FileExistsError:
         pass

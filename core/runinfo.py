@@ -16,6 +16,8 @@ import time
 from typing import Optional
 
 from stepscope.core import files
+from stepscope.core.config import run_name_problem, shown
+from stepscope.core.safety import warn_once
 
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "tensorflow", "keras", "jax",
               "numpy", "pandas", "pynvml", "cupti")
@@ -88,6 +90,9 @@ def world_size_from_env(env=os.environ) -> Optional[int]:
     return None
 
 
+SCRIPT_CHARS = 120
+
+
 def script_name(argv=None) -> str:
     argv = sys.argv if argv is None else argv
     first = argv[0] if argv and argv[0] else ""
@@ -97,6 +102,7 @@ def script_name(argv=None) -> str:
     stem = base[:-3] if base.endswith(".py") else base
     if stem == "__main__":  # python -m pkg
         stem = os.path.basename(os.path.dirname(first)) or "python"
+    stem = stem[:SCRIPT_CHARS]  # the run name stays one folder name (NAME_MAX)
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "python"
 
 
@@ -123,11 +129,18 @@ def _start_time(pid: int) -> Optional[float]:
 
 
 def derive_run_name(env=os.environ, argv=None, now: Optional[float] = None) -> str:
-    """``<script>-<YYYYmmdd-HHMMSS>``; ranks of one launch agree on it."""
+    """``<script>-<YYYYmmdd-HHMMSS>``; ranks of one launch agree on it. A name made
+    from a launcher's id that cannot be a run folder ('..', '/', too long) is
+    replaced by the generated one, with one warning line."""
     script = script_name(argv)
     run_id = env.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
-        return f"{script}-{run_id}"
+        name = f"{script}-{run_id}"
+        problem = run_name_problem(name)
+        if problem is None:
+            return name
+        warn_once("run-name", f"stepscope: TORCHELASTIC_RUN_ID={shown(run_id)} cannot name a run folder "
+                  f"({problem}); the run gets a generated name")
     stamp = now if now is not None else time.time()
     if rank_from_env(env) is not None:
         parent = _parent_start_time(os.getppid())

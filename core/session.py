@@ -22,7 +22,7 @@ from typing import Optional
 
 from stepscope.core import _native, annotations, files, gpu, runinfo, safety
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE
-from stepscope.core.config import Config, resolve
+from stepscope.core.config import Config, resolve, run_name_problem, shown
 from stepscope.core.sampling import start_sampling
 
 __all__ = ["Session", "start", "stop", "current", "profile"]
@@ -230,6 +230,20 @@ def _make_process_dir(run_dir: str, origin: str) -> str:
     raise RuntimeError("unreachable")
 
 
+def _write_run_json(run_dir: str, config: Config) -> None:
+    runinfo.write_json_atomic(os.path.join(run_dir, RUN_JSON), {
+        "format": "stepscope-run",
+        "version": 1,
+        "name": os.path.basename(run_dir),
+        "command": list(sys.argv),
+        "cwd": os.getcwd(),
+        "start_time": time.time(),
+        "host": runinfo.hostname(),
+        "world_size": runinfo.world_size_from_env(),
+        "config": config.as_dict(),
+    })
+
+
 def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> Session:
     """Creates the folders and metadata and starts the native writer; raises on failure."""
     files.make_dirs(os.path.dirname(run_dir) or ".")
@@ -239,35 +253,48 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
         created = True
     except FileExistsError:
         pass
-    if created:
-        runinfo.write_json_atomic(os.path.join(run_dir, RUN_JSON), {
-            "format": "stepscope-run",
-            "version": 1,
-            "name": os.path.basename(run_dir),
-            "command": list(sys.argv),
-            "cwd": os.getcwd(),
-            "start_time": time.time(),
-            "host": runinfo.hostname(),
-            "world_size": runinfo.world_size_from_env(),
-            "config": config.as_dict(),
-        })
-    process_dir = _make_process_dir(run_dir, origin)
-    session = Session(config, run_dir, process_dir, created, origin, parent)
-    meta = session._process_json()
-    runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
-    if origin == "main":  # a rank killed before its end is still counted (world size, ranks)
-        runinfo.record_process(os.path.join(run_dir, RUN_JSON), meta["host"], meta["rank"], meta["world_size"])
-    header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
-                         "clock": meta["clock"]})
-    err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
-                       config.flush_interval_ms, config.buffer_mb << 20)
-    if err:
-        raise OSError(err)
+    process_dir = None
+    try:
+        if created:
+            _write_run_json(run_dir, config)
+        process_dir = _make_process_dir(run_dir, origin)
+        session = Session(config, run_dir, process_dir, created, origin, parent)
+        meta = session._process_json()
+        runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
+        if origin == "main":  # a rank killed before its end is still counted (world size, ranks)
+            runinfo.record_process(os.path.join(run_dir, RUN_JSON), meta["host"], meta["rank"], meta["world_size"])
+        header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
+                             "clock": meta["clock"]})
+        err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
+                           config.flush_interval_ms, config.buffer_mb << 20)
+        if err:
+            raise OSError(err)
+    except BaseException:
+        _remove_unstarted(run_dir if created else None, process_dir)  # a failed start leaves nothing
+        raise
     session.active = True
     start_sampling(session, config, origin)
     if origin == "main" and config.pysample_hz:  # helpers (DataLoader workers) are not stack-sampled
         _start_pysampler(config.pysample_hz)
     return session
+
+
+def _remove_unstarted(created_run: Optional[str], process_dir: Optional[str]) -> None:
+    """Removes the process folder of a session that could not start, and the run folder
+    it created if no other process has joined it since."""
+    if process_dir is not None:
+        shutil.rmtree(process_dir, ignore_errors=True)
+    if created_run is not None:
+        for leftover in os.listdir(created_run) if os.path.isdir(created_run) else ():
+            if leftover == RUN_JSON or leftover.startswith(f"{RUN_JSON}.tmp"):
+                try:
+                    os.unlink(os.path.join(created_run, leftover))
+                except OSError:
+                    pass
+        try:
+            os.rmdir(created_run)  # fails, as it should, if another process's folder is there
+        except OSError:
+            pass
 
 
 def _start_pysampler(hz: int) -> None:
@@ -297,20 +324,33 @@ def start(**kwargs) -> Optional[Session]:
             return _session
         try:
             config = resolve(**explicit)
-            name = config.name or runinfo.derive_run_name()
-            run_dir = os.path.abspath(os.path.join(config.dir, name))
-            _session = _open(config, run_dir, "main", None)
+            _session = _open(config, _run_folder(config), "main", None)
             annotations.by_hand = False  # a new session: who marks steps is learnt again
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("could not start profiling", exc)
             return None
         # Children (spawned workers, subprocesses) that import stepscope join this run.
-        os.environ[_ACTIVE_RUN_VAR] = run_dir
+        os.environ[_ACTIVE_RUN_VAR] = _session.run_dir
         rank = runinfo.rank_from_env()
         os.environ[_PARENT_RANK_VAR] = "" if rank is None else str(rank)
         os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
         os.environ["STEPSCOPE_RUN"] = _session.name
         return _session
+
+
+def _run_folder(config: Config) -> str:
+    """The run's folder: always one folder inside the runs folder, whatever the name's source."""
+    root = os.path.abspath(config.dir)
+    name = config.name or runinfo.derive_run_name()
+    run_dir = os.path.join(root, name)
+    problem = run_name_problem(name)
+    if problem or os.path.dirname(run_dir) != root:
+        raise ValueError(f"the run name {shown(name)} cannot be a folder in {shown(root)} ({problem})")
+    try:
+        run_dir.encode("utf-8")
+    except UnicodeEncodeError:  # a relative STEPSCOPE_DIR in a working directory with such a name
+        raise ValueError(f"the run folder {shown(run_dir)} is not valid UTF-8") from None
+    return run_dir
 
 
 def stop() -> None:

@@ -108,3 +108,28 @@ def test_bad_keyword_is_a_clear_error():
     with pytest.raises(ValueError, match="gpu='cuda' is not valid; allowed: auto, off, metrics, trace"):
         stepscope.profile(gpu="cuda")
     assert stepscope.current() is None
+
+
+BAD_VALUES = [  # variable, value, what the line says
+    ("STEPSCOPE_DIR", "runs-\udcff", "not UTF-8"),  # the byte 0xff: not a UTF-8 file name
+    ("STEPSCOPE_RUN", "run-\udcfe\udcfe", "not UTF-8"),
+    ("STEPSCOPE_RUN", "r" * 120_000, "longer than 255 bytes"),
+    ("STEPSCOPE_DIR", "runs/" + "d" * 120_000, "longer than 4095 bytes"),
+    ("STEPSCOPE_GPU", "g" * 120_000, "allowed: auto, off"),
+    ("STEPSCOPE_STEPS", "\udcff" * 1000, "not UTF-8"),
+    ("STEPSCOPE_INTERVAL_MS", "9" * 120_000, "allowed: 10 to 60000"),
+]
+
+
+@pytest.mark.parametrize("var,value,says", BAD_VALUES, ids=[f"{v[0]}-{i}" for i, v in enumerate(BAD_VALUES)])
+def test_unusable_variable_is_one_short_line_naming_it(tmp_path, var, value, says):
+    """A value no run folder can be made of: one short line that names the variable, and nothing on disk."""
+    base = _baseline(tmp_path)
+    env = {"STEPSCOPE": "1", "STEPSCOPE_DIR": "runs", var: value}
+    before = set(os.listdir(tmp_path))
+    r = run_python(SCRIPT, cwd=tmp_path, env=env)
+    _assert_same_plus_one_warning(r, base)
+    line = r.stderr.strip()
+    assert f"{var}=" in line and says in line, line
+    assert len(line) < 400, len(line)
+    assert set(os.listdir(tmp_path)) == before  # no runs folder, no run, no process folder

@@ -81,6 +81,25 @@ def test_disk_full_mid_run(tmp_path):
     assert "File too large" in r.stderr
 
 
+@pytest.mark.parametrize("when", ["mid-run", "at start"])
+def test_disk_full_for_every_file_is_one_line(tmp_path, when):
+    """The disk fills (EFBIG for every file, as ENOSPC on a full disk): the trace's writer
+    fails, and so does process.json at the end: one line for the one failure."""
+    base = _baseline(tmp_path)
+    limit = "resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))"
+    limited = textwrap.dedent(f"""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        import stepscope
+        {limit if when == "at start" else ""}
+        stepscope.start(flush_interval_ms=20)
+        {limit if when == "mid-run" else ""}
+    """) + textwrap.dedent(SCRIPT)
+    r = run_python(limited, cwd=tmp_path, env={"STEPSCOPE_DIR": str(tmp_path / "runs")})
+    _assert_same_plus_one_warning(r, base)
+    assert "File too large" in r.stderr
+
+
 def test_bad_setting_under_zero_edit_mode(tmp_path):
     base = _baseline(tmp_path)
     r = run_python(SCRIPT, cwd=tmp_path, env={"STEPSCOPE": "1", "STEPSCOPE_INTERVAL_MS": "fast",

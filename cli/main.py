@@ -37,7 +37,8 @@ def _run_command(args) -> int:
     run_dir = os.path.abspath(os.path.join(cfg.dir, name))
     env.update({"STEPSCOPE": "1", "STEPSCOPE_DIR": os.path.abspath(cfg.dir), "STEPSCOPE_RUN": name,
                 "STEPSCOPE_INTERVAL_MS": str(cfg.interval_ms), "STEPSCOPE_GPU": cfg.gpu})
-    env.pop("STEPSCOPE_ACTIVE_RUN", None)
+    for var in ("STEPSCOPE_ACTIVE_RUN", "STEPSCOPE_ACTIVE_OWNER", "STEPSCOPE_PARENT_PROCESS"):
+        env.pop(var, None)  # CMD's processes record this run, not one this shell's process may have exported
     # Every Python process of CMD starts stepscope, even where .pth files are not read.
     bootstrap = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core", "_bootstrap")
     env["PYTHONPATH"] = os.pathsep.join([bootstrap] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

@@ -117,15 +117,72 @@ def _parent_start_time(ppid: int) -> Optional[float]:
 
 
 def _start_time(pid: int) -> Optional[float]:
+    start_ticks = _start_ticks(pid)
+    if start_ticks is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
         return btime + start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
+
+
+def _stat_field(pid: int, index: int) -> Optional[int]:
+    """A numeric field of /proc/<pid>/stat, counted after the command name; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[index])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """When a process started, in clock ticks since boot: with its pid, it names one process."""
+    return _stat_field(pid, 19)
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    return os.getppid() if pid == os.getpid() else _stat_field(pid, 1)
+
+
+def process_token(pid: Optional[int] = None) -> str:
+    """``<pid>:<start ticks>``: this process, and never a later one that reuses its pid
+    (the ticks are empty where /proc is not there)."""
+    pid = os.getpid() if pid is None else pid
+    ticks = _start_ticks(pid)
+    return f"{pid}:{'' if ticks is None else ticks}"
+
+
+def token_problem(token: str) -> Optional[str]:
+    """Why the process a ``process_token`` names is not a running ancestor of this
+    process, or None when it is."""
+    pid_text, _, ticks = token.partition(":")
+    if not pid_text.isdigit() or not (ticks == "" or ticks.isdigit()):
+        return "it names no process"
+    pid = int(pid_text)
+    if ticks and str(_start_ticks(pid)) != ticks:
+        return f"its process {pid} is not running"
+    if not ticks and not _alive(pid):
+        return f"its process {pid} is not running"
+    ancestor = os.getppid()
+    for _ in range(4096):  # the chain of parents up to init (pid 1) or a subreaper
+        if ancestor == pid:
+            return None
+        if ancestor is None or ancestor <= 1:
+            break
+        ancestor = _parent_of(ancestor)
+    return f"its process {pid} is not an ancestor of this one"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except PermissionError:
+        return True
+    except OSError:
+        return False
 
 
 def derive_run_name(env=os.environ, argv=None, now: Optional[float] = None) -> str:

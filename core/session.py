@@ -31,6 +31,7 @@ __all__ = ["Session", "start", "stop", "current", "profile"]
 _ACTIVE_RUN_VAR = "STEPSCOPE_ACTIVE_RUN"
 _PARENT_RANK_VAR = "STEPSCOPE_PARENT_RANK"
 _PARENT_PROCESS_VAR = "STEPSCOPE_PARENT_PROCESS"  # the process folder of the parent: a spawned helper's owner
+_OWNER_VAR = "STEPSCOPE_ACTIVE_OWNER"  # runinfo.process_token() of the process recording the active run
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
@@ -100,6 +101,7 @@ class Session:
                 _session = None
                 if os.environ.get(_ACTIVE_RUN_VAR) == self.run_dir:
                     del os.environ[_ACTIVE_RUN_VAR]
+                    os.environ.pop(_OWNER_VAR, None)
         try:
             _native.stop_sampler()
             _native.pysampler_stop()  # joins with the GIL released
@@ -330,10 +332,9 @@ def start(**kwargs) -> Optional[Session]:
             safety.report_failure("could not start profiling", exc)
             return None
         # Children (spawned workers, subprocesses) that import stepscope join this run.
-        os.environ[_ACTIVE_RUN_VAR] = _session.run_dir
+        _export_active_run(_session)
         rank = runinfo.rank_from_env()
         os.environ[_PARENT_RANK_VAR] = "" if rank is None else str(rank)
-        os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
         os.environ["STEPSCOPE_RUN"] = _session.name
         return _session
 
@@ -400,8 +401,7 @@ def _join(run_dir: str, origin: str, parent: Optional[str]) -> None:
     try:
         config = resolve()
         _session = _open(config, run_dir, origin, parent)
-        os.environ[_ACTIVE_RUN_VAR] = run_dir
-        os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
+        _export_active_run(_session)
         _register_exit_hooks()
     except Exception as exc:  # noqa: BLE001
         safety.report_failure(f"could not profile child process {os.getpid()}", exc)
@@ -443,10 +443,54 @@ def _register_exit_hooks() -> None:
         pass
 
 
+def _export_active_run(session: Session) -> None:
+    """What a child needs to join this run, and to tell that it is still being recorded."""
+    os.environ[_ACTIVE_RUN_VAR] = session.run_dir
+    os.environ[_OWNER_VAR] = runinfo.process_token()
+    os.environ[_PARENT_PROCESS_VAR] = os.path.basename(session.process_dir)
+
+
+def _parent_run_problem(run_dir: str) -> Optional[str]:
+    """Why STEPSCOPE_ACTIVE_RUN is not a run that an ancestor of this process records
+    now (a value left in a shell, a stopped session), or None. The owner token must
+    name a live ancestor, and the process folder it exported must be that process's,
+    with no end time yet (docs/design.md, "Runs, processes and children")."""
+    token = os.environ.get(_OWNER_VAR, "")
+    folder = os.environ.get(_PARENT_PROCESS_VAR, "")
+    if not os.path.isabs(run_dir) or not os.path.isdir(run_dir):
+        return "no such run folder"
+    if not token:
+        return "no process that records it is named"
+    problem = runinfo.token_problem(token)
+    if problem:
+        return problem
+    if run_name_problem(folder):
+        return "no process folder is named"
+    meta = runinfo.read_json(os.path.join(run_dir, folder, PROCESS_JSON))
+    if str(meta.get("pid")) != token.partition(":")[0]:
+        return f"{folder} is not the folder of process {token.partition(':')[0]}"
+    if meta.get("end_time") is not None:
+        return "that process stopped recording it"
+    return None
+
+
+def _forget_parent_run(run_dir: str, problem: str) -> None:
+    """A stale STEPSCOPE_ACTIVE_RUN: not joined, not passed on; one line only under STEPSCOPE=1."""
+    for var in (_ACTIVE_RUN_VAR, _OWNER_VAR, _PARENT_PROCESS_VAR, _PARENT_RANK_VAR):
+        os.environ.pop(var, None)
+    if os.environ.get("STEPSCOPE", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        safety.warn_once("stale-run", f"stepscope: ignoring {_ACTIVE_RUN_VAR}={shown(run_dir)} ({problem}); "
+                         "this process records a run of its own")
+
+
 def join_parent_run_if_any() -> None:
     """On import in a spawned child: join the run the parent process is writing."""
     run_dir = os.environ.get(_ACTIVE_RUN_VAR)
-    if run_dir and _session is None and os.path.isdir(run_dir):
+    if run_dir and _session is None:
+        problem = _parent_run_problem(run_dir)
+        if problem:
+            _forget_parent_run(run_dir, problem)
+            return
         # A child with a rank of its own (a launcher's worker) is a rank, not a helper.
         rank = runinfo.rank_from_env()
         own_rank = rank is not None and str(rank) != os.environ.get(_PARENT_RANK_VAR, "")

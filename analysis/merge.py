@@ -20,7 +20,7 @@ import shutil
 import struct
 from typing import List, Optional
 
-from stepscope.analysis.reader import RunFormatError, resolve_run_path
+from stepscope.analysis.reader import RunFormatError, left_empty, resolve_run_path
 from stepscope.core import files, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, CLOCK_JSON, PROCESS_JSON, RUN_JSON, TRACE_FILE
 
@@ -34,7 +34,8 @@ class MergeError(RunFormatError):
 def _process_folders(run_dir: str) -> List[str]:
     return sorted(os.path.join(run_dir, d) for d in os.listdir(run_dir)
                   if d != CACHE_DIR and os.path.isdir(os.path.join(run_dir, d))
-                  and any(os.path.exists(os.path.join(run_dir, d, f)) for f in (TRACE_FILE, PROCESS_JSON)))
+                  and any(os.path.exists(os.path.join(run_dir, d, f)) for f in (TRACE_FILE, PROCESS_JSON))
+                  and not left_empty(os.path.join(run_dir, d)))
 
 
 def _header_meta(trace: str) -> dict:

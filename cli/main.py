@@ -190,6 +190,8 @@ def _export_command(args) -> int:
 
 
 def _ls_command(args) -> int:
+    from stepscope.analysis.reader import process_folders
+
     root = args.dir or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR
     if not os.path.isdir(root):
         raise UsageError(f"no folder {root!r}")
@@ -199,7 +201,7 @@ def _ls_command(args) -> int:
         if not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
         info = runinfo.read_json(os.path.join(path, RUN_JSON))
-        procs = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
+        procs = process_folders(path)
         dur = info.get("duration_s")
         rows.append((name, f"{dur:.1f}s" if isinstance(dur, (int, float)) else "running?", len(procs),
                      " ".join(info.get("command", []))[:60]))

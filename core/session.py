@@ -286,17 +286,17 @@ def _remove_unstarted(created_run: Optional[str], process_dir: Optional[str]) ->
     it created if no other process has joined it since."""
     if process_dir is not None:
         shutil.rmtree(process_dir, ignore_errors=True)
-    if created_run is not None:
-        for leftover in os.listdir(created_run) if os.path.isdir(created_run) else ():
-            if leftover == RUN_JSON or leftover.startswith(f"{RUN_JSON}.tmp"):
-                try:
-                    os.unlink(os.path.join(created_run, leftover))
-                except OSError:
-                    pass
-        try:
-            os.rmdir(created_run)  # fails, as it should, if another process's folder is there
-        except OSError:
-            pass
+    if created_run is None:
+        return
+    try:
+        leftovers = os.listdir(created_run)
+        if any(not (f == RUN_JSON or f.startswith(f"{RUN_JSON}.tmp")) for f in leftovers):
+            return  # another process has joined the run: it keeps run.json
+        for f in leftovers:
+            os.unlink(os.path.join(created_run, f))
+        os.rmdir(created_run)
+    except OSError:
+        pass
 
 
 def _start_pysampler(hz: int) -> None:
@@ -346,7 +346,8 @@ def _run_folder(config: Config) -> str:
     run_dir = os.path.join(root, name)
     problem = run_name_problem(name)
     if problem or os.path.dirname(run_dir) != root:
-        raise ValueError(f"the run name {shown(name)} cannot be a folder in {shown(root)} ({problem})")
+        raise ValueError(f"the run name {shown(name)} cannot be a folder in {shown(root)} "
+                         f"({problem or 'not one folder inside it'})")
     try:
         run_dir.encode("utf-8")
     except UnicodeEncodeError:  # a relative STEPSCOPE_DIR in a working directory with such a name

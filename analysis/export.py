@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 from typing import Callable, Iterator, Optional
@@ -42,6 +43,7 @@ import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.run import Run, export_parquet
+from stepscope.core import files
 from stepscope.core.vocabulary import OTHER, PHASES, TRAIN
 
 FORMATS = ("chrome", "perfetto", "parquet", "speedscope", "collapsed")
@@ -189,7 +191,8 @@ def _gpu_events(run: Run, processes, base: int) -> Iterator[str]:
 
 def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool = False) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with (gzip.open if compress else open)(tmp, "wt", encoding="utf-8") as f:
+    with files.open_new(tmp, "wb") as raw, \
+            (gzip.open(raw, "wt", encoding="utf-8") if compress else io.TextIOWrapper(raw, "utf-8")) as f:
         f.write("{\n")
         for key, value in header.items():  # one key a line: HTA reads the rank line by line
             f.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
@@ -255,7 +258,7 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
     if fmt == "perfetto":
         _write_trace(out, dict(common, otherData=other), _events(run, list(ranks), base, progress), compress=True)
         return out
-    os.makedirs(out, exist_ok=True)
+    files.make_dirs(out)
     world = len(set(ranks.values()))
     for rank in sorted(set(ranks.values())):
         mine = [p for p, r in ranks.items() if r == rank]
@@ -269,9 +272,9 @@ def _write_samples(run: Run, fmt: str, out: str, by_phase: bool) -> str:
 
     if fmt == "collapsed":
         lines = pysamples.folded(run.samples, run.stacks, by_phase=by_phase)
-        with open(out, "w") as f:
+        with files.open_new(out) as f:
             f.write("".join(line + "\n" for line in lines))
         return out
-    with open(out, "w") as f:
+    with files.open_new(out) as f:
         json.dump(pysamples.speedscope(run.samples, run.stacks, run.name), f, separators=(",", ":"))
     return out

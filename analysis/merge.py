@@ -20,8 +20,8 @@ import shutil
 import struct
 from typing import List, Optional
 
-from stepscope.analysis.reader import RunFormatError, resolve_run_path
-from stepscope.core import runinfo
+from stepscope.analysis.reader import RunFormatError, left_empty, resolve_run_path
+from stepscope.core import files, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, CLOCK_JSON, PROCESS_JSON, RUN_JSON, TRACE_FILE
 
 TOLERANCE_NS = 1_000_000  # the alignment the merge promises; wider bounds are a warning
@@ -34,7 +34,8 @@ class MergeError(RunFormatError):
 def _process_folders(run_dir: str) -> List[str]:
     return sorted(os.path.join(run_dir, d) for d in os.listdir(run_dir)
                   if d != CACHE_DIR and os.path.isdir(os.path.join(run_dir, d))
-                  and any(os.path.exists(os.path.join(run_dir, d, f)) for f in (TRACE_FILE, PROCESS_JSON)))
+                  and any(os.path.exists(os.path.join(run_dir, d, f)) for f in (TRACE_FILE, PROCESS_JSON))
+                  and not left_empty(os.path.join(run_dir, d)))
 
 
 def _header_meta(trace: str) -> dict:
@@ -95,7 +96,7 @@ def host_offsets(procs: List[dict]) -> dict:
 
 
 def _link_tree(src: str, dst: str, symlink: bool) -> None:
-    os.mkdir(dst)
+    files.make_dir(dst)
     for name in os.listdir(src):
         s, d = os.path.join(src, name), os.path.join(dst, name)
         if name == PROCESS_JSON or not os.path.isfile(s):
@@ -107,6 +108,7 @@ def _link_tree(src: str, dst: str, symlink: bool) -> None:
             os.link(s, d)  # same file system: no copy of a large trace
         except OSError:
             shutil.copy2(s, d)
+            files.narrow(d)
 
 
 def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
@@ -128,7 +130,7 @@ def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
         if o["uncertainty_ns"] > TOLERANCE_NS:
             warnings.append(f"host {host}: clock aligned within {o['uncertainty_ns'] / 1e6:.1f} ms only "
                             "(slow round trips to rank 0's store)")
-    os.makedirs(out, exist_ok=True)
+    files.make_dirs(out)
     skew = {}
     taken = set()
     for p in procs:

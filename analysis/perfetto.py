@@ -25,6 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.core import files
 from stepscope.core.vocabulary import PROCESS_JSON
 
 # trace.proto: Trace.packet = 1
@@ -357,7 +358,7 @@ def write_perfetto(run, path: str, progress: Optional[Callable[[int, int], None]
     starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], n]
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with files.open_new(tmp, "wb") as f:
         f.write(b"".join(tracks.descriptors))
         for a, b in zip(starts, ends):
             t = int(rtrack[a])

@@ -110,12 +110,44 @@ PROGRESS_BYTES = 64 << 20  # show a progress bar when decoding more than this
 
 
 def process_folders(run_path: str) -> List[str]:
-    """The run's process folders (those with a trace or a process.json), sorted."""
+    """The run's process folders (those with a trace or a process.json), sorted; a
+    helper's that holds nothing (``left_empty``) is not one."""
     return sorted(
         os.path.join(run_path, d) for d in os.listdir(run_path)
         if os.path.isdir(os.path.join(run_path, d))
         and (os.path.exists(os.path.join(run_path, d, TRACE_FILE))
-             or os.path.exists(os.path.join(run_path, d, PROCESS_JSON))))
+             or os.path.exists(os.path.join(run_path, d, PROCESS_JSON)))
+        and not left_empty(os.path.join(run_path, d)))
+
+
+_FILE_HEADER = 16  # magic[8], major, minor, json_len (docs/format.md)
+
+
+def left_empty(folder: str) -> bool:
+    """A helper process (a forked or spawned worker, no rank) that ended before writing
+    a single chunk (``os._exit`` before its first flush): its trace is at most the file
+    header. Such a folder is skipped silently, like the folder a helper that recorded
+    nothing removes when it stops normally. A rank's folder is never skipped: a rank
+    killed before its first flush is a finding."""
+    try:
+        with open(os.path.join(folder, PROCESS_JSON)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict) or meta.get("origin") not in ("fork", "spawn") or meta.get("rank") is not None:
+        return False
+    try:
+        with open(os.path.join(folder, str(meta.get("trace") or TRACE_FILE)), "rb") as f:
+            head = f.read(_FILE_HEADER)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        return True  # killed between its process.json and its trace
+    except OSError:
+        return False
+    if len(head) < _FILE_HEADER:
+        return True
+    json_len = int.from_bytes(head[12:16], "little")
+    return size <= _FILE_HEADER + json_len
 
 
 def read_processes(run_path: str) -> List[ProcessTrace]:

@@ -24,6 +24,7 @@ from typing import Optional
 from stepscope.analysis import plots
 from stepscope.analysis import report_sections as sections_
 from stepscope.analysis.run import Run
+from stepscope.core import files
 from stepscope.core.vocabulary import REPORT_FILE
 
 
@@ -229,7 +230,7 @@ def write_report(run: Run, out: Optional[str] = None, params: Optional[dict] = N
     out = out or os.path.join(run.path, REPORT_FILE)
     text = render(run, params, steps)
     tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with files.open_new(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, out)
     return out

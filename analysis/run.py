@@ -25,7 +25,7 @@ import pandas as pd
 from stepscope.analysis import gpu, samples as pysamples, tables
 from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
                                        resolve_run_path)
-from stepscope.core import runinfo
+from stepscope.core import files, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
 LIVE_DIR = "live"  # under the run's cache folder: finished parts of traces still being written
@@ -471,7 +471,7 @@ class Run:
         try:
             if not self._cache_ok:
                 raise OSError("cache off")
-            os.makedirs(tmp_parent, exist_ok=True)
+            files.make_dirs(tmp_parent)
             tmp = tempfile.mkdtemp(prefix="building-", dir=tmp_parent)
         except OSError:
             tmp = tempfile.mkdtemp(prefix="stepscope-dataset-")
@@ -479,6 +479,7 @@ class Run:
         # a trace still being written keeps its finished parts here: the next build decodes only what is new
         live = os.path.join(tmp_parent, LIVE_DIR) if tmp_parent is not None else None
         entries = dataset.build(folders, tmp, live=live)
+        files.narrow_tree(tmp_parent if tmp_parent is not None else tmp)  # pyarrow's files: the umask's mode
         complete = all(e["readable"] and e["clean_close"] for e in entries)
         if live is not None and complete:
             shutil.rmtree(live, ignore_errors=True)
@@ -508,13 +509,14 @@ class Run:
     @staticmethod
     def _write_cache(events, gpu_raw, cache_dir, cached, manifest, py_raw=()) -> None:
         try:
-            os.makedirs(cache_dir, exist_ok=True)
+            files.make_dirs(cache_dir)
             py = [(frame, os.path.join(cache_dir, f)) for frame, f in zip(py_raw, PY_CACHE)]
             for frame, path in (*py, (gpu_raw, os.path.join(cache_dir, "gpu.parquet")), (events, cached)):
                 tmp = f"{path}.tmp{os.getpid()}"
                 _write_parquet(frame, tmp)
                 os.replace(tmp, path)
             runinfo.write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
+            files.narrow_tree(cache_dir)  # pyarrow's files: the umask's mode
         except Exception:  # noqa: BLE001 - a read-only run folder just means no cache
             pass
 
@@ -632,13 +634,15 @@ def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:
     A large run's tables are its dataset's (docs/format.md), linked or copied as they
     are: ``<table>/process=<process>/part-*.parquet``, none of them built in memory."""
     out_dir = out_dir or os.path.join(run.path, "parquet")
-    os.makedirs(out_dir, exist_ok=True)
+    files.make_dirs(out_dir)
     linked = _link_dataset(run._data.root, out_dir) if run.large else set()
     for name in TABLES:
         if name in linked:
             continue
         frame = getattr(run, name)
-        frame.to_parquet(os.path.join(out_dir, f"{name}.parquet"), index=False)
+        with files.open_new(os.path.join(out_dir, f"{name}.parquet"), "wb") as f:
+            frame.to_parquet(f, index=False)
+    files.narrow_tree(out_dir)  # the linked dataset's folders and copies
     return out_dir
 
 

@@ -37,7 +37,8 @@ def _run_command(args) -> int:
     run_dir = os.path.abspath(os.path.join(cfg.dir, name))
     env.update({"STEPSCOPE": "1", "STEPSCOPE_DIR": os.path.abspath(cfg.dir), "STEPSCOPE_RUN": name,
                 "STEPSCOPE_INTERVAL_MS": str(cfg.interval_ms), "STEPSCOPE_GPU": cfg.gpu})
-    env.pop("STEPSCOPE_ACTIVE_RUN", None)
+    for var in ("STEPSCOPE_ACTIVE_RUN", "STEPSCOPE_ACTIVE_OWNER", "STEPSCOPE_PARENT_PROCESS"):
+        env.pop(var, None)  # CMD's processes record this run, not one this shell's process may have exported
     # Every Python process of CMD starts stepscope, even where .pth files are not read.
     bootstrap = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core", "_bootstrap")
     env["PYTHONPATH"] = os.pathsep.join([bootstrap] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -189,6 +190,8 @@ def _export_command(args) -> int:
 
 
 def _ls_command(args) -> int:
+    from stepscope.analysis.reader import process_folders
+
     root = args.dir or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR
     if not os.path.isdir(root):
         raise UsageError(f"no folder {root!r}")
@@ -198,7 +201,7 @@ def _ls_command(args) -> int:
         if not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
         info = runinfo.read_json(os.path.join(path, RUN_JSON))
-        procs = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
+        procs = process_folders(path)
         dur = info.get("duration_s")
         rows.append((name, f"{dur:.1f}s" if isinstance(dur, (int, float)) else "running?", len(procs),
                      " ".join(info.get("command", []))[:60]))

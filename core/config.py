@@ -17,8 +17,43 @@ INTERVAL_MIN_MS, INTERVAL_MAX_MS = 10, 60000
 PYSAMPLE_MAX_HZ = 1000  # a sample holds the GIL ~10-50 us: beyond this it would cost the job
 
 
+SHOWN_CHARS = 80  # a value echoed in an error is cut here: a 100 kB variable stays one short line
+NAME_MAX_BYTES = 255  # one path component (NAME_MAX on Linux and macOS)
+PATH_MAX_BYTES = 4095
+
+
 class ConfigError(ValueError):
     """A setting has a value stepscope cannot use."""
+
+
+def shown(value) -> str:
+    """``repr(value)`` for a one-line message: escaped, and cut to SHOWN_CHARS with '...'."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _utf8_problem(text: str) -> Optional[str]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the file system encoding could not decode (surrogate escapes)
+        return "it is not UTF-8 text"
+    return "it contains a NUL character" if "\0" in text else None
+
+
+def run_name_problem(name: str) -> Optional[str]:
+    """Why ``name`` cannot be a run folder (one path component inside the runs folder), or None."""
+    problem = _utf8_problem(name)
+    if problem:
+        return problem
+    if name.strip() in ("", ".", ".."):
+        return "it is empty, '.' or '..'"
+    if "/" in name or (os.altsep and os.altsep in name) or os.sep in name:
+        return "it contains a path separator"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "it contains a control character"
+    if len(name.encode("utf-8")) > NAME_MAX_BYTES:
+        return f"it is longer than {NAME_MAX_BYTES} bytes"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +82,7 @@ def _parse_int(label: str, value, lo: int, hi: int) -> int:
     try:
         n = int(str(value).strip())
     except ValueError:
-        raise ConfigError(f"{label}={value!r} is not an integer; allowed: {lo} to {hi}") from None
+        raise ConfigError(f"{label}={shown(value)} is not an integer; allowed: {lo} to {hi}") from None
     if not lo <= n <= hi:
         raise ConfigError(f"{label}={n} is out of range; allowed: {lo} to {hi}")
     return n
@@ -66,7 +101,7 @@ def _parse_float(label: str, value, lo: float, hi: float) -> float:
 def _parse_gpu(label: str, value) -> str:
     v = str(value).strip().lower()
     if v not in GPU_MODES:
-        raise ConfigError(f"{label}={value!r} is not valid; allowed: {', '.join(GPU_MODES)}")
+        raise ConfigError(f"{label}={shown(value)} is not valid; allowed: {', '.join(GPU_MODES)}")
     return v
 
 
@@ -79,7 +114,7 @@ def parse_steps(label: str, value) -> Optional[Tuple[int, int]]:
         if isinstance(value, range):
             items = [value.start, value.stop - 1]
         if len(items) != 2 or not all(isinstance(i, int) for i in items):
-            raise ConfigError(f"{label}={value!r} must be two integers (first, last)")
+            raise ConfigError(f"{label}={shown(value)} must be two integers (first, last)")
         lo, hi = items
     else:
         s = str(value).strip()
@@ -87,11 +122,11 @@ def parse_steps(label: str, value) -> Optional[Tuple[int, int]]:
             return None
         m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", s)
         if not m:
-            raise ConfigError(f"{label}={value!r} is not valid; allowed: 'all', N or FIRST-LAST (e.g. 10-20)")
+            raise ConfigError(f"{label}={shown(value)} is not valid; allowed: 'all', N or FIRST-LAST (e.g. 10-20)")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) else lo
     if lo < 0 or hi < lo:
-        raise ConfigError(f"{label}={value!r} is not valid; FIRST-LAST needs 0 <= FIRST <= LAST")
+        raise ConfigError(f"{label}={shown(value)} is not valid; FIRST-LAST needs 0 <= FIRST <= LAST")
     return (lo, hi)
 
 
@@ -99,14 +134,43 @@ def _parse_name(label: str, value) -> Optional[str]:
     if value is None or str(value).strip() == "":
         return None
     s = str(value).strip()
-    if "/" in s or s in (".", "..") or "\0" in s:
-        raise ConfigError(f"{label}={value!r} is not valid; a run name cannot contain '/' or be '.' or '..'")
+    problem = run_name_problem(s)
+    if problem:
+        raise ConfigError(f"{label}={shown(value)} is not valid: {problem}; a run name is one folder name "
+                          f"(no '/', not '.' or '..', at most {NAME_MAX_BYTES} bytes of UTF-8)")
     return s
+
+
+def _parse_dir(label: str, value) -> str:
+    s = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if isinstance(s, bytes):
+        s = os.fsdecode(s)
+    s = str(s)
+    if not s.strip():
+        return DEFAULT_DIR
+    problem = _utf8_problem(s)
+    if problem is None and len(s.encode("utf-8")) > PATH_MAX_BYTES:
+        problem = f"it is longer than {PATH_MAX_BYTES} bytes"
+    if problem:
+        raise ConfigError(f"{label}={shown(value)} is not valid: {problem}")
+    return s
+
+
+def _checked_text(parse):
+    """``parse`` for a text setting, after the checks every value gets: UTF-8, no NUL."""
+    def checked(label: str, value):
+        if isinstance(value, str):
+            problem = _utf8_problem(value)
+            if problem:
+                raise ConfigError(f"{label}={shown(value)} is not valid: {problem}")
+        return parse(label, value)
+
+    return checked
 
 
 _FIELDS = {
     # keyword: (variable, parse(label, value))
-    "dir": ("STEPSCOPE_DIR", lambda label, v: str(v) if str(v).strip() else DEFAULT_DIR),
+    "dir": ("STEPSCOPE_DIR", _parse_dir),
     "name": ("STEPSCOPE_RUN", _parse_name),
     "interval_ms": ("STEPSCOPE_INTERVAL_MS", lambda label, v: _parse_int(label, v, INTERVAL_MIN_MS, INTERVAL_MAX_MS)),
     "gpu": ("STEPSCOPE_GPU", _parse_gpu),
@@ -133,6 +197,7 @@ def resolve(env: Optional[Mapping[str, str]] = None, **kwargs) -> Config:
                         f"known: {', '.join(_FIELDS)}")
     values = {}
     for key, (var, parse) in _FIELDS.items():
+        parse = _checked_text(parse)
         if kwargs.get(key) is not None:
             values[key] = parse(key, kwargs[key])
         elif env.get(var) is not None:

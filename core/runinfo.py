@@ -15,6 +15,10 @@ import sys
 import time
 from typing import Optional
 
+from stepscope.core import files
+from stepscope.core.config import run_name_problem, shown
+from stepscope.core.safety import warn_once
+
 FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "tensorflow", "keras", "jax",
               "numpy", "pandas", "pynvml", "cupti")
 # import name -> distribution name, where they differ
@@ -86,6 +90,9 @@ def world_size_from_env(env=os.environ) -> Optional[int]:
     return None
 
 
+SCRIPT_CHARS = 120
+
+
 def script_name(argv=None) -> str:
     argv = sys.argv if argv is None else argv
     first = argv[0] if argv and argv[0] else ""
@@ -95,6 +102,7 @@ def script_name(argv=None) -> str:
     stem = base[:-3] if base.endswith(".py") else base
     if stem == "__main__":  # python -m pkg
         stem = os.path.basename(os.path.dirname(first)) or "python"
+    stem = stem[:SCRIPT_CHARS]  # the run name stays one folder name (NAME_MAX)
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem) or "python"
 
 
@@ -109,10 +117,10 @@ def _parent_start_time(ppid: int) -> Optional[float]:
 
 
 def _start_time(pid: int) -> Optional[float]:
+    start_ticks = _start_ticks(pid)
+    if start_ticks is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])
         with open("/proc/stat") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
         return btime + start_ticks / os.sysconf("SC_CLK_TCK")
@@ -120,12 +128,76 @@ def _start_time(pid: int) -> Optional[float]:
         return None
 
 
+def _stat_field(pid: int, index: int) -> Optional[int]:
+    """A numeric field of /proc/<pid>/stat, counted after the command name; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[index])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """When a process started, in clock ticks since boot: with its pid, it names one process."""
+    return _stat_field(pid, 19)
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    return os.getppid() if pid == os.getpid() else _stat_field(pid, 1)
+
+
+def process_token(pid: Optional[int] = None) -> str:
+    """``<pid>:<start ticks>``: this process, and never a later one that reuses its pid
+    (the ticks are empty where /proc is not there)."""
+    pid = os.getpid() if pid is None else pid
+    ticks = _start_ticks(pid)
+    return f"{pid}:{'' if ticks is None else ticks}"
+
+
+def token_problem(token: str) -> Optional[str]:
+    """Why the process a ``process_token`` names is not a running ancestor of this
+    process, or None when it is."""
+    pid_text, _, ticks = token.partition(":")
+    if not pid_text.isdigit() or not (ticks == "" or ticks.isdigit()):
+        return "it names no process"
+    pid = int(pid_text)
+    if ticks and str(_start_ticks(pid)) != ticks:
+        return f"its process {pid} is not running"
+    if not ticks and not _alive(pid):
+        return f"its process {pid} is not running"
+    ancestor = os.getppid()
+    for _ in range(4096):  # the chain of parents up to init (pid 1) or a subreaper
+        if ancestor == pid:
+            return None
+        if ancestor is None or ancestor <= 1:
+            break
+        ancestor = _parent_of(ancestor)
+    return f"its process {pid} is not an ancestor of this one"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+
+
 def derive_run_name(env=os.environ, argv=None, now: Optional[float] = None) -> str:
-    """``<script>-<YYYYmmdd-HHMMSS>``; ranks of one launch agree on it."""
+    """``<script>-<YYYYmmdd-HHMMSS>``; ranks of one launch agree on it. A name made
+    from a launcher's id that cannot be a run folder ('..', '/', too long) is
+    replaced by the generated one, with one warning line."""
     script = script_name(argv)
     run_id = env.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
-        return f"{script}-{run_id}"
+        name = f"{script}-{run_id}"
+        problem = run_name_problem(name)
+        if problem is None:
+            return name
+        warn_once("run-name", f"stepscope: TORCHELASTIC_RUN_ID={shown(run_id)} cannot name a run folder "
+                  f"({problem}); the run gets a generated name")
     stamp = now if now is not None else time.time()
     if rank_from_env(env) is not None:
         parent = _parent_start_time(os.getppid())
@@ -160,7 +232,7 @@ def read_json(path: str) -> dict:
 
 def write_json_atomic(path: str, data: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with files.open_new(tmp) as f:
         json.dump(data, f, indent=2, default=str)
         f.write("\n")
     os.replace(tmp, path)

@@ -27,13 +27,25 @@ def report_failure(what: str, exc: BaseException | None = None) -> None:
         session.disable_after_failure()
     except Exception:
         pass
-    if first:
+    if first and not _native_reported():
         detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
         try:
             print(f"stepscope: {what}{detail}; profiling is turned off, the program continues unaffected",
                   file=sys.stderr, flush=True)
         except Exception:
             pass
+
+
+def _native_reported() -> bool:
+    """The native writer printed its own line for this failure (a write that failed:
+    csrc/writer.cc), and a failure after it (process.json on the same full disk) is
+    the same failure: one line is enough."""
+    try:
+        from stepscope.core import _native
+
+        return bool(_native.stats().get("error"))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 _warned: set = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from stepscope.core import _native, gpu, runinfo
+from stepscope.core import _native, files, gpu, runinfo
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, node_lock_file
 
 
@@ -16,7 +16,7 @@ def _elect_node_sampler(session) -> bool:
     import fcntl
 
     path = os.path.join(session.run_dir, node_lock_file(runinfo.hostname()))
-    f = open(path, "a+")
+    f = open(path, "a+", opener=lambda p, flags: os.open(p, flags, files.FILE_MODE))
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

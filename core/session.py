@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Optional
 
-from stepscope.core import _native, annotations, gpu, runinfo, safety
+from stepscope.core import _native, annotations, files, gpu, runinfo, safety
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE
-from stepscope.core.config import Config, resolve
+from stepscope.core.config import Config, resolve, run_name_problem, shown
 from stepscope.core.sampling import start_sampling
 
 __all__ = ["Session", "start", "stop", "current", "profile"]
@@ -31,6 +31,7 @@ __all__ = ["Session", "start", "stop", "current", "profile"]
 _ACTIVE_RUN_VAR = "STEPSCOPE_ACTIVE_RUN"
 _PARENT_RANK_VAR = "STEPSCOPE_PARENT_RANK"
 _PARENT_PROCESS_VAR = "STEPSCOPE_PARENT_PROCESS"  # the process folder of the parent: a spawned helper's owner
+_OWNER_VAR = "STEPSCOPE_ACTIVE_OWNER"  # runinfo.process_token() of the process recording the active run
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
@@ -100,6 +101,7 @@ class Session:
                 _session = None
                 if os.environ.get(_ACTIVE_RUN_VAR) == self.run_dir:
                     del os.environ[_ACTIVE_RUN_VAR]
+                    os.environ.pop(_OWNER_VAR, None)
         try:
             _native.stop_sampler()
             _native.pysampler_stop()  # joins with the GIL released
@@ -215,14 +217,14 @@ def _make_process_dir(run_dir: str, origin: str) -> str:
     for i, name in enumerate(candidates):
         path = os.path.join(run_dir, name)
         try:
-            os.mkdir(path)
+            files.make_dir(path)
             return path
         except FileExistsError:
             if i == len(candidates) - 1:  # our pid folder exists: an earlier session of ours
                 for n in range(1, 1000):
                     alt = f"{path}.{n}"
                     try:
-                        os.mkdir(alt)
+                        files.make_dir(alt)
                         return alt
                     except FileExistsError:
                         continue
@@ -230,45 +232,72 @@ def _make_process_dir(run_dir: str, origin: str) -> str:
     raise RuntimeError("unreachable")
 
 
+def _write_run_json(run_dir: str, config: Config) -> None:
+    runinfo.write_json_atomic(os.path.join(run_dir, RUN_JSON), {
+        "format": "stepscope-run",
+        "version": 1,
+        "name": os.path.basename(run_dir),
+        "command": list(sys.argv),
+        "cwd": os.getcwd(),
+        "start_time": time.time(),
+        "host": runinfo.hostname(),
+        "world_size": runinfo.world_size_from_env(),
+        "config": config.as_dict(),
+    })
+
+
 def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> Session:
     """Creates the folders and metadata and starts the native writer; raises on failure."""
-    os.makedirs(os.path.dirname(run_dir) or ".", exist_ok=True)
+    files.make_dirs(os.path.dirname(run_dir) or ".")
     created = False
     try:
-        os.mkdir(run_dir)
+        files.make_dir(run_dir)
         created = True
     except FileExistsError:
         pass
-    if created:
-        runinfo.write_json_atomic(os.path.join(run_dir, RUN_JSON), {
-            "format": "stepscope-run",
-            "version": 1,
-            "name": os.path.basename(run_dir),
-            "command": list(sys.argv),
-            "cwd": os.getcwd(),
-            "start_time": time.time(),
-            "host": runinfo.hostname(),
-            "world_size": runinfo.world_size_from_env(),
-            "config": config.as_dict(),
-        })
-    process_dir = _make_process_dir(run_dir, origin)
-    session = Session(config, run_dir, process_dir, created, origin, parent)
-    meta = session._process_json()
-    runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
-    if origin == "main":  # a rank killed before its end is still counted (world size, ranks)
-        runinfo.record_process(os.path.join(run_dir, RUN_JSON), meta["host"], meta["rank"], meta["world_size"])
-    header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
-                         "clock": meta["clock"]})
-    err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
-                       config.flush_interval_ms, config.buffer_mb << 20,
-                       config.disk_floor_mb << 20, config.disk_floor_pct / 100)
-    if err:
-        raise OSError(err)
+    process_dir = None
+    try:
+        if created:
+            _write_run_json(run_dir, config)
+        process_dir = _make_process_dir(run_dir, origin)
+        session = Session(config, run_dir, process_dir, created, origin, parent)
+        meta = session._process_json()
+        runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
+        if origin == "main":  # a rank killed before its end is still counted (world size, ranks)
+            runinfo.record_process(os.path.join(run_dir, RUN_JSON), meta["host"], meta["rank"], meta["world_size"])
+        header = json.dumps({"pid": meta["pid"], "host": meta["host"], "rank": meta["rank"],
+                             "clock": meta["clock"]})
+        err = _native.open(os.path.join(process_dir, TRACE_FILE), header,
+                           config.flush_interval_ms, config.buffer_mb << 20,
+                           config.disk_floor_mb << 20, config.disk_floor_pct / 100)
+        if err:
+            raise OSError(err)
+    except BaseException:
+        _remove_unstarted(run_dir if created else None, process_dir)  # a failed start leaves nothing
+        raise
     session.active = True
     start_sampling(session, config, origin)
     if origin == "main" and config.pysample_hz:  # helpers (DataLoader workers) are not stack-sampled
         _start_pysampler(config.pysample_hz)
     return session
+
+
+def _remove_unstarted(created_run: Optional[str], process_dir: Optional[str]) -> None:
+    """Removes the process folder of a session that could not start, and the run folder
+    it created if no other process has joined it since."""
+    if process_dir is not None:
+        shutil.rmtree(process_dir, ignore_errors=True)
+    if created_run is None:
+        return
+    try:
+        leftovers = os.listdir(created_run)
+        if any(not (f == RUN_JSON or f.startswith(f"{RUN_JSON}.tmp")) for f in leftovers):
+            return  # another process has joined the run: it keeps run.json
+        for f in leftovers:
+            os.unlink(os.path.join(created_run, f))
+        os.rmdir(created_run)
+    except OSError:
+        pass
 
 
 def _start_pysampler(hz: int) -> None:
@@ -298,20 +327,33 @@ def start(**kwargs) -> Optional[Session]:
             return _session
         try:
             config = resolve(**explicit)
-            name = config.name or runinfo.derive_run_name()
-            run_dir = os.path.abspath(os.path.join(config.dir, name))
-            _session = _open(config, run_dir, "main", None)
+            _session = _open(config, _run_folder(config), "main", None)
             annotations.by_hand = False  # a new session: who marks steps is learnt again
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("could not start profiling", exc)
             return None
         # Children (spawned workers, subprocesses) that import stepscope join this run.
-        os.environ[_ACTIVE_RUN_VAR] = run_dir
+        _export_active_run(_session)
         rank = runinfo.rank_from_env()
         os.environ[_PARENT_RANK_VAR] = "" if rank is None else str(rank)
-        os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
         os.environ["STEPSCOPE_RUN"] = _session.name
         return _session
+
+
+def _run_folder(config: Config) -> str:
+    """The run's folder: always one folder inside the runs folder, whatever the name's source."""
+    root = os.path.abspath(config.dir)
+    name = config.name or runinfo.derive_run_name()
+    run_dir = os.path.join(root, name)
+    problem = run_name_problem(name)
+    if problem or os.path.dirname(run_dir) != root:
+        raise ValueError(f"the run name {shown(name)} cannot be a folder in {shown(root)} "
+                         f"({problem or 'not one folder inside it'})")
+    try:
+        run_dir.encode("utf-8")
+    except UnicodeEncodeError:  # a relative STEPSCOPE_DIR in a working directory with such a name
+        raise ValueError(f"the run folder {shown(run_dir)} is not valid UTF-8") from None
+    return run_dir
 
 
 def stop() -> None:
@@ -361,8 +403,7 @@ def _join(run_dir: str, origin: str, parent: Optional[str]) -> None:
     try:
         config = resolve()
         _session = _open(config, run_dir, origin, parent)
-        os.environ[_ACTIVE_RUN_VAR] = run_dir
-        os.environ[_PARENT_PROCESS_VAR] = os.path.basename(_session.process_dir)
+        _export_active_run(_session)
         _register_exit_hooks()
     except Exception as exc:  # noqa: BLE001
         safety.report_failure(f"could not profile child process {os.getpid()}", exc)
@@ -404,10 +445,54 @@ def _register_exit_hooks() -> None:
         pass
 
 
+def _export_active_run(session: Session) -> None:
+    """What a child needs to join this run, and to tell that it is still being recorded."""
+    os.environ[_ACTIVE_RUN_VAR] = session.run_dir
+    os.environ[_OWNER_VAR] = runinfo.process_token()
+    os.environ[_PARENT_PROCESS_VAR] = os.path.basename(session.process_dir)
+
+
+def _parent_run_problem(run_dir: str) -> Optional[str]:
+    """Why STEPSCOPE_ACTIVE_RUN is not a run that an ancestor of this process records
+    now (a value left in a shell, a stopped session), or None. The owner token must
+    name a live ancestor, and the process folder it exported must be that process's,
+    with no end time yet (docs/design.md, "Runs, processes and children")."""
+    token = os.environ.get(_OWNER_VAR, "")
+    folder = os.environ.get(_PARENT_PROCESS_VAR, "")
+    if not os.path.isabs(run_dir) or not os.path.isdir(run_dir):
+        return "no such run folder"
+    if not token:
+        return "no process that records it is named"
+    problem = runinfo.token_problem(token)
+    if problem:
+        return problem
+    if run_name_problem(folder):
+        return "no process folder is named"
+    meta = runinfo.read_json(os.path.join(run_dir, folder, PROCESS_JSON))
+    if str(meta.get("pid")) != token.partition(":")[0]:
+        return f"{folder} is not the folder of process {token.partition(':')[0]}"
+    if meta.get("end_time") is not None:
+        return "that process stopped recording it"
+    return None
+
+
+def _forget_parent_run(run_dir: str, problem: str) -> None:
+    """A stale STEPSCOPE_ACTIVE_RUN: not joined, not passed on; one line only under STEPSCOPE=1."""
+    for var in (_ACTIVE_RUN_VAR, _OWNER_VAR, _PARENT_PROCESS_VAR, _PARENT_RANK_VAR):
+        os.environ.pop(var, None)
+    if os.environ.get("STEPSCOPE", "").strip().lower() not in ("", "0", "false", "no", "off"):
+        safety.warn_once("stale-run", f"stepscope: ignoring {_ACTIVE_RUN_VAR}={shown(run_dir)} ({problem}); "
+                         "this process records a run of its own")
+
+
 def join_parent_run_if_any() -> None:
     """On import in a spawned child: join the run the parent process is writing."""
     run_dir = os.environ.get(_ACTIVE_RUN_VAR)
-    if run_dir and _session is None and os.path.isdir(run_dir):
+    if run_dir and _session is None:
+        problem = _parent_run_problem(run_dir)
+        if problem:
+            _forget_parent_run(run_dir, problem)
+            return
         # A child with a rank of its own (a launcher's worker) is a rank, not a helper.
         rank = runinfo.rank_from_env()
         own_rank = rank is not None and str(rank) != os.environ.get(_PARENT_RANK_VAR, "")

@@ -45,6 +45,7 @@ def _no_leftover_session():
 
     stepscope.stop()
     os.environ.pop("STEPSCOPE_ACTIVE_RUN", None)
+    os.environ.pop("STEPSCOPE_ACTIVE_OWNER", None)
     os.environ.pop("STEPSCOPE_RUN", None)
 
 

@@ -27,6 +27,10 @@ def test_environment_and_keyword_precedence():
     ({"STEPSCOPE_STEPS": "20-10"}, "STEPSCOPE_STEPS='20-10' is not valid"),
     ({"STEPSCOPE_STEPS": "ten"}, "allowed: 'all', N or FIRST-LAST"),
     ({"STEPSCOPE_RUN": "a/b"}, "STEPSCOPE_RUN='a/b' is not valid"),
+    ({"STEPSCOPE_RUN": ".."}, "STEPSCOPE_RUN='..' is not valid"),
+    ({"STEPSCOPE_RUN": "a\nb"}, r"STEPSCOPE_RUN='a\\nb' is not valid: it contains a control character"),
+    ({"STEPSCOPE_RUN": "x\udcff"}, r"STEPSCOPE_RUN='x\\udcff' is not valid: it is not UTF-8"),
+    ({"STEPSCOPE_DIR": "/tmp/\udcff"}, r"STEPSCOPE_DIR='/tmp/\\udcff' is not valid: it is not UTF-8"),
 ])
 def test_errors_name_the_variable_and_allowed_values(env, match):
     with pytest.raises(ConfigError, match=match):
@@ -36,3 +40,21 @@ def test_errors_name_the_variable_and_allowed_values(env, match):
 def test_unknown_keyword():
     with pytest.raises(TypeError, match="unknown stepscope option"):
         resolve(env={}, intervall=5)
+
+
+@pytest.mark.parametrize("var", ["STEPSCOPE_RUN", "STEPSCOPE_DIR", "STEPSCOPE_GPU", "STEPSCOPE_STEPS",
+                                 "STEPSCOPE_INTERVAL_MS", "STEPSCOPE_FLUSH_MS", "STEPSCOPE_BUFFER_MB",
+                                 "STEPSCOPE_PYSAMPLE_HZ"])
+def test_a_huge_value_is_shown_cut_to_80_characters(var):
+    with pytest.raises(ConfigError) as info:
+        resolve(env={var: "/" + "v" * 120_000})
+    message = str(info.value)
+    assert message.startswith(f"{var}='/vvvv") and "\n" not in message
+    shown = message[len(var) + 1:].split(" is ")[0]
+    assert len(shown) == 80 and shown.endswith("...")
+
+
+def test_run_name_of_255_bytes_is_kept():
+    assert resolve(env={"STEPSCOPE_RUN": "é" * 127 + "r"}).name == "é" * 127 + "r"  # 255 bytes
+    with pytest.raises(ConfigError, match="longer than 255 bytes"):
+        resolve(env={"STEPSCOPE_RUN": "é" * 128})

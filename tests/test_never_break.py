@@ -81,6 +81,25 @@ def test_disk_full_mid_run(tmp_path):
     assert "File too large" in r.stderr
 
 
+@pytest.mark.parametrize("when", ["mid-run", "at start"])
+def test_disk_full_for_every_file_is_one_line(tmp_path, when):
+    """The disk fills (EFBIG for every file, as ENOSPC on a full disk): the trace's writer
+    fails, and so does process.json at the end: one line for the one failure."""
+    base = _baseline(tmp_path)
+    limit = "resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))"
+    limited = textwrap.dedent(f"""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        import stepscope
+        {limit if when == "at start" else ""}
+        stepscope.start(flush_interval_ms=20)
+        {limit if when == "mid-run" else ""}
+    """) + textwrap.dedent(SCRIPT)
+    r = run_python(limited, cwd=tmp_path, env={"STEPSCOPE_DIR": str(tmp_path / "runs")})
+    _assert_same_plus_one_warning(r, base)
+    assert "File too large" in r.stderr
+
+
 def test_bad_setting_under_zero_edit_mode(tmp_path):
     base = _baseline(tmp_path)
     r = run_python(SCRIPT, cwd=tmp_path, env={"STEPSCOPE": "1", "STEPSCOPE_INTERVAL_MS": "fast",
@@ -108,3 +127,28 @@ def test_bad_keyword_is_a_clear_error():
     with pytest.raises(ValueError, match="gpu='cuda' is not valid; allowed: auto, off, metrics, trace"):
         stepscope.profile(gpu="cuda")
     assert stepscope.current() is None
+
+
+BAD_VALUES = [  # variable, value, what the line says
+    ("STEPSCOPE_DIR", "runs-\udcff", "not UTF-8"),  # the byte 0xff: not a UTF-8 file name
+    ("STEPSCOPE_RUN", "run-\udcfe\udcfe", "not UTF-8"),
+    ("STEPSCOPE_RUN", "r" * 120_000, "longer than 255 bytes"),
+    ("STEPSCOPE_DIR", "runs/" + "d" * 120_000, "longer than 4095 bytes"),
+    ("STEPSCOPE_GPU", "g" * 120_000, "allowed: auto, off"),
+    ("STEPSCOPE_STEPS", "\udcff" * 1000, "not UTF-8"),
+    ("STEPSCOPE_INTERVAL_MS", "9" * 120_000, "allowed: 10 to 60000"),
+]
+
+
+@pytest.mark.parametrize("var,value,says", BAD_VALUES, ids=[f"{v[0]}-{i}" for i, v in enumerate(BAD_VALUES)])
+def test_unusable_variable_is_one_short_line_naming_it(tmp_path, var, value, says):
+    """A value no run folder can be made of: one short line that names the variable, and nothing on disk."""
+    base = _baseline(tmp_path)
+    env = {"STEPSCOPE": "1", "STEPSCOPE_DIR": "runs", var: value}
+    before = set(os.listdir(tmp_path))
+    r = run_python(SCRIPT, cwd=tmp_path, env=env)
+    _assert_same_plus_one_warning(r, base)
+    line = r.stderr.strip()
+    assert f"{var}=" in line and says in line, line
+    assert len(line) < 400, len(line)
+    assert set(os.listdir(tmp_path)) == before  # no runs folder, no run, no process folder

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -93,3 +95,42 @@ def test_multiprocessing_start_methods(tmp_path, method):
     child_procs = set(ev[ev["name"] == "child_work"]["process"].astype(str))
     parent_proc = set(ev[ev["name"] == "parent_work"]["process"].astype(str))
     assert child_procs and not (child_procs & parent_proc)
+
+
+def test_forked_children_that_os_exit_leave_no_process(tmp_path):
+    """20 forked children leave through os._exit before their first flush: they are no
+    processes of the run (summary, load, ls); a child whose events reached the disk is."""
+    r = run_python("""
+        import os, time, stepscope
+        run = stepscope.start(dir="runs", name="exits")
+        for i in range(20):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)  # before the writer's first flush (a second): nothing reaches the disk
+            os.waitpid(pid, 0)
+        pid = os.fork()
+        if pid == 0:
+            with stepscope.annotate("kept"):
+                pass
+            time.sleep(1.5)  # past the flush interval: the writer has flushed its event
+            os._exit(0)
+        os.waitpid(pid, 0)
+        for _ in range(3):
+            stepscope.step()
+        run.stop()
+    """, cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    import stepscope
+    from stepscope.analysis.summary import summarize
+
+    path = tmp_path / "runs" / "exits"
+    run = stepscope.load(path)
+    assert sorted(run.processes["origin"]) == ["fork", "main"]
+    assert run.warnings == []
+    ev = run.events
+    assert (ev["name"] == "kept").sum() == 1
+    s = summarize(run)
+    assert s["warnings"] == [] and not any("without closing" in str(n) for n in s["notes"])
+    ls = subprocess.run([sys.executable, "-m", "stepscope", "ls", str(tmp_path / "runs")], capture_output=True,
+                        text=True, check=True)
+    assert " 2 proc " in ls.stdout, ls.stdout

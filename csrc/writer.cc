@@ -552,6 +552,7 @@ std::string open_writer(const WriterOptions& opt) {
   g_w.opening = false;
   if (!header_written) {
     std::string err = g_w.error;
+    g_w.error.clear();  // not printed: the caller reports it (safety.report_failure)
     ::close(fd);
     ::unlink(opt.path.c_str());  // no empty trace left behind
     g_w.fd = -1;

@@ -189,12 +189,14 @@ def test_names_interned_only_when_they_record(tmp_path):
 
 GENERATED_CODE = """
     import sys, threading, time, stepscope
+    from stepscope.core import _native
     sys.setswitchinterval(0.0005)  # let the sampler's GIL requests through often
-    stop = time.monotonic() + {seconds}
+    deadline = time.monotonic() + 120
+    done = threading.Event()
 
     def worker(k):
         n = 0
-        while time.monotonic() < stop:
+        while not done.is_set():
             # a chain of freshly compiled functions: every sample sees new code objects
             src = "\\n".join(f"def f{{j}}():\\n    return {{'f%d()' % (j + 1) if j < 7 else 'sum(range(2000))'}}"
                              for j in range(8))
@@ -206,13 +208,23 @@ GENERATED_CODE = """
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
     for t in threads: t.start()
+    # until the sampler has seen more code objects than it keeps (each has a frame) and its
+    # frame table stopped growing: new code is folded
+    last = -1
+    while time.monotonic() < deadline:
+        frames = _native.pysampler_status()["frames"]
+        if frames >= {codes} and frames == last:
+            break
+        last = frames
+        time.sleep(0.5)
+    done.set()
     for t in threads: t.join()
     print("done")
 """
 
 
 def test_generated_code_folds_into_one_frame_past_the_sampler_bound(tmp_path):
-    r = run_python(GENERATED_CODE.format(seconds=8), cwd=tmp_path, timeout=300,
+    r = run_python(GENERATED_CODE.format(codes=1 << 14), cwd=tmp_path, timeout=300,
                    env={"STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path / "runs"), "STEPSCOPE_RUN": "gen",
                         "STEPSCOPE_PYSAMPLE_HZ": "1000"})
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr[-3000:]

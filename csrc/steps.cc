@@ -273,7 +273,9 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   if (g_marks) {  // the program marks its own steps: phases only
     PyObject* by_hand = PyDict_GetItemWithError(g_marks, g_by_hand);
     if (!by_hand && PyErr_Occurred()) goto out;
-    if (by_hand && truth_of(new_ref(by_hand)) == 1) t->suspended = 1;
+    int hand = by_hand ? truth_of(new_ref(by_hand)) : 0;
+    if (hand < 0) goto out;
+    if (hand) t->suspended = 1;
   }
   if (t->resets != resets) {
     ok = true;
@@ -359,6 +361,9 @@ bool drop_unworked(Tracker* t) {
   return true;
 }
 
+// Records the fetches read ahead with the held-back one, and empties the list; one
+// that is no (t0, t1) pair (set from Python) is dropped with a TypeError, the list
+// emptied still (else every later step would fail on it).
 bool record_more(Tracker* t) {
   PyObject* more = t->pending_more;
   Py_INCREF(more);
@@ -372,10 +377,15 @@ bool record_more(Tracker* t) {
     if (ok) {
       phase(kGetNext, a, b);
       t->last_end = std::max<unsigned long long>(t->last_end, b);
-    } else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
+    }
   }
   Py_DECREF(more);
-  return ok && clear_more(t);
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  bool cleared = clear_more(t);
+  if (type) PyErr_Restore(type, value, tb);
+  else if (!ok && cleared) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
+  return ok && cleared;
 }
 
 bool append_more(Tracker* t, unsigned long long t0, unsigned long long t1) {
@@ -411,7 +421,9 @@ bool commit_pending(PyObject* self, PyObject* shown) {
   t->pending_mode = nullptr;
   unsigned long long t0 = t->pending_t0, t1 = t->pending_t1;
   const unsigned long resets = t->resets;
-  if (shown && shown != Py_None && PyObject_IsTrue(shown) == 1) Py_SETREF(mode, new_ref(shown));
+  int shows = shown && shown != Py_None ? PyObject_IsTrue(shown) : 0;
+  if (shows < 0) Py_CLEAR(mode);
+  else if (shows) Py_SETREF(mode, new_ref(shown));
   else Py_SETREF(mode, mode_of(t, mode));
   if (mode && t->resets != resets) {  // closed by the guess: the fetch went with it
     Py_DECREF(mode);

@@ -24,7 +24,7 @@ namespace stepscope {
 namespace {
 
 // Phase names are interned first (module.cc): their ids are 0..5.
-enum : uint32_t { kGetNext = 0, kForward = 1, kLoss = 2, kBackward = 3, kOptimizer = 4 };
+enum : uint32_t { kGetNext = 0, kForward = 1, kLoss = 2, kBackward = 3, kOptimizer = 4, kRecompute = 5 };
 
 PyObject* g_train = nullptr;    // "train"
 PyObject* g_eval = nullptr;     // "eval"
@@ -700,14 +700,16 @@ bool optimizer_used(PyObject* self) {
 bool optimizer_started(PyObject* self, PyObject* key, unsigned long long now) {
   Tracker* t = T(self);
   if (!flush_held(t)) return false;
-  if (!set_add(t->opt_known, key) || !flush_held(t)) return false;  // (a key's __eq__ may report a forward)
+  const unsigned long resets = t->resets;
+  if (!set_add(t->opt_known, key)) return false;
+  if (t->resets != resets) return true;  // a key's __eq__ closed the tracker
+  if (!flush_held(t)) return false;      // (or reported a forward)
   t->worked = 1;
   if (!t->cand_mode) return !(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now);
   // Stepping again begins a new iteration, unless a loader drives this loop and
   // several optimizers take turns on its batch (WGAN: critic updates, then the
   // generator's, on every batch or every n-th): then only the next fetch does.
   // So does a second model's optimizer, but only in a loop no loader drives.
-  const unsigned long resets = t->resets;
   int in = set_contains(t->opt_in_step, key);
   if (in < 0) return false;
   bool again = in && !(t->fed && PySet_GET_SIZE(t->opt_known) > 1);
@@ -779,6 +781,10 @@ PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) 
   NARGS(3, 6, "forward_ended(mode, t0, t1, phase=FORWARD, group=None, part=None)");
   unsigned long long t0, t1, ph = kForward;
   if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !arg_u64(a[3], &ph))) return nullptr;
+  if (ph > kRecompute) {  // a span of another name would pass for a phase
+    PyErr_Format(PyExc_ValueError, "StepTracker.forward_ended: phase %llu is no phase id (0..%d)", ph, int(kRecompute));
+    return nullptr;
+  }
   RET(track::forward_ended(self, a[0], t0, t1, uint32_t(ph), nargs > 4 ? a[4] : nullptr, nargs > 5 ? a[5] : nullptr));
 }
 

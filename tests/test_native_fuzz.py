@@ -191,7 +191,7 @@ def test_tracker_attributes_are_typed_and_never_deleted(tmp_path):
             try:
                 f()
                 return "ok"
-            except (TypeError, AttributeError) as e:
+            except (TypeError, AttributeError, ValueError) as e:
                 return type(e).__name__
 
         t = StepTracker()
@@ -213,6 +213,8 @@ def test_tracker_attributes_are_typed_and_never_deleted(tmp_path):
         t.fetched(30, 40, "train")
         t.pending_more = [(1, "x")]
         rows.append(("bad pair", outcome(lambda: t.forward_started("train", 50))))
+        rows.append(("phase", outcome(lambda: t.forward_ended("train", 50, 60, 99)),
+                     outcome(lambda: t.forward_ended("train", 50, 60, 2**32 + 1))))
         print(rows)
         print(t.mode, t.pending, t.pending_more)
     """, tmp_path)
@@ -223,6 +225,7 @@ def test_tracker_attributes_are_typed_and_never_deleted(tmp_path):
     assert all(r[1:] == ("TypeError", "TypeError") for r in rows[7:13]), rows[7:13]
     assert rows[13] == ("pending", "TypeError", "TypeError")
     assert rows[14] == ("bad pair", "TypeError")
+    assert rows[15] == ("phase", "ValueError", "ValueError")  # no span of another name as a phase
     assert out.splitlines()[1] == "train None []"
 
 
@@ -298,7 +301,41 @@ AUDIT = """
         except (TypeError, AttributeError, ValueError, RuntimeError):
             pass
         calls += 1
-    print("calls", calls, "failures", len(failures),
+
+    # each wrapper made with one argument of a wrong type, then called: TypeError (made
+    # or called) or a failure handed to fail(), never a crash
+    class Local:
+        s = _native.LoopState(StepTracker())
+        stack = [1]
+    loop = (Local, ("fetch#",), ("zero#",), 0, _native.intern("x"))
+    def passed(*a, **k):
+        return "through"
+    valid = {
+        "filtered_enter": ((lambda self: "in", lambda *a: None, ("own#",), failures.append, loop),
+                           lambda w: w(Range())),
+        "guarded_exit": ((lambda self, *e: False, lambda *a: None, Local, failures.append, loop),
+                         lambda w: w(Range(), None, None, None)),
+        "timed_backward": ((passed, Local, Compiler, failures.append), lambda w: w(1)),
+        "timed_root": ((weakref.ref(module), None, lambda m, *a, **k: "through", Local, None, lambda: True,
+                        lambda m: True, Compiler, failures.append, False, (1, 5)), lambda w: w(1)),
+        "timed_iter": ((lambda self: iter([1, 2]), Local, set(), passed, passed, failures.append),
+                       lambda w: list(w(Range()))),
+        "optimizer_hook": ((Local, Compiler, None, failures.append, False), lambda w: w(object(), (), {})),
+    }
+    junk = [None, 7, "x", object(), (), ("a", 1), (1, 2, 3, 4, 5), [], weakref.ref(Compiler), lambda *a: 1 / 0]
+    made = 0
+    for name, (args, call) in valid.items():
+        for i in range(len(args)):
+            for wrong in junk:
+                bad = list(args)
+                bad[i] = wrong
+                try:
+                    wrapper = getattr(_native, name)(*bad)
+                    made += 1
+                    call(wrapper)
+                except (TypeError, ValueError, AttributeError, ZeroDivisionError):
+                    pass
+    print("calls", calls, "made", made, "failures", len(failures),
           "kinds", sorted({type(f).__name__ for f in failures}))
 """
 
@@ -307,6 +344,7 @@ def test_the_other_native_types_raise_on_misuse(tmp_path):
     out = run_clean(AUDIT, tmp_path)
     calls = int(out.split()[1])
     assert calls == (1 + 6 * 7 + 3 * 2) * 10 + 11
+    assert int(out.split()[3]) > 100  # wrappers made with a wrong argument, and called
     # what the wrappers could not do reached fail(), as a Python error (no SystemError)
     assert "SystemError" not in out.split("kinds", 1)[1]
 

@@ -24,7 +24,7 @@ namespace stepscope {
 namespace {
 
 // Phase names are interned first (module.cc): their ids are 0..5.
-enum : uint32_t { kGetNext = 0, kForward = 1, kLoss = 2, kBackward = 3, kOptimizer = 4 };
+enum : uint32_t { kGetNext = 0, kForward = 1, kLoss = 2, kBackward = 3, kOptimizer = 4, kRecompute = 5 };
 
 PyObject* g_train = nullptr;    // "train"
 PyObject* g_eval = nullptr;     // "eval"
@@ -64,6 +64,10 @@ struct Tracker {
   char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
   char pass_begun;  // a pass began after the held-back fetch of a complete step (loop_started)
   char trained;     // a train step began on this thread: a fact kept across loops, as opt_known
+  // Bumped by every reset (close, suspend, reset): a report that called out to Python
+  // (a callback, a user key's __eq__) and finds it changed stops there, the state it
+  // read before gone (another thread's close at session end).
+  unsigned long resets;
 };
 
 inline Tracker* T(PyObject* o) { return reinterpret_cast<Tracker*>(o); }
@@ -81,12 +85,29 @@ inline bool is_train(PyObject* m) { return same(m, g_train); }
 inline bool no_mode(Tracker* t) { return t->mode == Py_None; }
 inline bool has_optimizer(Tracker* t) { return t->opt_used || PySet_GET_SIZE(t->opt_known) > 0; }
 
+// callable(arg) or callable(), on a reference of its own: the call may replace the
+// attribute that held it.
+PyObject* call_held(PyObject* callable, PyObject* arg) {
+  Py_INCREF(callable);
+  PyObject* r = arg ? PyObject_CallOneArg(callable, arg) : PyObject_CallNoArgs(callable);
+  Py_DECREF(callable);
+  return r;
+}
+
+// Whether r (a new reference, or null after an error) is true: 1, 0, or -1 on error.
+int truth_of(PyObject* r) {
+  if (!r) return -1;
+  int yes = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return yes;
+}
+
 // A fetch's mode (new reference): as reported, or, where the fetch left it to
 // its work (None) and that work never showed, the integration's guess now.
 PyObject* mode_of(Tracker* t, PyObject* mode) {
   if (mode != Py_None) return new_ref(mode);
-  if (!t->guess || t->guess == Py_None) return new_ref(g_train);  // (deleted: null)
-  return PyObject_CallNoArgs(t->guess);
+  if (t->guess == Py_None) return new_ref(g_train);
+  return call_held(t->guess, nullptr);
 }
 
 // Replaces an owned slot (value may be null).
@@ -157,6 +178,7 @@ bool clear_more(Tracker* t) {
 }
 
 bool reset(Tracker* t) {
+  ++t->resets;
   Py_CLEAR(t->held_group);
   Py_CLEAR(t->held_mode);
   t->suspended = t->done = t->fed = t->has_forward_end = 0;
@@ -217,23 +239,24 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   if (t->act_at && is_train(mode) && t->act_at < at) at = t->act_at;  // the iteration began acting
   t->act_at = 0;
   Py_INCREF(mode);  // held across callbacks that may change the tracker
+  const unsigned long resets = t->resets;
   bool ok = false;
-  if (no_mode(t) && t->may_begin && t->may_begin != Py_None) {
-    PyObject* r = PyObject_CallNoArgs(t->may_begin);
-    if (!r) goto out;
-    int yes = PyObject_IsTrue(r);
-    Py_DECREF(r);
+  if (no_mode(t) && t->may_begin != Py_None) {
+    int yes = truth_of(call_held(t->may_begin, nullptr));
     if (yes < 0) goto out;
     if (!yes) t->suspended = 1;  // checked where a loop starts: workers run none
     // yes: a fact of this process (a forked child gets a tracker of its own), so that a
     // loop starting on every short epoch asks no more
     else put(&t->may_begin, Py_None);
   }
-  if (!no_mode(t) && t->on_new_step && t->on_new_step != Py_None &&
-      (t->every_step || t->forwards_in_step == 0)) {
-    PyObject* r = PyObject_CallOneArg(t->on_new_step, t->forwards_in_step > 0 ? Py_True : Py_False);
+  if (!no_mode(t) && t->on_new_step != Py_None && (t->every_step || t->forwards_in_step == 0)) {
+    PyObject* r = call_held(t->on_new_step, t->forwards_in_step > 0 ? Py_True : Py_False);
     if (!r) goto out;
     Py_DECREF(r);
+  }
+  if (t->resets != resets) {  // closed by a callback: this step begins nothing
+    ok = true;
+    goto out;
   }
   if (!flush_mark(t)) goto out;
   if (!no_mode(t) && t->done && !t->fed && !is_train(t->mode) && !same(mode, t->mode) && !t->trained &&
@@ -250,7 +273,13 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   if (g_marks) {  // the program marks its own steps: phases only
     PyObject* by_hand = PyDict_GetItemWithError(g_marks, g_by_hand);
     if (!by_hand && PyErr_Occurred()) goto out;
-    if (by_hand && PyObject_IsTrue(by_hand) == 1) t->suspended = 1;
+    int hand = by_hand ? truth_of(new_ref(by_hand)) : 0;
+    if (hand < 0) goto out;
+    if (hand) t->suspended = 1;
+  }
+  if (t->resets != resets) {
+    ok = true;
+    goto out;
   }
   if (!t->suspended) {
     long long due;
@@ -264,6 +293,10 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
       if (!ops_due(self, &due)) goto out;
       if (!due && !ops_step(self, -1, at)) goto out;
     }
+    if (t->resets != resets) {
+      ok = true;
+      goto out;
+    }
   }
   put(&t->mode, mode);
   t->done = t->fed = 0;
@@ -273,13 +306,17 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
     // this step's set becomes the one before; the old one before, emptied, is this step's
     // (no set made and freed a step); a set someone else holds too is not reused
     PyObject* before = t->opt_before;
+    const bool reuse = PySet_CheckExact(before) && Py_REFCNT(before) == 1;
+    PyObject* next = reuse ? before : PySet_New(nullptr);
+    if (!next) goto out;
     t->opt_before = t->opt_in_step;
-    t->opt_in_step = nullptr;
-    if (before && PySet_CheckExact(before) && Py_REFCNT(before) == 1 && PySet_Clear(before) == 0) {
-      t->opt_in_step = before;
+    t->opt_in_step = next;
+    if (reuse) {  // emptied in place, held: its keys' __del__ may report here, or replace it
+      Py_INCREF(next);
+      PySet_Clear(next);
+      Py_DECREF(next);
     } else {
-      Py_XDECREF(before);
-      if (!new_set(&t->opt_in_step)) goto out;
+      Py_DECREF(before);
     }
   }
   t->has_forward_end = 0;
@@ -324,22 +361,31 @@ bool drop_unworked(Tracker* t) {
   return true;
 }
 
+// Records the fetches read ahead with the held-back one, and empties the list; one
+// that is no (t0, t1) pair (set from Python) is dropped with a TypeError, the list
+// emptied still (else every later step would fail on it).
 bool record_more(Tracker* t) {
   PyObject* more = t->pending_more;
   Py_INCREF(more);
   bool ok = true;
   for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(more); ++i) {
     unsigned long long a, b;
-    PyObject* item = PyList_GET_ITEM(more, i);
+    PyObject* item = new_ref(PyList_GET_ITEM(more, i));  // an int's __index__ may change the list
     ok = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && arg_u64(PyTuple_GET_ITEM(item, 0), &a) &&
          arg_u64(PyTuple_GET_ITEM(item, 1), &b);
+    Py_DECREF(item);
     if (ok) {
       phase(kGetNext, a, b);
       t->last_end = std::max<unsigned long long>(t->last_end, b);
-    } else if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
+    }
   }
   Py_DECREF(more);
-  return ok && clear_more(t);
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  bool cleared = clear_more(t);
+  if (type) PyErr_Restore(type, value, tb);
+  else if (!ok && cleared) PyErr_SetString(PyExc_TypeError, "pending_more holds (t0, t1) pairs");
+  return ok && cleared;
 }
 
 bool append_more(Tracker* t, unsigned long long t0, unsigned long long t1) {
@@ -350,18 +396,19 @@ bool append_more(Tracker* t, unsigned long long t0, unsigned long long t1) {
   return r == 0;
 }
 
-// 1 when both fetches' modes are train, 0 when not, -1 on error.
+// 1 when both fetches' modes are train, 0 when not, -1 on error. The guess may
+// change the tracker (its caller checks again what it holds back).
 int both_train(Tracker* t, PyObject* a, PyObject* b) {
+  Py_INCREF(b);  // perhaps the tracker's own, which the guess may drop
   PyObject* ma = mode_of(t, a);
-  if (!ma) return -1;
-  int r = is_train(ma);
-  Py_DECREF(ma);
-  if (r && b != a) {
+  int r = ma ? is_train(ma) : -1;
+  Py_XDECREF(ma);
+  if (r == 1 && b != a) {
     PyObject* mb = mode_of(t, b);
-    if (!mb) return -1;
-    r = is_train(mb);
-    Py_DECREF(mb);
+    r = mb ? is_train(mb) : -1;
+    Py_XDECREF(mb);
   }
+  Py_DECREF(b);
   return r;
 }
 
@@ -370,13 +417,22 @@ int both_train(Tracker* t, PyObject* a, PyObject* b) {
 bool commit_pending(PyObject* self, PyObject* shown) {
   Tracker* t = T(self);
   PyObject* mode = t->pending_mode;  // owned from here
+  if (!mode) return true;  // dropped meanwhile (a callback closed the tracker)
   t->pending_mode = nullptr;
   unsigned long long t0 = t->pending_t0, t1 = t->pending_t1;
-  if (shown && shown != Py_None && PyObject_IsTrue(shown) == 1) Py_SETREF(mode, new_ref(shown));
+  const unsigned long resets = t->resets;
+  int shows = shown && shown != Py_None ? PyObject_IsTrue(shown) : 0;
+  if (shows < 0) Py_CLEAR(mode);
+  else if (shows) Py_SETREF(mode, new_ref(shown));
   else Py_SETREF(mode, mode_of(t, mode));
+  if (mode && t->resets != resets) {  // closed by the guess: the fetch went with it
+    Py_DECREF(mode);
+    return true;
+  }
   bool ok = mode && begin(self, mode, t0);
   Py_XDECREF(mode);
   if (!ok) return false;
+  if (t->resets != resets) return true;
   t->fed = 1;
   phase(kGetNext, t0, t1);
   t->last_end = t1;
@@ -479,15 +535,33 @@ bool close(PyObject* self, unsigned long long thread) {
   return reset(t);
 }
 
-bool set_add(PyObject* set, PyObject* key) { return PySet_Add(set, key) == 0; }
+// Set operations on the tracker's sets hash and compare user keys (their __hash__ and
+// __eq__ run Python that may replace the set): each holds the set it works on.
+bool set_add(PyObject* set, PyObject* key) {
+  Py_INCREF(set);
+  int r = PySet_Add(set, key);
+  Py_DECREF(set);
+  return r == 0;
+}
+
+int set_contains(PyObject* set, PyObject* key) {
+  Py_INCREF(set);
+  int r = PySet_Contains(set, key);
+  Py_DECREF(set);
+  return r;
+}
 
 // An optimizer new to a loop whose steps each stepped the same other optimizers:
 // a second model's loop has begun (a GAN's optimizers all step in the previous step too).
 int another_loop(Tracker* t, PyObject* key) {
   if (PySet_GET_SIZE(t->opt_before) == 0) return 0;
-  int in = PySet_Contains(t->opt_before, key);
+  int in = set_contains(t->opt_before, key);
   if (in != 0) return in < 0 ? -1 : 0;
-  return PyObject_RichCompareBool(t->opt_in_step, t->opt_before, Py_EQ);
+  PyObject *now = new_ref(t->opt_in_step), *before = new_ref(t->opt_before);
+  int r = PyObject_RichCompareBool(now, before, Py_EQ);
+  Py_DECREF(now);
+  Py_DECREF(before);
+  return r;
 }
 
 }  // namespace
@@ -505,13 +579,14 @@ bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObj
       // one optimizer step, so they all are this step's GetNext.
       int ahead = both_train(t, mode, t->pending_mode);
       if (ahead < 0) return false;
+      if (!t->pending_mode) return fetched(self, t0, t1, mode);  // the guess closed the tracker: afresh
       if (ahead) return append_more(t, t0, t1);
     }
     if (t->pass_begun) {
       if (!end_with_pending(self, true)) return false;  // a new loop of another mode begins
     } else {
       if (!commit_pending(self, nullptr)) return false;  // no visible work: its own step
-      t->done = 1;
+      if (!no_mode(t)) t->done = 1;  // (None: a callback closed the tracker)
     }
   }
   if (no_mode(t) || t->done) {
@@ -533,6 +608,7 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
   if (t->pending_mode) {
     int ahead = has_optimizer(t) ? both_train(t, t->pending_mode, t->pending_mode) : 0;
     if (ahead < 0) return false;
+    if (!t->pending_mode) return exhausted(self, t0, t1);  // the guess closed the tracker: afresh
     if (ahead) {
       // A loader that reads ahead (Accelerate's) runs out before the work on the
       // batches it handed out: that work is still to come in this step.
@@ -624,18 +700,22 @@ bool optimizer_used(PyObject* self) {
 bool optimizer_started(PyObject* self, PyObject* key, unsigned long long now) {
   Tracker* t = T(self);
   if (!flush_held(t)) return false;
+  const unsigned long resets = t->resets;
   if (!set_add(t->opt_known, key)) return false;
+  if (t->resets != resets) return true;  // a key's __eq__ closed the tracker
+  if (!flush_held(t)) return false;      // (or reported a forward)
   t->worked = 1;
   if (!t->cand_mode) return !(t->pending_mode || t->done || !is_train(t->mode)) || phase_start(self, g_train, now);
   // Stepping again begins a new iteration, unless a loader drives this loop and
   // several optimizers take turns on its batch (WGAN: critic updates, then the
   // generator's, on every batch or every n-th): then only the next fetch does.
   // So does a second model's optimizer, but only in a loop no loader drives.
-  int in = PySet_Contains(t->opt_in_step, key);
+  int in = set_contains(t->opt_in_step, key);
   if (in < 0) return false;
   bool again = in && !(t->fed && PySet_GET_SIZE(t->opt_known) > 1);
   int other = again || t->fed ? 0 : another_loop(t, key);
   if (other < 0) return false;
+  if (!t->cand_mode || t->resets != resets) return true;  // changed by a key's __eq__: nothing to begin
   if (again || other) {
     char fed = t->fed;
     PyObject* mode = t->cand_mode;
@@ -701,6 +781,10 @@ PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) 
   NARGS(3, 6, "forward_ended(mode, t0, t1, phase=FORWARD, group=None, part=None)");
   unsigned long long t0, t1, ph = kForward;
   if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !arg_u64(a[3], &ph))) return nullptr;
+  if (ph > kRecompute) {  // a span of another name would pass for a phase
+    PyErr_Format(PyExc_ValueError, "StepTracker.forward_ended: phase %llu is no phase id (0..%d)", ph, int(kRecompute));
+    return nullptr;
+  }
   RET(track::forward_ended(self, a[0], t0, t1, uint32_t(ph), nargs > 4 ? a[4] : nullptr, nargs > 5 ? a[5] : nullptr));
 }
 
@@ -815,19 +899,12 @@ PyMethodDef methods[] = {
 
 #define MEMBER(name, type, field) {name, type, offsetof(Tracker, field), 0, nullptr}
 PyMemberDef members[] = {
-    MEMBER("on_new_step", T_OBJECT, on_new_step),
-    MEMBER("may_begin", T_OBJECT, may_begin),
-    MEMBER("guess", T_OBJECT, guess),
     MEMBER("background", T_BOOL, background),
     MEMBER("every_step", T_BOOL, every_step),
     MEMBER("worked", T_BOOL, worked),
     MEMBER("suspended", T_BOOL, suspended),
     MEMBER("done", T_BOOL, done),
     MEMBER("fed", T_BOOL, fed),
-    MEMBER("pending_more", T_OBJECT, pending_more),
-    MEMBER("optimizers_in_step", T_OBJECT, opt_in_step),
-    MEMBER("optimizers_before", T_OBJECT, opt_before),
-    MEMBER("optimizers_known", T_OBJECT, opt_known),
     MEMBER("optimizer_seen", T_BOOL, opt_used),
     MEMBER("last_end", T_ULONGLONG, last_end),
     MEMBER("forwards_in_step", T_LONG, forwards_in_step),
@@ -873,13 +950,83 @@ PyObject* get_forward_end(PyObject* self, void*) {
   return PyLong_FromUnsignedLongLong(t->forward_end);
 }
 
+// The type checks as functions (the C API's are macros).
+int is_list(PyObject* o) { return PyList_Check(o); }
+int is_set(PyObject* o) { return PySet_Check(o); }
+
+// The object attributes Python may set: typed, never null (the reports rely on it).
+// A callback is a callable or None; deleting it sets None. The sets and the list
+// take a set (a list) and are never deleted.
+template <size_t Offset>
+PyObject*& slot_of(PyObject* self) {
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(self) + Offset);
+}
+
+template <size_t Offset>
+PyObject* get_slot(PyObject* self, void*) {
+  return new_ref(slot_of<Offset>(self));
+}
+
+template <size_t Offset>
+int set_callback(PyObject* self, PyObject* v, void* name) {
+  if (!v) v = Py_None;
+  if (v != Py_None && !PyCallable_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "StepTracker.%s is a callable or None, not %.100s", static_cast<const char*>(name),
+                 Py_TYPE(v)->tp_name);
+    return -1;
+  }
+  put(&slot_of<Offset>(self), v);
+  return 0;
+}
+
+template <size_t Offset, int (*Check)(PyObject*)>
+int set_container(PyObject* self, PyObject* v, void* name) {
+  const char* kind = Check == is_list ? "list" : "set";
+  if (!v) {
+    PyErr_Format(PyExc_AttributeError, "StepTracker.%s cannot be deleted", static_cast<const char*>(name));
+    return -1;
+  }
+  if (!Check(v)) {
+    PyErr_Format(PyExc_TypeError, "StepTracker.%s is a %s, not %.100s", static_cast<const char*>(name), kind,
+                 Py_TYPE(v)->tp_name);
+    return -1;
+  }
+  put(&slot_of<Offset>(self), v);
+  return 0;
+}
+
+#define CALLBACK(name, field, doc) \
+  {name, get_slot<offsetof(Tracker, field)>, set_callback<offsetof(Tracker, field)>, doc, const_cast<char*>(name)}
+#define CONTAINER(name, field, check, doc)                                                              \
+  {name, get_slot<offsetof(Tracker, field)>, set_container<offsetof(Tracker, field), check>, doc, \
+   const_cast<char*>(name)}
+
 PyGetSetDef getset[] = {
+    CALLBACK("on_new_step", on_new_step, "on_new_step(previous_had_forward), or None"),
+    CALLBACK("may_begin", may_begin, "may_begin() -> False where this process runs no loop, or None"),
+    CALLBACK("guess", guess, "guess() -> the mode of a fetch whose work never showed, or None (train)"),
+    CONTAINER("pending_more", pending_more, is_list, "(t0, t1) of fetches read ahead with the held-back one"),
+    CONTAINER("optimizers_in_step", opt_in_step, is_set, "keys of the optimizers that stepped in this step"),
+    CONTAINER("optimizers_before", opt_before, is_set, "keys of the optimizers that stepped in the step before"),
+    CONTAINER("optimizers_known", opt_known, is_set, "keys of the optimizers this process made"),
     {"mode", get_mode, nullptr, "mode of the open step; None between loops", nullptr},
     {"pending", get_pending, set_pending, "(t0, t1, mode) of a held-back fetch, or None", nullptr},
     {"mark", get_mark, nullptr, "(mode, at): an eval step's mark, not yet written", nullptr},
     {"candidate", get_candidate, nullptr, "(at, mode): a possible step start, several optimizers", nullptr},
     {"forward_end", get_forward_end, nullptr, "a train forward ended and no loss was seen since", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+// Every slot set before __init__ (which a subclass may skip, or `StepTracker.__new__`):
+// the reports and the attributes read them without checking.
+PyObject* tp_new(PyTypeObject* type, PyObject*, PyObject*) {
+  PyObject* self = type->tp_alloc(type, 0);
+  if (!self) return nullptr;
+  Tracker* t = T(self);
+  for (PyObject** callback : {&t->on_new_step, &t->may_begin, &t->guess}) *callback = new_ref(Py_None);
+  t->every_step = 1;
+  if (!reset(t)) Py_CLEAR(self);
+  return self;
+}
 
 int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"on_new_step", "may_begin", nullptr};
@@ -888,8 +1035,9 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
                                    &may_begin))
     return -1;
   Tracker* t = T(self);
-  put(&t->on_new_step, on_new_step);
-  put(&t->may_begin, may_begin);
+  if (set_callback<offsetof(Tracker, on_new_step)>(self, on_new_step, const_cast<char*>("on_new_step")) < 0 ||
+      set_callback<offsetof(Tracker, may_begin)>(self, may_begin, const_cast<char*>("may_begin")) < 0)
+    return -1;
   put(&t->guess, Py_None);
   t->background = t->worked = t->opt_used = 0;
   t->every_step = 1;
@@ -904,19 +1052,32 @@ int tp_traverse(PyObject* self, visitproc visit, void* arg) {
   return 0;
 }
 
+// Replaces a container slot by a new empty one (kept where none can be made).
+void replace_empty(PyObject** slot, PyObject* empty) {
+  if (empty) Py_XSETREF(*slot, empty);
+  else PyErr_Clear();
+}
+
+// Breaks cycles, leaving a tracker whose reports still run: the callbacks and the mode
+// None, the sets and the list new and empty (code that runs while a cycle is collected
+// may still reach it; a container someone else holds is left as it is).
 int tp_clear(PyObject* self) {
   Tracker* t = T(self);
-  for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->guess, &t->mode, &t->pending_mode, &t->pending_more,
-                       &t->mark_mode, &t->cand_mode, &t->opt_in_step, &t->opt_before, &t->opt_known, &t->held_group,
-                       &t->held_mode})
-    Py_CLEAR(*o);
+  for (PyObject** o : {&t->pending_mode, &t->mark_mode, &t->cand_mode, &t->held_group, &t->held_mode}) Py_CLEAR(*o);
+  for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->guess, &t->mode}) put(o, Py_None);
+  for (PyObject** set : {&t->opt_in_step, &t->opt_before, &t->opt_known}) replace_empty(set, PySet_New(nullptr));
+  replace_empty(&t->pending_more, PyList_New(0));
   return 0;
 }
 
 void tp_dealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
-  tp_clear(self);
+  Tracker* t = T(self);
+  for (PyObject** o : {&t->on_new_step, &t->may_begin, &t->guess, &t->mode, &t->pending_mode, &t->pending_more,
+                       &t->mark_mode, &t->cand_mode, &t->opt_in_step, &t->opt_before, &t->opt_known, &t->held_group,
+                       &t->held_mode})
+    Py_CLEAR(*o);
   type->tp_free(self);
 }
 
@@ -965,7 +1126,7 @@ bool add_step_tracker(PyObject* module) {
   TrackerType.tp_name = "stepscope.core._native.StepTracker";
   TrackerType.tp_basicsize = sizeof(Tracker);
   TrackerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
-  TrackerType.tp_new = PyType_GenericNew;
+  TrackerType.tp_new = tp_new;
   TrackerType.tp_init = tp_init;
   TrackerType.tp_dealloc = tp_dealloc;
   TrackerType.tp_traverse = tp_traverse;

@@ -66,6 +66,10 @@ class StepTracker(_native.StepTracker):
     * ``guess()``: the mode of a fetch reported with mode None (left to its work)
       when no work showed after it; None: "train".
 
+    The callbacks are callables or None (deleting one sets None); a callback may
+    close, reset or report to the tracker: the report that called it checks
+    again what it holds when it returns.
+
     What integrations report (arguments by position; the defaults shown may be
     left out): ``fetched(t0, t1, mode)``, ``loop_started()``,
     ``exhausted(t0, t1=0)``, ``forward_started(mode, now)``,

@@ -69,6 +69,7 @@ def summarize(run, params=None) -> dict:
     out["rules_not_applicable"] = rules["not_applicable"]
     out["rules_params"] = rules.get("params", {})  # each rule's parameters as used
     out["rule_details"] = rules.get("details", {})
+    out["below_cost_floor"] = rules.get("below_cost_floor", [])  # negligible: not findings (SPEC §7)
     out["param_translations"] = rules.get("translations", [])
     out["warnings"] = list(out["warnings"]) + rules.get("warnings", [])
     return out

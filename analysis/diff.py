@@ -51,6 +51,10 @@ def diff(run_a, run_b, params=None, max_regression=None) -> dict:
                    and r["change_percent"] > limit]
     new = rules_b - rules_a
     return {"a": a["run"], "b": b["run"], "rows": rows,
+            # a run that did not close misses up to its last flush interval: its counts are not comparable
+            "complete": {"a": a["complete"], "b": b["complete"]},
+            "ending_warnings": {k: s["ending"]["message"] for k, s in (("a", a), ("b", b))
+                                if "message" in s["ending"]},
             "findings": {"a": sorted(rules_a), "b": sorted(rules_b), "cleared": sorted(rules_a - rules_b),
                          "new": sorted(new), "cost_ms_per_step": {r: [_cost(a, r), _cost(b, r)]
                                                                   for r in sorted(rules_a | rules_b)}},
@@ -81,6 +85,8 @@ def gate(d: dict, level: str) -> list:
 
 def format_diff(d: dict) -> str:
     lines = [f"{'':32} {d['a'][:22]:>22} {d['b'][:22]:>22} {'change':>10}"]
+    for side, message in d.get("ending_warnings", {}).items():
+        lines.append(f"warning: run {side.upper()} ({d[side]}): {message}")
     for r in d["rows"]:
         fmt = (lambda v: "-" if v is None else (f"{100 * v:.1f}%" if r["unit"] == "ratio" else f"{v:,.2f}"))
         change = "" if r["change_percent"] is None else f"{r['change_percent']:+.0f}%"

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.ending import frameworks_known, run_ending
 from stepscope.core.vocabulary import BACKWARD, FORWARD, OPTIMIZER, TRAIN
 
 MIN_FORWARDS = 8  # forwards piled up in one train step with no backward and no optimizer step
@@ -96,18 +97,23 @@ def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Di
 
 
 def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str, int], recorded: int,
-               frameworks: Optional[List[str]] = None, ended: bool = True, duration_s: float = 0.0) -> List[dict]:
+               frameworks: Optional[List[str]] = None, ended: bool = True, duration_s: float = 0.0,
+               ending: Optional[dict] = None) -> List[dict]:
     """Notes on a loop stepscope did not understand, each with a stable ``key``:
     ``steps_not_delimited``, ``no_steps``, ``nothing_recorded`` (see ``undelimited_steps``),
     ``forward_not_seen``.
 
     profiled_ns: per process folder, the time from its first to its last event;
     recorded: events other than system samples; frameworks: the distributions the
-    run had imported; ended: the run has an end time (it was not killed)."""
+    run had imported (None: not known, as in a run that did not close); ended: the run has
+    an end time (it was not killed); ending: how it ended (analysis/ending.py), which
+    decides over ``ended`` when given."""
     used = sorted({FRAMEWORKS[f] for f in frameworks or () if f in FRAMEWORKS})
     if steps.empty and not recorded:
+        if ending is not None:
+            ended = ending["complete"]
         if not ended:
-            why = "The run has no end time: the program was killed (or is still running) before its loop began."
+            why = _unclosed_why(ending)
         else:
             why = ("The program most likely stopped before its training loop began: an exception, a missing "
                    "file, argument or device, or an early exit (look at its output and exit status).")
@@ -116,15 +122,25 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
                    "predict (and train_on_batch) and in tf.data iterators: a loop of its own that feeds a step "
                    "function NumPy arrays or tensors, with no tf.data dataset, shows it neither; nor does a "
                    "program that stopped before its loop (look at its output and exit status).")
+        elif frameworks is None:
+            why += (" Which frameworks it imported is not known: stepscope records them when a process closes, "
+                    "and this one did not.")
         elif used:
             why += f" It had imported {', '.join(used)}, but no model ran a forward pass that stepscope saw."
         else:
             why += (" It imported none of the frameworks stepscope instruments (PyTorch, Lightning, Keras, "
                     "TensorFlow): a loop in anything else records nothing unless it marks its own steps.")
+        state = ending["state"] if ending is not None else "closed" if ended else "not_closed"
+        fix = {"not_closed": "Let the program reach its end (or call stepscope.stop() before os._exit), or "
+                             "lower STEPSCOPE_FLUSH_MS, and run it again.",
+               "running": "Look again once the run has written its first flush (or follow it with "
+                          "stepscope watch)."}.get(state, "Fix what stopped the program and run it again. "
+                                                          "If its loop did run, " + HOW_TO_MARK)
         return [_note(NOTHING_RECORDED, "Nothing was recorded",
                       f"Nothing was recorded in {duration_s:.1f} s: no steps, no phases, no annotations. {why}",
-                      "Fix what stopped the program and run it again. If its loop did run, " + HOW_TO_MARK,
-                      {"duration_s": round(duration_s, 3), "frameworks": used, "ended": bool(ended)})]
+                      fix,
+                      {"duration_s": round(duration_s, 3), "frameworks": None if frameworks is None else used,
+                       "ended": bool(ended), "state": state})]
     if steps.empty:
         return [_note(NO_STEPS, "No steps were recorded",
                       f"No steps were recorded, although {recorded} other events were (phases, annotations, "
@@ -153,6 +169,24 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
                   {"processes": bad})]
 
 
+def _unclosed_why(ending: Optional[dict]) -> str:
+    """Why a run that did not close recorded nothing: written events only reach the file
+    once a flush interval, so a process that ends inside its first one leaves none."""
+    if ending is None:
+        return "The run has no end time: the program was killed (or is still running) before its loop began."
+    flush = f"{ending['flush_interval_ms']} ms, STEPSCOPE_FLUSH_MS"
+    if ending["state"] == "unknown":
+        return (f"The run did not close, and its process ran on another host: it is still running there, or "
+                f"ended without closing within its first flush interval ({flush}); either way nothing of its "
+                "loop was written.")
+    if ending["state"] == "running":
+        return (f"The run is still running and has written nothing yet (the writer flushes every {flush}): "
+                "look again later.")
+    return (f"The process ended without closing (os._exit, SIGKILL, an out-of-memory kill) within its first "
+            f"flush interval ({flush}), so nothing of its loop was written: whether its loop began cannot be "
+            "told.")
+
+
 def _forward_not_seen(steps: pd.DataFrame, used: List[str]) -> List[dict]:
     """Train steps that each have a backward or an optimizer step, none of them a forward:
     the model's forward runs outside what stepscope hooks (in PyTorch, outside every
@@ -172,8 +206,9 @@ def _forward_not_seen(steps: pd.DataFrame, used: List[str]) -> List[dict]:
                   {"train_steps": int(len(train)), "frameworks": used})]
 
 
-def run_loop_notes(run) -> List[dict]:
-    """``loop_notes`` of a loaded run."""
+def run_loop_notes(run, ending: Optional[dict] = None) -> List[dict]:
+    """``loop_notes`` of a loaded run; ending: analysis/ending.py's ``run_ending(run)``."""
+    ending = run_ending(run) if ending is None else ending
     extents = run.extents()
     if len(extents):
         profiled = {str(p): int(r.end_ns - r.start_ns) for p, r in extents.iterrows()}
@@ -181,8 +216,9 @@ def run_loop_notes(run) -> List[dict]:
         duration_s = (int(extents["end_ns"].max()) - int(extents["start_ns"].min())) / 1e9
     else:
         profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)
-    ended = bool(run.info.get("end_time")) or not run.info
-    return loop_notes(run.steps, run.phases, profiled, recorded, list(run.versions), ended, duration_s)
+    frameworks = list(run.versions) if frameworks_known(run, ending) else None
+    return loop_notes(run.steps, run.phases, profiled, recorded, frameworks, ending["complete"], duration_s,
+                      ending)
 
 
 def loop_markdown() -> List[str]:
@@ -200,8 +236,11 @@ def loop_markdown() -> List[str]:
             f"| `{NO_STEPS}` | no steps, but phases, annotations or counters were recorded |",
             f"| `{NOTHING_RECORDED}` | no steps and no events beyond the system samples: the program stopped "
             "before its loop (the note says whether the run ended or was killed, and which frameworks it "
-            "had imported), or, in a TensorFlow program that ended, a loop of its own with no Keras fit and no "
-            "tf.data iterator (the note names that cause first) |",
+            "had imported where that is known: stepscope records them when a process closes), a process "
+            "that ended without closing within its first flush interval (`STEPSCOPE_FLUSH_MS`; nothing of "
+            "its loop was written, `evidence.state` `not_closed`) or a run still running (`running`), "
+            "or, in a TensorFlow program that ended, a loop of its own with no Keras fit and no tf.data iterator "
+            "(the note names that cause first) |",
             f"| `{FORWARD_NOT_SEEN}` | at least {MIN_BLIND_STEPS} train steps, every one with a backward or an "
             "optimizer step and none with a forward: the model's forward runs outside what stepscope hooks "
             "(in PyTorch, outside every `nn.Module`), and its time is in Other |", "",

@@ -43,7 +43,25 @@ def _loop_notes(summary: dict) -> str:
     return "\n".join(out)
 
 
+ENDING_TITLES = {"running": "The run is still running", "not_closed": "The run ended without closing",
+                 "unknown": "The run did not close"}
+
+
+def _ending(summary: dict) -> str:
+    """A run that did not close misses up to its last flush interval (analysis/ending.py)."""
+    e = summary.get("ending") or {}
+    if "message" not in e:
+        return ""
+    title = ENDING_TITLES.get(e.get("state"), ENDING_TITLES["unknown"])
+    return (f'<div class="finding warning run-ending" id="run-ending"><h3>{_esc(title)}</h3>'
+            f'<p>{_esc(e["message"][:1].upper() + e["message"][1:])}.</p></div>')
+
+
 def _verdict(summary: dict) -> str:
+    return _ending(summary) + _verdict_body(summary)
+
+
+def _verdict_body(summary: dict) -> str:
     findings = summary["findings"]
     notes = _loop_notes(summary)
     if not findings and notes:

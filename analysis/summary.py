@@ -5,6 +5,7 @@ Every figure comes from ``analysis/quantities.py``, which the rules use too.
 
 from __future__ import annotations
 
+from stepscope.analysis.ending import run_ending
 from stepscope.analysis.loop import run_loop_notes
 from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
                                            summary_steps)
@@ -33,6 +34,7 @@ def summarize(run, params=None) -> dict:
         duration_s = (int(extents["end_ns"].max()) - int(extents["start_ns"].min())) / 1e9
     else:
         duration_s = float(r.info.get("duration_s") or 0.0)
+    ending = run_ending(r)
     out = {
         "run": r.name,
         "ranks": r.ranks_with_events(),
@@ -43,7 +45,10 @@ def summarize(run, params=None) -> dict:
         "findings": [],
         "dropped_events": int(r.dropped_events),
         "names_folded": int(getattr(r, "names_folded", 0)),
-        "warnings": r.warnings,
+        # a run that did not close is missing up to its last flush interval (analysis/ending.py)
+        "complete": ending["complete"],
+        "ending": ending,
+        "warnings": ([ending["message"]] if "message" in ending else []) + list(r.warnings),
         "notes": r.notes,
     }
     for mode, s in steps.groupby("mode", sort=False, observed=True):
@@ -57,20 +62,23 @@ def summarize(run, params=None) -> dict:
         out["profiler_windows"] = windows
         if windows["share"] >= PROFILER_NOTE_SHARE:
             out["notes"] = list(out["notes"]) + [PROFILER_NOTE.format(**windows, percent=percent(windows["share"]))]
-    out["loop_notes"] = run_loop_notes(r)
+    out["loop_notes"] = run_loop_notes(r, ending)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
     out["related_findings"] = rules.get("related_findings", [])  # explained by a finding above
     out["rules_not_applicable"] = rules["not_applicable"]
     out["rules_params"] = rules.get("params", {})  # each rule's parameters as used
     out["rule_details"] = rules.get("details", {})
+    out["below_cost_floor"] = rules.get("below_cost_floor", [])  # negligible: not findings (SPEC §7)
     out["param_translations"] = rules.get("translations", [])
     out["warnings"] = list(out["warnings"]) + rules.get("warnings", [])
     return out
 
 
 def format_text(s: dict) -> str:
-    lines = [f"run {s['run']}: {s['duration_s']:.2f} s, {s['ranks']} rank(s)"]
+    state = {"running": " (still running)", "not_closed": " (ended without closing)",
+             "unknown": " (did not close)"}.get(s.get("ending", {}).get("state"), "")
+    lines = [f"run {s['run']}: {s['duration_s']:.2f} s, {s['ranks']} rank(s){state}"]
     for mode, st in s["steps"].items():
         lines.append(f"  {mode:<8} {st['count']:>6} steps  mean {st['mean_ms']:.2f} ms  "
                      f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")

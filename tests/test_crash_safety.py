@@ -102,3 +102,129 @@ def test_garbage_trace_is_a_clear_error_and_other_processes_still_load(tmp_path)
     assert (r.events["name"] == "a").sum() == 20_000
     with pytest.raises(RunFormatError):
         stepscope.load(tmp_path / "does-not-exist")
+
+
+# --- a run that did not close (issue 47, item 8) ------------------------------------------
+
+HARD_EXIT_JOB = textwrap.dedent("""
+    import os, sys, time, torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps, pause, how = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    for i in range(steps):
+        x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        time.sleep(pause)
+    print("LOOP DONE", flush=True)
+    if how == "exit":
+        os._exit(0)
+    if how == "kill":
+        os.kill(os.getpid(), 9)
+    if how == "hang":
+        time.sleep(60)
+""")
+
+
+def _job(tmp_path, name, steps, pause, how, flush_ms=1000, wait=True):
+    (tmp_path / "job.py").write_text(HARD_EXIT_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR="runs", STEPSCOPE_RUN=name, STEPSCOPE_FLUSH_MS=str(flush_ms),
+               STEPSCOPE_PYSAMPLE_HZ="0")
+    p = subprocess.Popen([sys.executable, "job.py", str(steps), str(pause), how], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, text=True)
+    if wait:
+        p.communicate(timeout=120)
+    return p, tmp_path / "runs" / name
+
+
+def _summary(path):
+    from stepscope.analysis.summary import summarize
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return summarize(str(path))
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_run_that_ended_without_closing_says_so_everywhere(tmp_path, how):
+    """os._exit and SIGKILL after 12 steps (the last ones inside the last flush interval):
+    the summary, its JSON, the report and diff say the run did not close and what is lost."""
+    from stepscope.analysis.diff import diff, format_diff
+    from stepscope.analysis.report import write_report
+    from stepscope.analysis.summary import format_text
+
+    _, clean_path = _job(tmp_path, "clean", 12, 0.1, "end")
+    _, path = _job(tmp_path, "hard", 12, 0.1, how)
+    clean, hard = _summary(clean_path), _summary(path)
+    assert clean["complete"] is True and clean["ending"]["state"] == "closed"
+    assert clean["steps"]["train"]["count"] == 12
+    assert not any("without closing" in w for w in clean["warnings"])
+    # the last flush interval is lost, as documented (how many steps it held depends on timing)
+    assert 0 < hard["steps"]["train"]["count"] <= 12
+    assert hard["complete"] is False and hard["ending"]["state"] == "not_closed"
+    assert hard["ending"]["flush_interval_ms"] == 1000
+    (proc,) = hard["ending"]["processes"]
+    assert proc["state"] == "not_closed" and isinstance(proc["pid"], int)
+    text = format_text(hard)
+    assert "(ended without closing)" in text.splitlines()[0]
+    assert "warning: the run ended without closing" in text and "1000 ms, STEPSCOPE_FLUSH_MS" in text
+    assert "without closing" not in format_text(clean)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        html = open(write_report(stepscope.load(path), str(tmp_path / "r.html"))).read()
+    assert 'id="run-ending"' in html and "The run ended without closing" in html
+
+    d = diff(str(clean_path), str(path))
+    assert d["complete"] == {"a": True, "b": False}
+    assert list(d["ending_warnings"]) == ["b"]
+    assert "warning: run B (hard): the run ended without closing" in format_diff(d)
+
+
+def test_a_run_that_lost_its_whole_loop_does_not_claim_what_it_imported(tmp_path):
+    """The whole loop inside the first flush interval, then os._exit: nothing written. The
+    note says the process ended without closing, and does not say which frameworks it
+    imported (stepscope records them when a process closes) nor that its loop never began."""
+    _, path = _job(tmp_path, "lost", 12, 0.0, "exit", flush_ms=60000)
+    s = _summary(path)
+    assert "train" not in s["steps"] and s["complete"] is False
+    (note,) = s["loop_notes"]
+    assert note["key"] == "nothing_recorded"
+    assert "ended without closing" in note["message"] and "within its first flush interval" in note["message"]
+    assert "60000 ms" in note["message"]
+    assert "imported none" not in note["message"] and "before its loop began" not in note["message"]
+    assert "is not known" in note["message"]
+    assert note["evidence"]["frameworks"] is None and note["evidence"]["state"] == "not_closed"
+
+
+def test_a_run_being_written_is_still_running_then_not_closed(tmp_path):
+    """A live process's run is "still running", not "ended without closing"; once it is
+    killed, it is."""
+    p, path = _job(tmp_path, "live", 6, 0.05, "hang", flush_ms=100, wait=False)
+    try:
+        assert p.stdout.readline().strip() == "LOOP DONE"
+        time.sleep(0.5)  # past a flush
+        s = _summary(path)
+        assert s["complete"] is False and s["ending"]["state"] == "running"
+        assert s["warnings"][0].startswith("the run is still running")
+        assert s["steps"]["train"]["count"] == 6
+    finally:
+        p.kill()
+        p.wait()
+    s = _summary(path)
+    assert s["ending"]["state"] == "not_closed"
+
+
+def test_a_reused_pid_is_not_the_process_that_wrote_the_run():
+    """pid and start time together name a process: this process's pid with another start
+    time is a process that has ended."""
+    from stepscope.analysis.ending import process_alive
+    from stepscope.core import runinfo
+
+    me, started, host = os.getpid(), runinfo.process_start_time(), runinfo.hostname()
+    assert process_alive(me, host, started) is True
+    assert process_alive(me, host, started - 3600) is False
+    assert process_alive(me, "another-host", started) is None
+    assert process_alive(2**22 + 12345, host, started) is False  # above any pid_max: no such process

@@ -114,13 +114,14 @@ def test_leak_with_a_deliberate_sync_is_one_memory_finding(tmp_path):
                     memory_at=leaking)
     result = judge(run)
     assert rules(result["findings"]) == ["GPUMemoryIncrease"], result["findings"]
-    (sync,) = result["related_findings"]
-    assert sync["rule"] == "HostSyncStall" and sync["related_to"]["rule"] == "GPUMemoryIncrease"
-    assert sync["cost_ms_per_step"] < 0.05 * sync["evidence"]["step_ms_mean"]
     assert primary(result, "GPUMemoryIncrease")["cost_ms_per_step"] is None  # memory, not time
-    # alone, the same sync is still a finding of its own
+    # the GPU idles a few microseconds after each sync: below the cost floor (SPEC §7), the
+    # sync is no finding, related or alone (issue 47)
+    (sync,) = result["below_cost_floor"]
+    assert sync["rule"] == "HostSyncStall" and sync["cost_ms_per_step"] < sync["floor_ms"]
+    assert result["related_findings"] == []
     alone = judge(run, {"GPUMemoryIncrease": {"min_increase_percent": 90}})
-    assert rules(alone["findings"]) == ["HostSyncStall"] and alone["related_findings"] == []
+    assert alone["findings"] == [] and [b["rule"] for b in alone["below_cost_floor"]] == ["HostSyncStall"]
 
 
 def test_leak_and_a_costly_sync_are_two_problems(tmp_path):

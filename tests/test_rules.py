@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stepscope.analysis.rules import RULES, ParamError, parse_params  # noqa: E402
+from stepscope.analysis.rules import RULES, ParamError, Rule, parse_params  # noqa: E402
+from stepscope.analysis.rules.base import Finding  # noqa: E402
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "rule_jobs.py")
 
@@ -146,3 +147,84 @@ def test_param_parsing_errors_are_clear():
         with pytest.raises(ParamError, match=msg):
             parse_params([bad])
     assert all(r.summary for r in RULES)
+
+
+# --- negligible findings (issue 47, item 9; SPEC §7) --------------------------------------
+
+MARKED_LOOP = """
+import sys, time, stepscope
+steps, step_s, stall_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+run = stepscope.start(dir="runs", name=sys.argv[4], pysample_hz=0)
+for i in range(steps):
+    stepscope.step()
+    end = time.perf_counter() + step_s
+    while time.perf_counter() < end:  # the step's work
+        pass
+    if i == steps // 2:
+        time.sleep(stall_s)  # one hiccup
+stepscope.end_step()
+run.stop()
+"""
+
+
+def _marked_run(tmp_path, name, steps, step_s, stall_s):
+    import stepscope
+
+    (tmp_path / "loop.py").write_text(MARKED_LOOP)
+    r = subprocess.run([sys.executable, "loop.py", str(steps), str(step_s), str(stall_s), name], cwd=tmp_path,
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return stepscope.load(tmp_path / "runs" / name, quiet=True)
+
+
+def test_a_hiccup_worth_microseconds_a_step_is_not_a_finding(tmp_path, monkeypatch):
+    """One 60 ms stall among 100,000 steps of ~10 us: StepOutlier's outlier, but it costs
+    about 0.0006 ms a step (with a loaded machine's own hiccups, a few times that), below
+    the absolute floor. Listed as below the floor, not found."""
+    from stepscope.analysis.rules import base, evaluate
+
+    run = _marked_run(tmp_path, "hiccup", 100_000, 0.000005, 0.06)
+    assert (run.steps["mode"] == "train").sum() == 100_000
+    monkeypatch.setattr(base, "MIN_COST_MS", 0.0)
+    monkeypatch.setattr(base, "MIN_COST_SHARE", 0.0)
+    (outlier,) = [f for f in evaluate(run)["findings"] if f["rule"] == "StepOutlier"]  # the rule itself fires
+    assert 0 < outlier["cost_ms_per_step"] < 0.01
+    monkeypatch.undo()
+    result = evaluate(run)
+    assert "StepOutlier" not in {f["rule"] for f in result["findings"] + result["related_findings"]}
+    (below,) = [b for b in result["below_cost_floor"] if b["rule"] == "StepOutlier"]
+    assert below["floor_ms"] == base.MIN_COST_MS  # 1% of a 10 us step is less
+    assert below["cost_ms_per_step"] == pytest.approx(outlier["cost_ms_per_step"], abs=1e-3)
+
+
+class _FixedCost(Rule):  # a custom rule whose finding costs what the test chooses
+    name, summary, cost = "FixedCost", "a finding of a given cost per step", None
+
+    def evaluate(self, run, p):
+        return [Finding(rule=self.name, severity="warning", message="m", recommendation="r",
+                        evidence={"process": str(run.steps["process"].iloc[0])}, cost_ms_per_step=self.cost)]
+
+
+@pytest.mark.parametrize("cost, found", [(0.05, False), (0.19, False), (0.5, True), (None, True)])
+def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, cost, found):
+    """Steps of 20 ms: the floor is 1% of the median step (0.2 ms), above the absolute one.
+    Any rule's finding, a custom one's too, below it is dropped; one whose cost is not a time
+    per step (None) is kept."""
+    from stepscope.analysis.rules import evaluate, registry
+    from stepscope.analysis.rules.base import cost_floor_ms
+
+    run = _marked_run(tmp_path, "long", 30, 0.02, 0.0)
+    rule = _FixedCost()
+    rule.cost = cost
+    registry.register(rule)
+    try:
+        result = evaluate(run)
+    finally:
+        registry._custom[:] = [c for c in registry._custom if c.name != rule.name]
+    median_ms = float(run.steps["duration_ns"].median()) / 1e6
+    assert 19.5 < median_ms < 45  # 20 ms of work, and a loaded machine's delays
+    assert ("FixedCost" in {f["rule"] for f in result["findings"]}) is found
+    if not found:
+        (below,) = result["below_cost_floor"]
+        assert below["floor_ms"] == pytest.approx(0.01 * median_ms, abs=1e-3)
+        assert below["floor_ms"] == pytest.approx(cost_floor_ms(run, _FixedCost().evaluate(run, {})[0]), abs=1e-3)

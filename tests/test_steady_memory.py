@@ -68,6 +68,22 @@ def test_a_leak_that_starts_after_the_warm_up_is_found_with_its_rate(tmp_path):
     assert f"{ev['rate_mb_per_min']:.0f} MB/min" in f["message"] and "is used up in" in f["message"]
 
 
+def test_growth_over_a_steady_state_too_short_to_judge_is_not_extrapolated(tmp_path):
+    """Issue 47: "still grows 115531 MB/min ... used up in 12 s" from a 1.7 s window. Here a
+    loop of about a second fills a cache: no finding, and none of its rate. Judged from any
+    window (the rule before), the same run was a leak to be used up within minutes."""
+    from stepscope.analysis.rules import evaluate
+
+    s, run = run_job(tmp_path, "shortwindow")
+    assert s["steps"]["train"]["count"] == 60
+    start, end = loop_rss_mb(run)
+    assert end - start > 400  # it did grow: 60 x 8 MiB
+    assert memory_findings(s) == [], s["findings"]
+    anywindow = {"HostMemoryIncrease": {"min_window_s": 0, "min_window_share": 0}}
+    (old,) = [f for f in evaluate(run, anywindow)["findings"] if f["rule"] == "HostMemoryIncrease"]
+    assert old["evidence"]["window_s"] < 5 and "is used up in" in old["message"]
+
+
 # --- GPU memory: the same shape --------------------------------------------------------
 @pytest.fixture()
 def gpu_sim():

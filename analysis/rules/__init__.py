@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 from stepscope.analysis.rules import debugger, registry
 from stepscope.analysis.rules.balance import LoadBalancing
-from stepscope.analysis.rules.base import SEVERITIES, Finding, Param, Rule
+from stepscope.analysis.rules.base import SEVERITIES, Finding, Param, Rule, cost_floor_ms, negligible
 from stepscope.analysis.rules.batchsize import BatchSize
 from stepscope.analysis.rules.cpu import CPUBottleneck
 from stepscope.analysis.rules.dataloader import Dataloader
@@ -46,12 +46,14 @@ registry.set_builtin(RULES)
 
 
 def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> dict:
-    """Runs every applicable rule (built-in and custom). Returns findings (one per problem),
+    """Runs every applicable rule (built-in and custom). Returns findings (one per problem,
+    none whose cost per step is negligible: ``below_cost_floor`` lists those),
     related_findings (those another finding explains, each with ``related_to``: relate.py),
     not_applicable reasons, the parameters used, rules' details, Debugger parameter
     translations and warnings (a custom rule that failed)."""
     overrides, translations = debugger.translate(run, overrides or {})
     findings: List[Finding] = []
+    below_floor: List[dict] = []  # negligible findings (base.negligible): not findings, listed for the record
     skipped, used, details, counts = {}, {}, {}, {}
     warnings = list(registry.load_errors)
     builtin = set(BY_NAME)
@@ -74,6 +76,9 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
             skipped[rule.name] = f"failed: {type(exc).__name__}: {exc}"
             warnings.append(f"custom rule {rule.name} failed: {type(exc).__name__}: {exc}")
             continue
+        below_floor += [{"rule": f.rule, "rank": f.rank, "cost_ms_per_step": round(float(f.cost_ms_per_step), 4),
+                         "floor_ms": round(cost_floor_ms(run, f), 4)} for f in found if negligible(run, f)]
+        found = [f for f in found if not negligible(run, f)]
         for f in found:
             if severity:
                 f.severity = severity
@@ -86,7 +91,7 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
     primary, related = relate(run, findings, used)
     result = {"findings": [f.as_dict() for f in primary], "related_findings": [f.as_dict() for f in related],
               "not_applicable": skipped, "params": used, "details": details, "translations": translations,
-              "warnings": warnings}
+              "warnings": warnings, "below_cost_floor": below_floor}
     if ProfilerReport.name in used and ProfilerReport.name not in skipped:
         details[ProfilerReport.name] = ProfilerReport.table(result, counts)
     return result

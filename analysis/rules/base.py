@@ -76,6 +76,40 @@ class Finding:
         return d
 
 
+#: SPEC §7: a finding whose cost per step is negligible is not a finding. Negligible is below
+#: the larger of an absolute floor -- stepscope's own hooks cost about 10 us a step, so a
+#: smaller cost is within what measuring does to the step -- and a share of the median
+#: train step of the finding's process (of the run where the finding names none).
+MIN_COST_MS = 0.01
+MIN_COST_SHARE = 0.01
+
+
+def cost_floor_ms(run, finding: "Finding") -> float:
+    """The cost per step below which ``finding`` is negligible, in ms."""
+    steps = run.steps
+    if not len(steps):
+        return MIN_COST_MS
+    process = (finding.evidence or {}).get("process")
+    mine = steps[steps["process"].astype(str) == str(process)] if process is not None else steps.iloc[:0]
+    if mine.empty and finding.rank is not None:
+        mine = steps[steps["rank"] == finding.rank]
+    mine = steps if mine.empty else mine
+    train = mine[mine["mode"] == "train"]
+    median_ms = float((train if len(train) else mine)["duration_ns"].median()) / 1e6
+    return max(MIN_COST_MS, MIN_COST_SHARE * median_ms)
+
+
+def negligible(run, finding: "Finding") -> bool:
+    """A finding whose cost per step is known and below ``cost_floor_ms``. Findings whose
+    cost is not a time per step (memory growth, initialization: None) are judged by their
+    own rule's thresholds."""
+    try:
+        cost = float(finding.cost_ms_per_step)
+    except (TypeError, ValueError):  # None, or a custom rule's odd value: not a time per step
+        return False
+    return cost == cost and cost < cost_floor_ms(run, finding)
+
+
 class Rule:
     """A bottleneck rule: subclasses set the class attributes and implement two methods."""
 

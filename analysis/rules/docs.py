@@ -6,6 +6,7 @@ from stepscope.analysis.loop import loop_markdown
 from stepscope.analysis.rules.debugger import translation_markdown
 from stepscope.analysis.rules.extending import extending_markdown
 from stepscope.analysis.rules.relate import related_markdown
+from stepscope.analysis.rules.steady import MIN_WINDOW_SAMPLES
 
 
 def rules_markdown() -> str:
@@ -61,6 +62,12 @@ def rules_markdown() -> str:
               "correlation with time of at least `min_trend` over all of it and over its later half (by "
               "steps), and growth per step in that later half of at least `min_late_ratio` of the growth per "
               "step over all of it: growth that goes on to the end, not a warm-up that slows down to a plateau. "
+              "A steady state too short to judge is not judged, and no rate is extrapolated from it: it must "
+              "last `min_window_s` and `min_window_share` of the loop's time, and hold at least "
+              f"{MIN_WINDOW_SAMPLES} memory samples (a count, so not a parameter; at the default 100 ms "
+              "interval 5 s hold 50). Within a few seconds a one-off change, such as DataLoader workers "
+              "started again at each epoch (`persistent_workers=False`) faulting in their memory, cannot be "
+              "told from a leak. "
               "`evidence.steps` are the first and last step judged, `warmup_steps_left_out` and "
               "`warmup_ends_by` (`steps`, `step time` or `memory`) say what was left out, `rate_mb_per_min` is "
               "the later half's rate (least squares over time), and `time_to_full_s` the time until the memory "

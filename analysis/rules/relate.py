@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from stepscope.analysis.rules.base import Finding
+from stepscope.analysis.rules.base import MIN_COST_MS, MIN_COST_SHARE, Finding
 from stepscope.analysis.rules.gpudata import node_of
 from stepscope.core.vocabulary import GETNEXT, TRAIN
 
@@ -183,6 +183,12 @@ def related_markdown() -> list:
             "synchronization until the next kernel starts (`evidence.gpu_idle_after_sync_ms_per_step`; the "
             "host's wait in it is no loss while the GPU is busy); StepOutlier: the outliers' excess over the "
             "median step; LoadBalancing's straggler: the others' wait.", "",
+            "A finding whose cost is negligible is not reported (SPEC §7): below the larger of "
+            f"{MIN_COST_MS:g} ms (stepscope's own hooks cost about 10 us a step) and {100 * MIN_COST_SHARE:g}% of "
+            "the median train step of the finding's process (of the run, where it names none). Every rule's "
+            "findings pass this floor, custom rules' included; the summary's JSON lists those below it under "
+            "`below_cost_floor` (`rule`, `rank`, `cost_ms_per_step`, `floor_ms`). Findings whose cost is not a "
+            "time per step are judged by their rule's own thresholds.", "",
             "One problem is one finding. After all rules have run, a finding that another finding on the same "
             "node, GPU and rank explains is moved from `findings` to `related_findings` with `related_to` "
             "(`rule`, `rank`, `why`), and the explaining finding lists it in `explains` (`rule`, `rank`, "
@@ -205,5 +211,5 @@ def related_markdown() -> list:
             "which persistent_workers=True removes |",
             "| any finding on the same rank | HostSyncStall | its cost is below `related_below` of the step: a "
             "deliberate per-step `.item()` that leaves the GPU busy rides along with the job's real problem "
-            "(alone, it is still reported) |", "",
+            "(alone, it is still reported when its cost is above the floor) |", "",
             "The low windows judged are those the secondary's `evidence.low_windows` lists (at most 20).", ""]

@@ -17,7 +17,9 @@ must grow (the rule's thresholds), steadily (``min_trend`` over the steady state
 and go on growing through its later half: rank correlation ``min_trend`` there
 too, at no less than ``min_late_ratio`` of the steady state's growth per step.
 The rate of that later half is the rate reported, and what the time until the
-memory runs out is computed from.
+memory runs out is computed from. A steady state shorter than ``min_window_s``,
+than ``min_window_share`` of the loop, or with fewer than ``MIN_WINDOW_SAMPLES``
+samples is not judged: no rate is extrapolated from it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,19 @@ PARAMS = {
                                             "later half is always judged"),
     "min_late_ratio": Param(0.5, "ratio", "memory must go on growing in the later half of the steady state, at "
                                           "no less than this fraction of its growth per step over all of it"),
+    "min_window_s": Param(5.0, "s", "the steady state must last at least this long to be judged: in a shorter "
+                                    "one a one-off change (DataLoader workers started again at an epoch, each "
+                                    "faulting in its memory over a few seconds) looks like a leak, and a rate "
+                                    "from it extrapolates nothing"),
+    "min_window_share": Param(0.25, "ratio", "...and at least this share of the loop's time (its first train "
+                                             "step's start to its last one's end): a late burst after a long "
+                                             "warm-up is not the loop's trend"),
 }
+
+#: ...and hold at least this many memory samples (at the default 100 ms interval 5 s hold 50;
+#: a coarser STEPSCOPE_INTERVAL_MS leaves too few points for the trend and the knee). A count,
+#: not a parameter: SPEC §7 gives rules' parameters in seconds, percent and ratios.
+MIN_WINDOW_SAMPLES = 20
 
 
 def rank_correlation(values: np.ndarray) -> float:
@@ -137,7 +151,7 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
            else "step time" if warmup == timed and timed > documented else "steps")
     keep = pos >= warmup
     t, v, pos = t[keep], v[keep], pos[keep]
-    if len(v) < 8:
+    if not _long_enough(int(starts[warmup]), int(ends[-1]), int(ends[-1] - starts[0]), len(v), p):
         return None
     k = max(2, int(len(v) * p["window_share"]))
     first, last = float(np.median(v[:k])), float(np.median(v[-k:]))
@@ -154,6 +168,14 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
             "warmup": int(warmup), "warmup_why": why, "samples": int(len(v)),
             "t0": int(starts[warmup]), "t1": int(ends[-1]),
             "steps": [int(numbers[warmup]), int(numbers[-1])], "last_value": float(v[-1])}
+
+
+def _long_enough(t0: int, t1: int, loop_ns: int, samples: int, p: dict) -> bool:
+    """Whether a steady state from t0 to t1 (ns) with this many samples can be judged:
+    ``min_window_s``, ``min_window_share`` of the loop and ``MIN_WINDOW_SAMPLES``."""
+    window = t1 - t0
+    return (samples >= MIN_WINDOW_SAMPLES and window >= p.get("min_window_s", 0.0) * 1e9
+            and window >= p.get("min_window_share", 0.0) * loop_ns)
 
 
 def until_full(free_bytes: float, rate_per_s: float) -> Optional[float]:

@@ -4,8 +4,12 @@ warmup: 32 MiB more a step for the first 30 of 150 steps (a cache filled while w
         up, kept for good), then flat: a healthy job.
 late:   flat for 40 steps, then 8 MiB a step for the 110 steps after: a leak that starts
         after a warm-up.
+shortwindow: 60 steps (~10 ms) that fill an 8 MiB-a-step cache for the epoch: the steady
+        state lasts about a second, too short to tell a leak from a one-off fill, such as
+        DataLoader workers started again at an epoch faulting in their memory.
 """
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -20,7 +24,7 @@ def main(kind):
     opt = torch.optim.SGD(m.parameters(), lr=1e-3)
     x, y = torch.randn(64, 256), torch.randn(64, 1)
     kept = []
-    for i in range(150):
+    for i in range(60 if kind == "shortwindow" else 150):
         opt.zero_grad()
         loss = nn.functional.mse_loss(m(x), y)
         loss.backward()
@@ -32,6 +36,10 @@ def main(kind):
         t = torch.randn(256, 256)
         for _ in range(12):  # some steady work per step (~10 ms)
             t = torch.tanh(t @ t) * 0.5
+        if kind == "shortwindow":
+            kept.append(torch.ones(8 * MiB // 4))
+            continue
+        time.sleep(0.035)  # a loop long enough to judge: the steady state lasts over 5 s (min_window_s)
     print("done", kind, len(kept))
 
 

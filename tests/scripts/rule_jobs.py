@@ -64,8 +64,9 @@ def main(kind):
                 opt.step()
     elif kind == "leak":
         kept = []
+        # paced so that the steady state lasts over HostMemoryIncrease's min_window_s (5 s)
         train(DataLoader(TensorDataset(torch.randn(128 * 100, 512), torch.randn(128 * 100, 1)), batch_size=128),
-              keep=kept)
+              keep=kept, steps_hook=lambda i: time.sleep(0.06))
     elif kind == "slowinit":
         time.sleep(6)  # downloading a dataset
         train(DataLoader(data, batch_size=128))

@@ -95,7 +95,9 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
         return ProcessTrace(folder, meta, None, notes)
     notes.extend(cols["warnings"])
     try:
-        header = json.loads(bytes(cols["header"]).decode() or "{}")
+        header = json.loads(bytes(cols["header"]).decode(errors="replace") or "{}")
+        if not isinstance(header, dict):
+            raise ValueError("not an object")
     except ValueError:
         header = {}
         notes.append(f"{trace}: unreadable header metadata")
@@ -132,6 +134,19 @@ def read_processes(run_path: str) -> List[ProcessTrace]:
             out.append(read_process(folder))
             bar.update(size)
     return out
+
+
+def names_with_placeholders(names: list, codes: np.ndarray):
+    """(names, codes) where every code has a name: an id no NAMES chunk defined (one lost
+    to damage, or never written) reads as a placeholder ``<name N>``, one per distinct
+    such id, so the list grows with the ids used, never with how large an id is."""
+    if not len(codes) or int(codes.max()) < len(names):
+        return names, codes
+    codes = codes.astype(np.int64)
+    missing = codes >= len(names)
+    undefined, where = np.unique(codes[missing], return_inverse=True)
+    codes[missing] = len(names) + where
+    return names + [f"<name {i}>" for i in undefined], codes
 
 
 def wall_offset(meta: dict) -> int:
@@ -187,10 +202,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
         np.add(c["end"], offset, out=c["end"])
         order = _start_order(c["start"], c["end"])
         # Map this process's name ids onto the run-wide name list.
-        local = list(c["names"])
-        codes = c.pop("name")
-        if int(codes.max()) >= len(local):  # a names chunk was lost to damage
-            local += [f"<name {i}>" for i in range(len(local), int(codes.max()) + 1)]
+        local, codes = names_with_placeholders(list(c["names"]), c.pop("name"))
         remap = np.array([name_ids.setdefault(nm, len(name_ids)) for nm in local], dtype=np.int32)
         np.take(remap, codes[order], out=out["name"][here])
         del codes

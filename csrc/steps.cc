@@ -700,7 +700,8 @@ PyObject* m_forward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs
 PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(3, 6, "forward_ended(mode, t0, t1, phase=FORWARD, group=None, part=None)");
   unsigned long long t0, t1, ph = kForward;
-  if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !arg_u64(a[3], &ph))) return nullptr;
+  if (!arg_u64(a[1], &t0) || !arg_u64(a[2], &t1) || (nargs > 3 && !(arg_u64(a[3], &ph) && check_name_id(ph))))
+    return nullptr;
   RET(track::forward_ended(self, a[0], t0, t1, uint32_t(ph), nargs > 4 ? a[4] : nullptr, nargs > 5 ? a[5] : nullptr));
 }
 

@@ -214,16 +214,8 @@ void begin_chunk(std::string& out, uint8_t type, size_t* at) {
 }
 
 void end_chunk(std::string& out, uint8_t type, size_t at) {
-  uint32_t len = uint32_t(out.size() - at - kChunkHeader);
-  uint32_t crc = crc32c(out.data() + at + kChunkHeader, len);
-  char* h = &out[at];
-  uint32_t magic = kChunkMagic;
-  std::memcpy(h, &magic, 4);
-  h[4] = char(type);
-  h[5] = 0;
-  h[6] = h[7] = 0;
-  std::memcpy(h + 8, &len, 4);
-  std::memcpy(h + 12, &crc, 4);
+  const uint32_t len = uint32_t(out.size() - at - kChunkHeader);
+  write_chunk_header(&out[at], type, out.data() + at + kChunkHeader, len);
 }
 
 // Events chunk: track | count | base_ns | base_step | records. Each record:

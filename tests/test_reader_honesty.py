@@ -1,0 +1,184 @@
+"""The reader says what it could not read and keeps the rest (issue 41, items 4-8):
+names that are not UTF-8, damaged Python stacks, huge name ids, chunk headers under
+the CRC, wrong-shaped metadata."""
+
+import ctypes
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+
+import stepscope
+from stepscope.core import _native
+from stepscope.core.vocabulary import PROCESS_JSON, TRACE_FILE
+
+import tracefile
+from conftest import run_python
+
+CUT_NAME = "data-loader-éé".encode()[:15]  # the OS's 15 bytes end inside the second é
+
+
+def _load(path, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = stepscope.load(path, **kwargs)
+    return run, [str(w.message) for w in caught]
+
+
+def _trace_of(run_path):
+    (proc,) = [d for d in os.listdir(run_path) if os.path.isdir(os.path.join(run_path, d)) and not d.startswith(".")]
+    return os.path.join(run_path, proc, TRACE_FILE)
+
+
+def _record_steps(tmp_path, name, steps=50, thread_name=None):
+    """A run whose 50 train steps run in a thread (named natively when thread_name is given)."""
+    run = stepscope.start(dir=str(tmp_path / "runs"), name=name, flush_interval_ms=20)
+
+    def loop():
+        if thread_name is not None:
+            libc = ctypes.CDLL(None)
+            libc.pthread_self.restype = ctypes.c_ulong
+            libc.pthread_setname_np.argtypes = [ctypes.c_ulong, ctypes.c_char_p]
+            assert libc.pthread_setname_np(libc.pthread_self(), thread_name) == 0
+        for _ in range(steps):
+            stepscope.step()
+            with stepscope.annotate("work"):
+                pass
+        stepscope.end_step()
+        time.sleep(0.2)  # alive at a flush: its TRACK chunk (with its OS name) is written
+
+    t = threading.Thread(target=loop)
+    t.start()
+    t.join()
+    run.stop()
+    return run.path
+
+
+# --- item 4: text that is not UTF-8 -------------------------------------------------------
+
+def test_thread_named_natively_with_a_cut_character_keeps_its_process(tmp_path):
+    path = _record_steps(tmp_path, "cutname", thread_name=CUT_NAME)
+    run, _ = _load(path)
+    assert (run.events["name"] == "work").sum() == 50
+    assert len(run.steps[run.steps["mode"] == "train"]) == 50
+    names = {t[3] for t in _native.read_trace(_trace_of(path))["tracks"]}
+    assert "data-loader-é\ufffd" in names  # the cut character reads as U+FFFD, the rest as written
+
+
+def test_names_chunk_with_invalid_utf8_keeps_the_process(tmp_path):
+    path = _record_steps(tmp_path, "badnames")
+    trace = _trace_of(path)
+    t = tracefile.parse(open(trace, "rb").read())
+    for ch in t.chunks:
+        if ch.type == tracefile.NAMES:
+            entries = [(i, b"w\xffrk\xc3" if raw == b"work" else raw) for i, raw in tracefile.parse_names(ch.payload)]
+            ch.payload = tracefile.names_payload(entries)
+    open(trace, "wb").write(t.to_bytes())
+    run, _ = _load(path)
+    assert (run.events["name"] == "w\ufffdrk\ufffd").sum() == 50
+    assert len(run.steps[run.steps["mode"] == "train"]) == 50
+
+
+def test_summary_of_a_natively_named_thread_counts_its_steps(tmp_path):
+    path = _record_steps(tmp_path, "cutsummary", thread_name=CUT_NAME)
+    r = subprocess.run([sys.executable, "-m", "stepscope", "summary", "--json", path], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["steps"]["train"]["count"] == 50
+
+
+# --- item 6: name ids ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [
+    lambda bad: _native.span(0, bad, _native.now()),
+    lambda bad: _native.instant(0, bad),
+    lambda bad: _native.counter(0, bad, 1.0),
+    lambda bad: _native.gpu_record(0, 1, 2, name=bad),
+])
+def test_native_api_refuses_a_name_id_never_interned(tmp_path, call):
+    run = stepscope.start(dir=str(tmp_path / "runs"), name="ids")
+    try:
+        known = _native.intern("known-name")
+        call(known)  # an interned id is fine
+        for bad in (0xFFFFFFFF, known + 10_000):
+            with pytest.raises(ValueError, match="never interned"):
+                call(bad)
+    finally:
+        run.stop()
+
+
+def test_undefined_huge_name_id_reads_as_a_bounded_placeholder(tmp_path):
+    """An events chunk naming id 0xFFFFFFFF (made by hand: the writer refuses it) costs
+    one placeholder, not a name per id below it: read under a 1 GiB address-space cap."""
+    path = _record_steps(tmp_path, "hugeid", steps=5)
+    trace = _trace_of(path)
+    t = tracefile.parse(open(trace, "rb").read())
+    # one more events chunk: track 1, one instant named 0xFFFFFFFF at base time 0
+    payload = (tracefile.varint(1) + tracefile.varint(1) + tracefile.varint(0) + tracefile.varint(0)
+               + bytes([1 | (0 << 2)]) + tracefile.varint(0xFFFFFFFF) + tracefile.varint(0) + tracefile.varint(0))
+    t.chunks.insert(len(t.chunks) - 1, tracefile.Chunk(tracefile.EVENTS, payload))
+    # and a NAMES chunk defining an absurd id
+    t.chunks.insert(1, tracefile.Chunk(tracefile.NAMES, tracefile.names_payload([(1 << 27, b"far")])))
+    open(trace, "wb").write(t.to_bytes())
+    r = run_python(f"""
+        import resource, warnings
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        warnings.simplefilter("ignore")
+        import stepscope
+        run = stepscope.load({path!r})
+        ev = run.events
+        print(len(ev), (ev["name"] == "<name 4294967295>").sum(), (ev["name"] == "work").sum())
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    total, placeholders, work = map(int, r.stdout.split())
+    assert (placeholders, work) == (1, 5)
+
+
+# --- item 7: the chunk header under the CRC -------------------------------------------------
+
+def test_format_version_is_1_3():
+    assert tuple(_native.FORMAT_VERSION) == (1, 3)
+
+
+def test_flipped_type_bit_is_a_checksum_warning(tmp_path):
+    path = _record_steps(tmp_path, "typeflip", steps=20)
+    trace = _trace_of(path)
+    data = bytearray(open(trace, "rb").read())
+    events = [o for o in tracefile.chunk_offsets(bytes(data)) if data[o + 4] == tracefile.EVENTS]
+    data[events[0] + 4] ^= 0x10  # EVENTS (3) becomes 19, a type no reader knows
+    open(trace, "wb").write(bytes(data))
+    run, caught = _load(path)
+    assert any("trace.ssc: checksum mismatch in chunk at offset %d" % events[0] in w for w in caught), caught
+
+
+def test_unknown_chunk_type_is_warned_about(tmp_path):
+    """A chunk of a type this reader does not know (sound CRC: a newer writer's) is
+    skipped with one warning naming the file, the type and the count."""
+    path = _record_steps(tmp_path, "unknown", steps=5)
+    trace = _trace_of(path)
+    t = tracefile.parse(open(trace, "rb").read())
+    for _ in range(3):
+        t.chunks.insert(1, tracefile.Chunk(42, b"future"))
+    open(trace, "wb").write(t.to_bytes())
+    run, caught = _load(path)
+    assert (run.events["name"] == "work").sum() == 5
+    assert [w for w in caught if "trace.ssc: 3 chunk(s) of unknown type 42 skipped" in w], caught
+
+
+def test_old_files_keep_the_payload_only_crc(tmp_path):
+    """A 1.2 file (CRC over the payload only) reads back whole, with no warning."""
+    path = _record_steps(tmp_path, "old", steps=7)
+    trace = _trace_of(path)
+    t = tracefile.parse(open(trace, "rb").read())
+    t.minor = 2
+    open(trace, "wb").write(t.to_bytes())
+    run, caught = _load(path)
+    assert (run.events["name"] == "work").sum() == 7
+    assert not [w for w in caught if "checksum" in w]

@@ -16,6 +16,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.samples import lost_samples
 from stepscope.core import _native
 from stepscope.core.vocabulary import (CATEGORIES, DEFAULT_DIR, EVENT_KINDS, MAX_CATEGORIES, PROCESS_JSON,
                                        TRACE_FILE)
@@ -48,6 +49,7 @@ class ProcessTrace:
     events: int = 0
     dropped: int = 0
     clean_close: bool = False
+    lost_samples: int = 0  # Python stack samples whose stacks were lost to damage
 
     def __post_init__(self):
         c = self.columns
@@ -94,6 +96,9 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
         notes.append(str(exc))
         return ProcessTrace(folder, meta, None, notes)
     notes.extend(cols["warnings"])
+    lost = lost_samples(cols.get("py"))
+    if lost:
+        notes.append(f"{trace}: {lost} Python stack sample(s) dropped: their stacks were lost to damage")
     try:
         header = json.loads(bytes(cols["header"]).decode(errors="replace") or "{}")
         if not isinstance(header, dict):
@@ -105,7 +110,9 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
         meta.setdefault(key, value)
     if "clock" in header:
         meta["clock"] = header["clock"]
-    return ProcessTrace(folder, meta, cols, notes)
+    proc = ProcessTrace(folder, meta, cols, notes)
+    proc.lost_samples = lost
+    return proc
 
 
 PROGRESS_BYTES = 64 << 20  # show a progress bar when decoding more than this

@@ -72,6 +72,7 @@ class Run:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
         self.warnings = [w for p in self._procs for w in p.warnings]
         self.dropped_events = sum(p.dropped for p in self._procs)
+        self.dropped_samples = sum(p.lost_samples for p in self._procs)  # stacks lost to damage (warned about)
         if not quiet:
             level = _caller_stacklevel()
             for w in self.warnings:
@@ -338,7 +339,8 @@ class Run:
                 "origin": p.meta.get("origin"), "parent": p.meta.get("parent"),
                 "start_time": p.meta.get("process_start_time", p.meta.get("start_time")),
                 "session_start": p.meta.get("start_time"),
-                "events": p.events, "dropped": p.dropped, "clean_close": p.clean_close,
+                "events": p.events, "dropped": p.dropped, "dropped_samples": p.lost_samples,
+                "clean_close": p.clean_close,
                 "readable": p.readable,
             })
         return pd.DataFrame(rows)
@@ -383,6 +385,7 @@ class Run:
         for entry in saved.get("processes", []):
             p = ProcessTrace(entry["folder"], entry["meta"], None, entry["warnings"])
             p.readable, p.events, p.dropped, p.clean_close = True, entry["events"], entry["dropped"], True
+            p.lost_samples = entry.get("lost_samples", 0)
             procs.append(p)
         if not procs:
             return None
@@ -407,7 +410,7 @@ class Run:
         if self._cache_ok and complete and len(events):
             manifest = dict(self._manifest, processes=[
                 {"folder": p.folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
-                 "dropped": p.dropped} for p in self._procs])
+                 "dropped": p.dropped, "lost_samples": p.lost_samples} for p in self._procs])
             # Written beside the caller's work; the interpreter waits for it at exit.
             threading.Thread(target=self._write_cache, args=(events, self._gpu_raw, cache_dir, cached, manifest,
                                                              self._py_raw),
@@ -440,6 +443,7 @@ class Run:
         for e in entries:
             p = ProcessTrace(e["folder"], e["meta"], None, e["warnings"])
             p.readable, p.events, p.dropped, p.clean_close = e["readable"], e["events"], e["dropped"], e["clean_close"]
+            p.lost_samples = e.get("lost_samples", 0)
             procs.append(p)
         return procs
 

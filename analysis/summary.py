@@ -42,6 +42,7 @@ def summarize(run, params=None) -> dict:
         "system": summarize_system(r.system),
         "findings": [],
         "dropped_events": int(r.dropped_events),
+        "dropped_samples": int(getattr(r, "dropped_samples", 0)),  # Python stack samples lost to damage
         "warnings": r.warnings,
         "notes": r.notes,
     }
@@ -92,6 +93,8 @@ def format_text(s: dict) -> str:
         lines.append(f"  memory     max {sysb['memory_used_max_bytes'] / 2**30:.2f} GiB used")
     if s["dropped_events"]:
         lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
+    if s.get("dropped_samples"):
+        lines.append(f"  {s['dropped_samples']} Python stack samples dropped (their stacks were lost to damage)")
     for w in s.get("warnings", []):
         lines.append(f"  warning: {w}")
     for t in s.get("param_translations", []):

@@ -182,3 +182,67 @@ def test_old_files_keep_the_payload_only_crc(tmp_path):
     run, caught = _load(path)
     assert (run.events["name"] == "work").sum() == 7
     assert not [w for w in caught if "checksum" in w]
+
+
+# --- item 5: damaged Python stacks ----------------------------------------------------------
+
+def _record_samples(tmp_path, name):
+    """A run with Python stack samples written over several flushes (several PYSTACKS chunks)."""
+    run = stepscope.start(dir=str(tmp_path / "runs"), name=name, flush_interval_ms=20, pysample_hz=500)
+
+    def deep(n):
+        return deep(n - 1) if n else sum(range(20_000))
+
+    t_end = time.monotonic() + 0.6
+    i = 0
+    while time.monotonic() < t_end:
+        stepscope.step()
+        with stepscope.annotate("work"):
+            deep(i % 7)
+        i += 1
+    stepscope.end_step()
+    run.stop()
+    return run.path
+
+
+def test_damaged_python_stacks_drop_and_count_their_samples(tmp_path):
+    path = _record_samples(tmp_path, "stacks")
+    whole, _ = _load(path, cache=False)
+    total = len(whole.samples)
+    trace = _trace_of(path)
+    data = bytearray(open(trace, "rb").read())
+    stacks = [o for o in tracefile.chunk_offsets(bytes(data)) if data[o + 4] == tracefile.PYSTACKS]
+    assert len(stacks) >= 2, "the run should flush its stacks more than once"
+    data[stacks[0] + tracefile.CHUNK_HEADER + 3] ^= 0x40  # the first stacks chunk fails its CRC
+    open(trace, "wb").write(bytes(data))
+    run, caught = _load(path, cache=False)
+    lost = run.dropped_samples
+    assert lost > 0
+    assert len(run.samples) + lost == total  # every sample kept or counted
+    assert [w for w in caught if f"trace.ssc: {lost} Python stack sample(s) dropped" in w], caught
+    assert run.processes["dropped_samples"].sum() == lost
+    assert run.samples["function"].notna().all()
+    r = subprocess.run([sys.executable, "-m", "stepscope", "summary", "--json", path], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["dropped_samples"] == lost
+
+
+def test_stack_tables_pointing_nowhere_are_dropped_not_raised():
+    """Tables as a damaged file leaves them (ids past the end, undefined marks, a parent
+    after its child): only the readable stacks and their samples are kept."""
+    import numpy as np
+    from stepscope.analysis import samples
+
+    u = samples.UNDEFINED
+    py = {"strings": ["f", "file.py"],
+          "frame_func": np.array([0, 0, 7, u], dtype=np.uint32), "frame_file": np.array([1, 1, 1, u], dtype=np.uint32),
+          "frame_line": np.array([1, 2, 3, 0], dtype=np.int32),
+          # 0 ok; 1 child of 0 ok; 2 frame string 7 missing; 3 child of 2; 4 frame undefined; 5 parent after it;
+          # 6 undefined stack (-2); 7 frame id past the end
+          "stack_parent": np.array([-1, 0, -1, 2, -1, 6, -2, -1], dtype=np.int32),
+          "stack_frame": np.array([0, 1, 2, 0, 3, 0, u, 9], dtype=np.uint32),
+          "stack": np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 1], dtype=np.uint32),
+          "time": np.arange(10, dtype=np.int64), "tid": np.ones(10, dtype=np.int64), "interval_ns": 1000}
+    assert samples.stack_validity(py).tolist() == [True, True, False, False, False, False, False, False]
+    assert samples.lost_samples(py) == 7

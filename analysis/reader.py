@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.samples import lost_samples
-from stepscope.core import _native
+from stepscope.core import _native, metadata
 from stepscope.core.vocabulary import (CATEGORIES, DEFAULT_DIR, EVENT_KINDS, MAX_CATEGORIES, PROCESS_JSON,
                                        TRACE_FILE)
 
@@ -82,13 +82,10 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
     ``part``-th ``part_bytes`` of the file; everything else comes with every part, and
     so do warnings about the file's structure; a damaged chunk is named by the part that
     decodes it). ``events``/``gpu`` False: the part's event or GPU chunks are skipped."""
-    meta = {}
-    notes = []
-    try:
-        with open(os.path.join(folder, PROCESS_JSON)) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as exc:
-        notes.append(f"{os.path.join(folder, PROCESS_JSON)}: unreadable ({exc}); using the trace header")
+    meta_path = os.path.join(folder, PROCESS_JSON)
+    meta, notes = metadata.read(meta_path, metadata.PROCESS_FIELDS)
+    if not os.path.exists(meta_path):
+        notes.append(f"{meta_path}: missing; using the trace header")
     trace = os.path.join(folder, meta.get("trace", TRACE_FILE))
     try:
         cols = _native.read_trace(trace, part, parts, part_bytes, events=events, gpu=gpu)
@@ -100,10 +97,10 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
     if lost:
         notes.append(f"{trace}: {lost} Python stack sample(s) dropped: their stacks were lost to damage")
     try:
-        header = json.loads(bytes(cols["header"]).decode(errors="replace") or "{}")
-        if not isinstance(header, dict):
-            raise ValueError("not an object")
-    except ValueError:
+        header, bad = metadata.conform(json.loads(bytes(cols["header"]).decode(errors="replace") or "{}"),
+                                       metadata.PROCESS_FIELDS, f"{trace} (header)")
+        notes.extend(bad)
+    except (ValueError, RecursionError):
         header = {}
         notes.append(f"{trace}: unreadable header metadata")
     for key, value in header.items():

@@ -20,12 +20,17 @@ struct Mapped {
   const uint8_t* data = nullptr;
   size_t size = 0;
   explicit Mapped(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in a trace's place must not hang the reader (it is refused below)
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw FormatError("cannot open " + path + ": " + std::strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
       ::close(fd);
       throw FormatError("cannot stat " + path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw FormatError(path + " is not a stepscope trace (not a regular file)");
     }
     size = size_t(st.st_size);
     if (size > 0) {

@@ -246,3 +246,102 @@ def test_stack_tables_pointing_nowhere_are_dropped_not_raised():
           "time": np.arange(10, dtype=np.int64), "tid": np.ones(10, dtype=np.int64), "interval_ns": 1000}
     assert samples.stack_validity(py).tolist() == [True, True, False, False, False, False, False, False]
     assert samples.lost_samples(py) == 7
+
+
+# --- item 8: wrong-shaped metadata ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    return _record_steps(tmp_path_factory.mktemp("meta"), "meta", steps=12, thread_name=CUT_NAME)
+
+
+def _copy(run_path, tmp_path):
+    import shutil
+
+    dst = tmp_path / "copy"
+    shutil.copytree(run_path, dst, ignore=shutil.ignore_patterns(".stepscope-cache"))
+    return str(dst)
+
+
+def _edit_json(path, edit, raw=None):
+    if raw is not None:
+        open(path, "w").write(raw)
+        return
+    data = json.load(open(path))
+    open(path, "w").write(json.dumps(edit(data)))
+
+
+def _set(key, value):
+    def edit(d):
+        d[key] = value
+        return d
+    return edit
+
+
+PROCESS_CASES = {
+    "null": (None, "null", "not a JSON object"),
+    "trace-null": (_set("trace", None), None, "'trace'"),
+    "correction-text": (_set("clock_correction_ns", "x"), None, "'clock_correction_ns'"),
+    "pid-huge": (_set("pid", 2 ** 64), None, "'pid'"),
+    "threads-text": (_set("threads", "x"), None, "'threads'"),
+    "trace-device": (_set("trace", "/dev/zero"), None, "'trace'"),
+    "clock-text": (_set("clock", {"realtime_ns": "x", "monotonic_ns": 1}), None, "'clock'"),
+    "rank-float": (_set("rank", 0.5), None, "'rank'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROCESS_CASES))
+def test_wrong_shaped_process_json_falls_back_naming_file_and_field(small_run, tmp_path, case):
+    edit, raw, field = PROCESS_CASES[case]
+    path = _copy(small_run, tmp_path)
+    meta = os.path.join(os.path.dirname(_trace_of(path)), PROCESS_JSON)
+    _edit_json(meta, edit, raw)
+    run, caught = _load(path)
+    assert len(run.steps[run.steps["mode"] == "train"]) == 12
+    assert [w for w in caught if "process.json" in w and field in w], caught
+    assert run.processes["pid"].iloc[0] > 0  # from the trace's header
+
+
+RUN_CASES = {
+    "versions-number": (_set("versions", 3), None, "'versions'"),
+    "start-infinite": (None, '{"start_time": 1e400, "command": ["x"]}', "'start_time'"),
+    "start-text": (_set("start_time", "x"), None, "'start_time'"),
+    "command-number": (_set("command", 7), None, "'command'"),
+    "list": (None, "[1, 2]", "not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_CASES))
+def test_wrong_shaped_run_json_falls_back_naming_file_and_field(small_run, tmp_path, case):
+    edit, raw, field = RUN_CASES[case]
+    path = _copy(small_run, tmp_path)
+    _edit_json(os.path.join(path, "run.json"), edit, raw)
+    run, caught = _load(path)
+    assert len(run.steps[run.steps["mode"] == "train"]) == 12
+    assert [w for w in caught if "run.json" in w and field in w], caught
+    for args in (["summary", "--json"], ["report", "-o", str(tmp_path / "r.html")], ["diff", path], ["ls", str(tmp_path)]):
+        r = subprocess.run([sys.executable, "-m", "stepscope", args[0], *([path] if args[0] not in ("ls",) else []),
+                            *args[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.returncode == 0, (args, r.stderr)
+
+
+@pytest.mark.parametrize("damage", ["missing-key", "wrong-type", "not-a-list"])
+def test_bad_dataset_manifest_rebuilds_the_dataset(small_run, tmp_path, damage):
+    path = _copy(small_run, tmp_path)
+    first, _ = _load(path, dataset=True)
+    assert len(first.steps) == 12
+    (manifest,) = [os.path.join(d, "manifest.json") for d in
+                   (os.path.join(path, ".stepscope-cache", x) for x in os.listdir(os.path.join(path, ".stepscope-cache")))
+                   if os.path.exists(os.path.join(d, "manifest.json"))]
+    saved = json.load(open(manifest))
+    if damage == "missing-key":
+        del saved["processes"][0]["partition"]
+    elif damage == "wrong-type":
+        saved["processes"][0]["events"] = "many"
+    else:
+        saved["processes"] = 3
+    json.dump(saved, open(manifest, "w"))
+    again, caught = _load(path, dataset=True)
+    assert len(again.steps[again.steps["mode"] == "train"]) == 12
+    assert json.load(open(manifest))["processes"][0]["partition"]  # written anew

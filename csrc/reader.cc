@@ -101,6 +101,10 @@ void decode_events(Columns& c, const uint8_t* p, uint32_t len, const std::string
     const uint8_t b0 = cur.byte();
     const uint8_t kind = b0 & 3;
     const size_t j = base + i;
+    if (kind > kCounter) {  // kind 3 is no event: damage the CRC did not catch (or a 1.0-1.2 file)
+      cur.ok = false;
+      continue;
+    }
     c.kind[j] = kind;
     c.cat[j] = (b0 >> 2) & 15;
     c.name[j] = uint32_t(cur.varint());

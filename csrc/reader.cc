@@ -193,10 +193,20 @@ void decode_gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& p
 
 // Ids of interned tables (names, launch configs, Python strings, frames, stacks) are
 // dense from 0, so a table is a vector indexed by id. An id far beyond the entries
-// defined so far is damage (or a lost chunk's gap grown absurd): refusing it keeps a
-// table's memory within a constant factor of what the file defines, whatever the id.
+// defined so far (counted as read, not as the table's size, which gaps inflate) is
+// damage: refusing it keeps a table's memory within a constant factor of what the
+// file defines, whatever the id.
 constexpr uint64_t kIdSlack = 1u << 16;
-bool within_reach(uint64_t id, uint64_t defined) { return id < 2 * defined + kIdSlack; }
+bool within_reach(uint64_t id, uint64_t& defined) {
+  if (id >= 2 * defined + kIdSlack) return false;
+  ++defined;
+  return true;
+}
+
+// Entries each table has been given so far (within_reach's measure).
+struct Defined {
+  uint64_t names = 0, configs = 0, strings = 0, frames = 0, stacks = 0;
+};
 
 // A table grows to hold `id`; the entries skipped (defined by a lost chunk) get `fill`.
 template <typename T>
@@ -211,11 +221,11 @@ constexpr int32_t kUndefinedParent = -2;
 
 // Each part's entries run from a `first` id; one out of reach ends the chunk (the ids
 // after it would be as wrong).
-void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset) {
+void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset, Defined& defined) {
   PyColumns& py = c.py;
   bool reach = true;
   uint64_t first = cur.varint(), n = cur.varint();
-  for (uint64_t i = 0; i < n && cur.ok && (reach = within_reach(first + i, py.strings.size())); ++i) {
+  for (uint64_t i = 0; i < n && cur.ok && (reach = within_reach(first + i, defined.strings)); ++i) {
     std::string s = cur.bytes(size_t(cur.varint()));
     if (cur.ok) at_id(py.strings, first + i) = std::move(s);
   }
@@ -223,7 +233,7 @@ void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t of
     first = cur.varint();
     n = cur.varint();
   }
-  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, py.frame_func.size())); ++i) {
+  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, defined.frames)); ++i) {
     const uint32_t func = uint32_t(cur.varint()), file = uint32_t(cur.varint());
     const int32_t line = int32_t(unzigzag(cur.varint()));
     if (!cur.ok) break;
@@ -235,7 +245,7 @@ void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t of
     first = cur.varint();
     n = cur.varint();
   }
-  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, py.stack_frame.size())); ++i) {
+  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, defined.stacks)); ++i) {
     const int32_t parent = int32_t(int64_t(cur.varint()) - 1);
     const uint32_t frame = uint32_t(cur.varint());
     if (!cur.ok) break;
@@ -382,6 +392,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
 
   // Pass 2: decode.
   std::map<uint8_t, std::vector<size_t>> unknown;  // type -> offsets of the chunks skipped
+  Defined defined;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (!mine[i]) continue;
     const ChunkRef& ch = chunks[i];
@@ -397,7 +408,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
           uint64_t id = cur.varint();
           uint64_t slen = cur.varint();
           std::string s = cur.bytes(size_t(slen));
-          if (!cur.ok || !within_reach(id, c.names.size())) {
+          if (!cur.ok || !within_reach(id, defined.names)) {
             c.warnings.push_back(path + ": malformed names chunk at offset " +
                                  std::to_string(ch.offset - kChunkHeader) + ", rest of chunk skipped");
             break;
@@ -428,14 +439,14 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
           uint64_t id = cur.varint();
           uint32_t v[9];
           for (uint32_t& x : v) x = uint32_t(cur.varint());
-          if (!cur.ok || !within_reach(id, c.gpu.configs.size() / 9)) break;
+          if (!cur.ok || !within_reach(id, defined.configs)) break;
           if (c.gpu.configs.size() < (id + 1) * 9) c.gpu.configs.resize((id + 1) * 9);
           std::copy(v, v + 9, c.gpu.configs.begin() + long(id * 9));
         }
         break;
       }
       case kChunkPyStacks:
-        decode_pystacks(c, cur, path, ch.offset - kChunkHeader);
+        decode_pystacks(c, cur, path, ch.offset - kChunkHeader, defined);
         break;
       case kChunkPySamples:
         decode_pysamples(c, cur, path, ch.offset - kChunkHeader);

@@ -167,10 +167,10 @@ def _case(root, name, base, trace=None, meta=None, run_json=None) -> str:
     return case
 
 
-def _read_all(cases, timeout=300):
+def _read_all(cases):
     """Runs READER over the cases; returns {case: "OK" or the failure}."""
     r = subprocess.run([sys.executable, "-c", READER, str(MEMORY_CAP), *cases], capture_output=True, text=True,
-                       timeout=timeout, cwd=os.path.dirname(cases[0]))
+                       timeout=30 + 5 * len(cases), cwd=os.path.dirname(cases[0]))
     results, current = {}, None
     for line in r.stdout.splitlines():
         word, _, rest = line.partition(" ")
@@ -206,8 +206,9 @@ def test_mutated_traces_read_or_fail_cleanly(base_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_mutated_traces_read_or_fail_cleanly_long(base_run, tmp_path):
-    assert _fuzz_traces(base_run, str(tmp_path), examples=1500, seed=4141) >= 1000
+    assert _fuzz_traces(base_run, str(tmp_path), examples=600, seed=4141) >= 500
 
 
 # --- metadata of the wrong shape ------------------------------------------------------------
@@ -234,7 +235,8 @@ def _metadata_cases(base, root, rnd, count):
     return cases
 
 
-@pytest.mark.parametrize("count", [24, pytest.param(400, marks=pytest.mark.slow)])
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("count", [24, pytest.param(200, marks=pytest.mark.slow)])
 def test_wrong_shaped_metadata_reads(base_run, tmp_path, count):
     cases = _metadata_cases(base_run, str(tmp_path), random.Random(8), count)
     results = _read_all(cases)
@@ -279,7 +281,7 @@ def _corpus(base, root, rnd, count):
     for n in range(count):
         data, _ = mutate(base["trace"], rnd)
         meta = None
-        if n % 3 == 2:
+        if n % 2 == 1:  # every other run's process.json has a field of the wrong shape too
             m = json.loads(base["meta"])
             m[rnd.choice(sorted(m))] = rnd.choice(WRONG)
             meta = json.dumps(m)
@@ -297,7 +299,7 @@ def _check_cli(base, tmp_path, count, seed):
         argvs += commands(case, intact, out)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     r = subprocess.run([sys.executable, "-c", CLI, str(MEMORY_CAP), json.dumps(argvs)], capture_output=True,
-                       text=True, timeout=600, cwd=tmp_path, env=env)
+                       text=True, timeout=60 + 20 * len(argvs), cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     results = [json.loads(line) for line in r.stdout.splitlines() if line.startswith('{"argv"')]
     assert len(results) == len(argvs)
@@ -316,5 +318,6 @@ def test_every_command_on_a_damaged_run(base_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_every_command_on_a_damaged_run_long(base_run, tmp_path):
-    _check_cli(base_run, tmp_path, count=40, seed=77)
+    _check_cli(base_run, tmp_path, count=16, seed=77)

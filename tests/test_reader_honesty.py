@@ -141,6 +141,27 @@ def test_undefined_huge_name_id_reads_as_a_bounded_placeholder(tmp_path):
     assert (placeholders, work) == (1, 5)
 
 
+def test_ids_that_keep_doubling_do_not_grow_tables(tmp_path):
+    """Chunks that each define one id just inside "twice the table" would double a table
+    per chunk if gaps counted as defined: the bound counts entries read."""
+    path = _record_steps(tmp_path, "doubling", steps=3)
+    trace = _trace_of(path)
+    t = tracefile.parse(open(trace, "rb").read())
+    size = len(tracefile.parse_names(t.chunks[0].payload))
+    extra = []
+    for _ in range(40):
+        far = 2 * size + 65535
+        extra.append(tracefile.Chunk(tracefile.NAMES, tracefile.names_payload([(far, b"x")])))
+        size = far + 1
+    t.chunks[1:1] = extra
+    open(trace, "wb").write(t.to_bytes())
+    c = _native.read_trace(trace)
+    assert len(c["names"]) < 200_000
+    assert any("malformed names chunk" in w for w in c["warnings"])
+    run, _ = _load(path)
+    assert (run.events["name"] == "work").sum() == 3
+
+
 # --- item 7: the chunk header under the CRC -------------------------------------------------
 
 def test_format_version_is_1_3():

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import struct
-import warnings
 from typing import List, Optional
 
 from stepscope.analysis.reader import RunFormatError, resolve_run_path
@@ -61,11 +60,9 @@ def _read(folder: str) -> dict:
     meta, notes = metadata.read(os.path.join(folder, PROCESS_JSON), metadata.PROCESS_FIELDS)
     trace = os.path.join(folder, TRACE_FILE)
     header, header_notes = metadata.conform(_header_meta(trace), metadata.PROCESS_FIELDS, f"{trace} (header)")
-    for note in notes + header_notes:
-        warnings.warn(f"stepscope: {note}", stacklevel=2)
     for key, value in header.items():
         meta.setdefault(key, value)
-    return {"folder": folder, "meta": meta, "host": str(meta.get("host", "")),
+    return {"folder": folder, "meta": meta, "host": str(meta.get("host", "")), "notes": notes + header_notes,
             "clock": runinfo.read_json(os.path.join(folder, CLOCK_JSON))}
 
 
@@ -125,7 +122,7 @@ def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
     if not procs:
         raise MergeError(f"no process folders in {', '.join(runs)}")
     offsets = host_offsets(procs)
-    warnings = []
+    warnings = [note for p in procs for note in p["notes"]]  # metadata fields of the wrong shape, dropped
     for host in sorted({p["host"] for p in procs} - set(offsets)):
         warnings.append(f"host {host}: no clock offset was recorded (no torch.distributed exchange with rank 0); "
                         "its processes keep their own wall clock (NTP)")

@@ -50,7 +50,7 @@ def stack_validity(py: dict) -> np.ndarray:
     # a parent is always interned before its child: anything else is damage
     own &= (parents == -1) | ((parents >= 0) & (parents < np.arange(n)))
     ok = own.copy()
-    has_parent = parents >= 0
+    has_parent = own & (parents >= 0)  # (own: the parent id is below the stack's own)
     while True:  # a stack is readable when its parent is: settles within the deepest stack's depth
         nxt = own.copy()
         nxt[has_parent] &= ok[parents[has_parent]]

@@ -260,13 +260,13 @@ def test_stack_tables_pointing_nowhere_are_dropped_not_raised():
           "frame_func": np.array([0, 0, 7, u], dtype=np.uint32), "frame_file": np.array([1, 1, 1, u], dtype=np.uint32),
           "frame_line": np.array([1, 2, 3, 0], dtype=np.int32),
           # 0 ok; 1 child of 0 ok; 2 frame string 7 missing; 3 child of 2; 4 frame undefined; 5 parent after it;
-          # 6 undefined stack (-2); 7 frame id past the end
-          "stack_parent": np.array([-1, 0, -1, 2, -1, 6, -2, -1], dtype=np.int32),
-          "stack_frame": np.array([0, 1, 2, 0, 3, 0, u, 9], dtype=np.uint32),
-          "stack": np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 1], dtype=np.uint32),
-          "time": np.arange(10, dtype=np.int64), "tid": np.ones(10, dtype=np.int64), "interval_ns": 1000}
-    assert samples.stack_validity(py).tolist() == [True, True, False, False, False, False, False, False]
-    assert samples.lost_samples(py) == 7
+          # 6 undefined stack (-2); 7 frame id past the end; 8 parent past the table's end
+          "stack_parent": np.array([-1, 0, -1, 2, -1, 6, -2, -1, 410031], dtype=np.int32),
+          "stack_frame": np.array([0, 1, 2, 0, 3, 0, u, 9, 0], dtype=np.uint32),
+          "stack": np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1], dtype=np.uint32),
+          "time": np.arange(11, dtype=np.int64), "tid": np.ones(11, dtype=np.int64), "interval_ns": 1000}
+    assert samples.stack_validity(py).tolist() == [True, True, False, False, False, False, False, False, False]
+    assert samples.lost_samples(py) == 8
 
 
 # --- item 8: wrong-shaped metadata ----------------------------------------------------------

@@ -203,7 +203,7 @@ def _fuzz_traces(base, root, examples, seed):
 
 
 def test_mutated_traces_read_or_fail_cleanly(base_run, tmp_path):
-    assert _fuzz_traces(base_run, str(tmp_path), examples=40, seed=41) >= 35
+    assert _fuzz_traces(base_run, str(tmp_path), examples=30, seed=41) >= 25
 
 
 @pytest.mark.slow
@@ -237,7 +237,7 @@ def _metadata_cases(base, root, rnd, count):
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("count", [24, pytest.param(200, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count", [16, pytest.param(200, marks=pytest.mark.slow)])
 def test_wrong_shaped_metadata_reads(base_run, tmp_path, count):
     cases = _metadata_cases(base_run, str(tmp_path), random.Random(8), count)
     results = _read_all(cases)
@@ -279,8 +279,20 @@ def commands(case, intact, out):
             ["merge", case, "-o", os.path.join(out, "merged")]]
 
 
+def _stack_pointing_nowhere(trace: bytes) -> bytes:
+    """Every stack of the first PYSTACKS chunk given a frame far past the table (CRC right)."""
+    t = tracefile.parse(trace)
+    ch = next(c for c in t.chunks if c.type == tracefile.PYSTACKS)
+    strings, frames, (first, stacks) = tracefile.parse_pystacks(ch.payload)
+    ch.payload = tracefile.pystacks_payload([strings, frames, (first, [[p, 410_031] for p, _ in stacks])])
+    return t.to_bytes()
+
+
 def _corpus(base, root, rnd, count):
-    cases = []
+    """Known damage (a stack pointing nowhere, a pid of 65 bits), then random damage."""
+    meta = json.loads(base["meta"])
+    cases = [_case(root, "nowhere", base, trace=_stack_pointing_nowhere(base["trace"])),
+             _case(root, "hugepid", base, meta=json.dumps({**meta, "pid": 2 ** 64, "threads": "x"}))]
     for n in range(count):
         data, _ = mutate(base["trace"], rnd)
         meta = None
@@ -317,7 +329,7 @@ def _check_cli(base, tmp_path, count, seed):
 
 
 def test_every_command_on_a_damaged_run(base_run, tmp_path):
-    _check_cli(base_run, tmp_path, count=2, seed=7)
+    _check_cli(base_run, tmp_path, count=1, seed=7)
 
 
 @pytest.mark.slow

@@ -120,3 +120,34 @@ def parse_names(payload: bytes):
         out.append((i, payload[at:at + length]))
         at += length
     return out
+
+
+def parse_pystacks(payload: bytes):
+    """A PYSTACKS payload as (strings, frames, stacks): each (first id, entries)."""
+    at, parts = 0, []
+    for fields in (None, 3, 2):  # strings: len + bytes; frames: func, file, line; stacks: parent + 1, frame
+        first, at = read_varint(payload, at)
+        n, at = read_varint(payload, at)
+        entries = []
+        for _ in range(n):
+            if fields is None:
+                length, at = read_varint(payload, at)
+                entries.append(payload[at:at + length])
+                at += length
+            else:
+                values = []
+                for _ in range(fields):
+                    v, at = read_varint(payload, at)
+                    values.append(v)
+                entries.append(values)
+        parts.append((first, entries))
+    return parts
+
+
+def pystacks_payload(parts) -> bytes:
+    out = bytearray()
+    for i, (first, entries) in enumerate(parts):
+        out += varint(first) + varint(len(entries))
+        for e in entries:
+            out += varint(len(e)) + e if i == 0 else b"".join(varint(v) for v in e)
+    return bytes(out)

@@ -138,7 +138,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             # the GPU records come later (below), unless the trace is one part
             p = read_process(folder, i, parts, PART_BYTES if live else 0, gpu=parts == 1)
             if i == parts - 1:  # what every part carries: metadata, structural warnings, counts, names, stacks
-                entry.update(meta=p.meta, dropped=p.dropped, clean_close=p.clean_close, readable=p.readable)
+                entry.update(meta=p.meta, dropped=p.dropped, clean_close=p.clean_close, readable=p.readable,
+                             lost_samples=p.lost_samples)
                 py_raw = samples.raw_frames([p])
                 if p.columns is not None:
                     entry["names"] = [str(n) for n in p.columns["names"]]

@@ -39,7 +39,7 @@ def unique_names(names: List[str]):
 def raw_columns(p) -> Optional[Dict[str, object]]:
     """One decoded process's GPU records as columns sorted by start (wall-clock ns, as
     events); None when it has none."""
-    from stepscope.analysis.reader import wall_offset
+    from stepscope.analysis.reader import names_with_placeholders, wall_offset
 
     c = p.columns
     g = None if c is None else c.get("gpu")
@@ -47,10 +47,7 @@ def raw_columns(p) -> Optional[Dict[str, object]]:
         return None
     n = len(g["type"])
     offset = wall_offset(p.meta)
-    names = list(c["names"])
-    ids = g["name"].astype(np.int64)
-    if int(ids.max()) >= len(names):  # a names chunk lost to damage
-        names += [f"<name {i}>" for i in range(len(names), int(ids.max()) + 1)]
+    names, ids = names_with_placeholders(list(c["names"]), g["name"].astype(np.int64))
     names, remap = unique_names(names)
     start = g["start"] + offset
     order = None if np.all(start[1:] >= start[:-1]) else np.argsort(start, kind="stable")

@@ -21,7 +21,7 @@ import struct
 from typing import List, Optional
 
 from stepscope.analysis.reader import RunFormatError, left_empty, resolve_run_path
-from stepscope.core import files, runinfo
+from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, CLOCK_JSON, PROCESS_JSON, RUN_JSON, TRACE_FILE
 
 TOLERANCE_NS = 1_000_000  # the alignment the merge promises; wider bounds are a warning
@@ -46,8 +46,8 @@ def _header_meta(trace: str) -> dict:
             if len(head) < 16 or head[:8] != b"STEPSCP\n":
                 return {}
             (length,) = struct.unpack("<I", head[12:16])
-            return json.loads(f.read(length).decode() or "{}")
-    except (OSError, ValueError):
+            return json.loads(f.read(length).decode(errors="replace") or "{}")
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
@@ -58,10 +58,12 @@ def _wall_offset(meta: dict) -> int:
 
 
 def _read(folder: str) -> dict:
-    meta = runinfo.read_json(os.path.join(folder, PROCESS_JSON))
-    for key, value in _header_meta(os.path.join(folder, TRACE_FILE)).items():
+    meta, notes = metadata.read(os.path.join(folder, PROCESS_JSON), metadata.PROCESS_FIELDS)
+    trace = os.path.join(folder, TRACE_FILE)
+    header, header_notes = metadata.conform(_header_meta(trace), metadata.PROCESS_FIELDS, f"{trace} (header)")
+    for key, value in header.items():
         meta.setdefault(key, value)
-    return {"folder": folder, "meta": meta, "host": str(meta.get("host", "")),
+    return {"folder": folder, "meta": meta, "host": str(meta.get("host", "")), "notes": notes + header_notes,
             "clock": runinfo.read_json(os.path.join(folder, CLOCK_JSON))}
 
 
@@ -122,7 +124,7 @@ def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
     if not procs:
         raise MergeError(f"no process folders in {', '.join(runs)}")
     offsets = host_offsets(procs)
-    warnings = []
+    warnings = [note for p in procs for note in p["notes"]]  # metadata fields of the wrong shape, dropped
     for host in sorted({p["host"] for p in procs} - set(offsets)):
         warnings.append(f"host {host}: no clock offset was recorded (no torch.distributed exchange with rank 0); "
                         "its processes keep their own wall clock (NTP)")
@@ -153,7 +155,7 @@ def merge(dirs: List[str], out: str, symlink: bool = False) -> dict:
 
 
 def _run_json(runs, procs, offsets, skew, warnings) -> dict:
-    infos = [(r, runinfo.read_json(os.path.join(r, RUN_JSON))) for r in runs]
+    infos = [(r, metadata.read(os.path.join(r, RUN_JSON), metadata.RUN_FIELDS)[0]) for r in runs]
     ref_host = next((h for h, o in offsets.items() if o["via"] == "reference"), None)
     base = next((i for _, i in infos if i.get("host") == ref_host), None) or next((i for _, i in infos if i), {})
     info = dict(base)

@@ -16,7 +16,8 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core import _native
+from stepscope.analysis.samples import lost_samples
+from stepscope.core import _native, metadata
 from stepscope.core.vocabulary import (CATEGORIES, DEFAULT_DIR, EVENT_KINDS, MAX_CATEGORIES, PROCESS_JSON,
                                        TRACE_FILE)
 
@@ -48,6 +49,7 @@ class ProcessTrace:
     events: int = 0
     dropped: int = 0
     clean_close: bool = False
+    lost_samples: int = 0  # Python stack samples whose stacks were lost to damage
 
     def __post_init__(self):
         c = self.columns
@@ -80,13 +82,10 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
     ``part``-th ``part_bytes`` of the file; everything else comes with every part, and
     so do warnings about the file's structure; a damaged chunk is named by the part that
     decodes it). ``events``/``gpu`` False: the part's event or GPU chunks are skipped."""
-    meta = {}
-    notes = []
-    try:
-        with open(os.path.join(folder, PROCESS_JSON)) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as exc:
-        notes.append(f"{os.path.join(folder, PROCESS_JSON)}: unreadable ({exc}); using the trace header")
+    meta_path = os.path.join(folder, PROCESS_JSON)
+    meta, notes = metadata.read(meta_path, metadata.PROCESS_FIELDS)
+    if not os.path.exists(meta_path):
+        notes.append(f"{meta_path}: missing; using the trace header")
     trace = os.path.join(folder, meta.get("trace", TRACE_FILE))
     try:
         cols = _native.read_trace(trace, part, parts, part_bytes, events=events, gpu=gpu)
@@ -94,16 +93,23 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
         notes.append(str(exc))
         return ProcessTrace(folder, meta, None, notes)
     notes.extend(cols["warnings"])
+    lost = lost_samples(cols.get("py"))
+    if lost:
+        notes.append(f"{trace}: {lost} Python stack sample(s) dropped: their stacks were lost to damage")
     try:
-        header = json.loads(bytes(cols["header"]).decode() or "{}")
-    except ValueError:
+        header, bad = metadata.conform(json.loads(bytes(cols["header"]).decode(errors="replace") or "{}"),
+                                       metadata.PROCESS_FIELDS, f"{trace} (header)")
+        notes.extend(bad)
+    except (ValueError, RecursionError):
         header = {}
         notes.append(f"{trace}: unreadable header metadata")
     for key, value in header.items():
         meta.setdefault(key, value)
     if "clock" in header:
         meta["clock"] = header["clock"]
-    return ProcessTrace(folder, meta, cols, notes)
+    proc = ProcessTrace(folder, meta, cols, notes)
+    proc.lost_samples = lost
+    return proc
 
 
 PROGRESS_BYTES = 64 << 20  # show a progress bar when decoding more than this
@@ -166,6 +172,19 @@ def read_processes(run_path: str) -> List[ProcessTrace]:
     return out
 
 
+def names_with_placeholders(names: list, codes: np.ndarray):
+    """(names, codes) where every code has a name: an id no NAMES chunk defined (one lost
+    to damage, or never written) reads as a placeholder ``<name N>``, one per distinct
+    such id, so the list grows with the ids used, never with how large an id is."""
+    if not len(codes) or int(codes.max()) < len(names):
+        return names, codes
+    codes = codes.astype(np.int64)
+    missing = codes >= len(names)
+    undefined, where = np.unique(codes[missing], return_inverse=True)
+    codes[missing] = len(names) + where
+    return names + [f"<name {i}>" for i in undefined], codes
+
+
 def wall_offset(meta: dict) -> int:
     """What turns a process's CLOCK_MONOTONIC ns into wall-clock (epoch) ns: its anchor,
     plus the correction to the reference host's clock that ``stepscope merge`` wrote."""
@@ -219,10 +238,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
         np.add(c["end"], offset, out=c["end"])
         order = _start_order(c["start"], c["end"])
         # Map this process's name ids onto the run-wide name list.
-        local = list(c["names"])
-        codes = c.pop("name")
-        if int(codes.max()) >= len(local):  # a names chunk was lost to damage
-            local += [f"<name {i}>" for i in range(len(local), int(codes.max()) + 1)]
+        local, codes = names_with_placeholders(list(c["names"]), c.pop("name"))
         remap = np.array([name_ids.setdefault(nm, len(name_ids)) for nm in local], dtype=np.int32)
         np.take(remap, codes[order], out=out["name"][here])
         del codes

@@ -25,7 +25,7 @@ import pandas as pd
 from stepscope.analysis import gpu, samples as pysamples, tables
 from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
                                        resolve_run_path)
-from stepscope.core import files, runinfo
+from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
 LIVE_DIR = "live"  # under the run's cache folder: finished parts of traces still being written
@@ -41,6 +41,8 @@ TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)
 TABLES = (*TABLES, "samples", "stacks")  # Python stack samples (analysis/samples.py)
 TABLES = (*TABLES, "kernel_steps", "kernel_phases", "kernel_names")  # analysis/kernel_steps.py
 PY_CACHE = ("pysamples.parquet", "pystacks.parquet")
+# What the in-memory cache's manifest keeps per process (the dataset's manifest keeps more)
+CACHE_ENTRY_FIELDS = {k: metadata.MANIFEST_ENTRY_FIELDS[k] for k in ("folder", "meta", "warnings", "events", "dropped")}
 
 
 def _trace_files(path: str) -> dict:
@@ -72,7 +74,7 @@ class Run:
     def __init__(self, path, quiet: bool = False, cache: bool = True, dataset: Optional[bool] = None):
         self.path = resolve_run_path(path)
         self.name = os.path.basename(os.path.normpath(self.path))
-        self.info = runinfo.read_json(os.path.join(self.path, RUN_JSON))
+        self.info, info_notes = metadata.read(os.path.join(self.path, RUN_JSON), metadata.RUN_FIELDS)
         self._cache_ok = cache
         self._want_dataset = dataset  # None: when the traces hold more than LARGE_BYTES
         self._manifest = {"version": CACHE_VERSION, "traces": _trace_files(self.path)}
@@ -80,12 +82,13 @@ class Run:
         self._procs = self._dataset_processes() or self._cached_processes() or read_processes(self.path)
         if not self._procs and not self.info:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
-        self.warnings = [w for p in self._procs for w in p.warnings]
+        self.warnings = info_notes + [w for p in self._procs for w in p.warnings]
         self.dropped_events = sum(p.dropped for p in self._procs)
         self.names_folded = sum(_names_folded(p.meta) for p in self._procs)
         if self.names_folded:
             self.warnings.append(f"{self.names_folded} events were recorded as {FOLDED_NAME!r}: their processes "
                                  f"named more than stepscope's name table holds (docs/design.md, Names)")
+        self.dropped_samples = sum(p.lost_samples for p in self._procs)  # stacks lost to damage (warned about)
         if not quiet:
             level = _caller_stacklevel()
             for w in self.warnings:
@@ -352,7 +355,8 @@ class Run:
                 "origin": p.meta.get("origin"), "parent": p.meta.get("parent"),
                 "start_time": p.meta.get("process_start_time", p.meta.get("start_time")),
                 "session_start": p.meta.get("start_time"),
-                "events": p.events, "dropped": p.dropped, "clean_close": p.clean_close,
+                "events": p.events, "dropped": p.dropped, "dropped_samples": p.lost_samples,
+                "clean_close": p.clean_close,
                 "readable": p.readable,
             })
         return pd.DataFrame(rows)
@@ -388,15 +392,17 @@ class Run:
         try:
             with open(manifest_path) as f:
                 saved = json.load(f)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
-        if saved.get("version") != CACHE_VERSION or saved.get("traces") != self._manifest["traces"] \
+        entries = metadata.manifest_entries(saved, CACHE_ENTRY_FIELDS)  # None: a bad manifest, decode again
+        if entries is None or saved.get("version") != CACHE_VERSION or saved.get("traces") != self._manifest["traces"] \
                 or not os.path.exists(cached):
             return None
         procs = []
-        for entry in saved.get("processes", []):
+        for entry in entries:
             p = ProcessTrace(entry["folder"], entry["meta"], None, entry["warnings"])
             p.readable, p.events, p.dropped, p.clean_close = True, entry["events"], entry["dropped"], True
+            p.lost_samples = entry.get("lost_samples", 0)
             procs.append(p)
         if not procs:
             return None
@@ -421,7 +427,7 @@ class Run:
         if self._cache_ok and complete and len(events):
             manifest = dict(self._manifest, processes=[
                 {"folder": p.folder, "meta": p.meta, "warnings": p.warnings, "events": p.events,
-                 "dropped": p.dropped} for p in self._procs])
+                 "dropped": p.dropped, "lost_samples": p.lost_samples} for p in self._procs])
             # Written beside the caller's work; the interpreter waits for it at exit.
             threading.Thread(target=self._write_cache, args=(events, self._gpu_raw, cache_dir, cached, manifest,
                                                              self._py_raw),
@@ -438,6 +444,8 @@ class Run:
         key = hashlib.sha1(json.dumps(self._manifest, sort_keys=True).encode()).hexdigest()[:16]
         cache_root = os.path.join(self.path, CACHE_DIR, f"dataset-{key}")
         entries = _read_manifest(cache_root) if self._cache_ok else None
+        if entries is None and self._cache_ok and os.path.isdir(cache_root):
+            shutil.rmtree(cache_root, ignore_errors=True)  # a damaged manifest: the dataset is built again
         if entries is None:
             want = self._want_dataset
             if want is None:
@@ -454,6 +462,7 @@ class Run:
         for e in entries:
             p = ProcessTrace(e["folder"], e["meta"], None, e["warnings"])
             p.readable, p.events, p.dropped, p.clean_close = e["readable"], e["events"], e["dropped"], e["clean_close"]
+            p.lost_samples = e.get("lost_samples", 0)
             procs.append(p)
         return procs
 
@@ -581,9 +590,11 @@ def _read_manifest(root: str):
     try:
         with open(os.path.join(root, "manifest.json")) as f:
             saved = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return saved.get("processes") if saved.get("version") == CACHE_VERSION else None
+    if not isinstance(saved, dict) or saved.get("version") != CACHE_VERSION:
+        return None
+    return metadata.manifest_entries(saved)  # None (a key missing, a wrong shape): the dataset is rebuilt
 
 
 def _read_parquet(path: str) -> pd.DataFrame:

@@ -33,6 +33,48 @@ FUNCTION_COLUMNS = ["phase", "function", "file", "self_samples", "total_samples"
                     "self_share", "total_share"]
 
 
+UNDEFINED = 0xFFFFFFFF  # the reader's mark for a frame or stack no chunk defined (a lost chunk)
+
+
+def stack_validity(py: dict) -> np.ndarray:
+    """Per stack id of one process: whether the whole stack can be read (every frame and
+    string it names is defined, its parents too). Damage that loses a PYSTACKS chunk
+    leaves stacks pointing at entries that were never defined."""
+    strings = len(py["strings"])
+    ff, fl = py["frame_func"].astype(np.int64), py["frame_file"].astype(np.int64)
+    parents, frames = py["stack_parent"].astype(np.int64), py["stack_frame"].astype(np.int64)
+    n = len(parents)
+    frame_ok = (ff < strings) & (fl < strings) & (ff >= 0) & (fl >= 0)
+    own = (frames >= 0) & (frames < len(ff))
+    own[own] = frame_ok[frames[own]]
+    # a parent is always interned before its child: anything else is damage
+    own &= (parents == -1) | ((parents >= 0) & (parents < np.arange(n)))
+    ok = own.copy()
+    has_parent = own & (parents >= 0)  # (own: the parent id is below the stack's own)
+    while True:  # a stack is readable when its parent is: settles within the deepest stack's depth
+        nxt = own.copy()
+        nxt[has_parent] &= ok[parents[has_parent]]
+        if np.array_equal(nxt, ok):
+            return ok
+        ok = nxt
+
+
+def readable_samples(py: dict, valid: np.ndarray = None) -> np.ndarray:
+    """Which samples of one process have a stack that can be read."""
+    stack = py["stack"].astype(np.int64)
+    valid = stack_validity(py) if valid is None else valid
+    keep = stack < len(valid)
+    keep[keep] = valid[stack[keep]]
+    return keep
+
+
+def lost_samples(py: Optional[dict]) -> int:
+    """How many samples of one process lost their stack to damage."""
+    if not py or not len(py["time"]):
+        return 0
+    return int((~readable_samples(py)).sum())
+
+
 def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
     """(raw samples, stacks) from decoded process traces (before their columns are released).
     Each process's stack ids are mapped onto run-wide ones: same frames, same id."""
@@ -50,8 +92,9 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
         strings = list(py["strings"])
         ff, fl, fline = py["frame_func"], py["frame_file"], py["frame_line"]
         parents, frames = py["stack_parent"], py["stack_frame"]
-        local = np.empty(len(parents), dtype=np.int64)
-        for i in range(len(parents)):  # a parent is always interned before its children
+        local = np.full(len(parents), -1, dtype=np.int64)
+        valid = stack_validity(py)
+        for i in np.flatnonzero(valid):  # a parent is always interned before its children
             fr = int(frames[i])
             par = int(parents[i])
             gpar = int(local[par]) if 0 <= par < i else -1
@@ -66,8 +109,11 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
             local[i] = gid
         meta = p.meta
         rank = meta.get("rank") if meta.get("rank") is not None else meta.get("parent_rank")
-        n = len(py["time"])
-        tids = py["tid"].astype(np.int64)
+        keep = readable_samples(py, valid)  # the samples whose stacks were lost are dropped (counted by the reader)
+        n = int(keep.sum())
+        if not n:
+            continue
+        tids = py["tid"].astype(np.int64)[keep]
         names = {int(k): str(v) for k, v in (meta.get("threads") or {}).items() if str(k).isdigit()}
         tid_set, where = np.unique(np.asarray(tids), return_inverse=True)
         thread = np.array([names.get(int(t), "") for t in tid_set], dtype=object)[where]
@@ -75,9 +121,9 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
             "process": os.path.basename(p.folder), "pid": int(meta.get("pid", -1)),
             "rank": pd.array([rank] * n, dtype="Int64"),
             "tid": tids, "thread": thread,
-            "time_ns": py["time"].astype(np.int64) + wall_offset(meta),
+            "time_ns": py["time"].astype(np.int64)[keep] + wall_offset(meta),
             "interval_ns": np.int64(py["interval_ns"] or 10_000_000),
-            "stack": local[py["stack"].astype(np.int64)]}))
+            "stack": local[py["stack"].astype(np.int64)[keep]]}))
     stacks = pd.DataFrame({
         "stack": np.arange(len(st_parent), dtype=np.int64), "parent": np.array(st_parent, dtype=np.int64),
         "depth": np.array(st_depth, dtype=np.int64),

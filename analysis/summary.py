@@ -49,6 +49,7 @@ def summarize(run, params=None) -> dict:
         "complete": ending["complete"],
         "ending": ending,
         "warnings": ([ending["message"]] if "message" in ending else []) + list(r.warnings),
+        "dropped_samples": int(getattr(r, "dropped_samples", 0)),  # Python stack samples lost to damage
         "notes": r.notes,
     }
     for mode, s in steps.groupby("mode", sort=False, observed=True):
@@ -101,6 +102,8 @@ def format_text(s: dict) -> str:
         lines.append(f"  memory     max {sysb['memory_used_max_bytes'] / 2**30:.2f} GiB used")
     if s["dropped_events"]:
         lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
+    if s.get("dropped_samples"):
+        lines.append(f"  {s['dropped_samples']} Python stack samples dropped (their stacks were lost to damage)")
     for w in s.get("warnings", []):
         lines.append(f"  warning: {w}")
     for t in s.get("param_translations", []):

@@ -12,7 +12,7 @@ import sys
 from typing import List, Optional
 
 from stepscope.core import config as _config
-from stepscope.core import runinfo
+from stepscope.core import metadata, runinfo
 from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES, RUN_JSON
 
 
@@ -200,7 +200,7 @@ def _ls_command(args) -> int:
         path = os.path.join(root, name)
         if not os.path.isfile(os.path.join(path, RUN_JSON)):
             continue
-        info = runinfo.read_json(os.path.join(path, RUN_JSON))
+        info, _ = metadata.read(os.path.join(path, RUN_JSON), metadata.RUN_FIELDS)
         procs = process_folders(path)
         dur = info.get("duration_s")
         rows.append((name, f"{dur:.1f}s" if isinstance(dur, (int, float)) else "running?", len(procs),

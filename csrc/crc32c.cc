@@ -59,13 +59,15 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t n) {
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
 #if defined(__x86_64__)
   static const bool hw = __builtin_cpu_supports("sse4.2");
-  if (hw) return ~crc_hw(~0u, p, n);
+  if (hw) return ~crc_hw(~crc, p, n);
 #endif
-  return ~crc_soft(~0u, p, n);
+  return ~crc_soft(~crc, p, n);
 }
+
+uint32_t crc32c(const void* data, size_t n) { return crc32c_extend(0, data, n); }
 
 }  // namespace stepscope

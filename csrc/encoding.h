@@ -58,5 +58,8 @@ struct Cursor {
 };
 
 uint32_t crc32c(const void* data, size_t n);
+// The CRC-32C of (bytes already summed to `crc`) followed by these: crc32c(a + b) ==
+// crc32c_extend(crc32c(a), b).
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n);
 
 }  // namespace stepscope

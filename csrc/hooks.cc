@@ -36,6 +36,7 @@
 #include "loop.h"
 #include "pyint.h"
 #include "recorder.h"
+#include "steps.h"
 #include "tell.h"
 
 namespace stepscope {
@@ -366,7 +367,7 @@ PyObject* make(PyObject* original, PyObject* record, PyObject* prefixes, PyObjec
         PyArg_ParseTuple(loop, "OO!O!II|O!:loop", &state, &PyTuple_Type, &fetches, &PyTuple_Type, &zero_grads,
                          &category, &span_name, &PyTuple_Type, &optimizer_steps) &&
         str_tuple(fetches) && str_tuple(zero_grads) && (!optimizer_steps || str_tuple(optimizer_steps)) &&
-        category < 256)) {
+        category < 256 && check_name_id(span_name))) {
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_TypeError, "loop is (state, fetches: tuple of str, zero_grads: tuple of str, "
                                        "category, name[, optimizer_steps: tuple of str])");

@@ -187,6 +187,12 @@ bool arg_u64(PyObject* o, uint64_t* out) {
   return ok;
 }
 
+// A name id from Python, which must be one intern() returned: a made-up id would reach
+// the trace and make every reader look up a name that was never written.
+bool arg_name(PyObject* o, uint64_t* out) {
+  return arg_u64(o, out) && stepscope::check_name_id(*out);
+}
+
 // annotate(name, category=0) -> Span; annotate(func) decorates with func's name.
 PyObject* py_annotate(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs < 1 || nargs > 2) {
@@ -263,7 +269,7 @@ PyObject* py_span(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
   uint64_t cat, name, t0, t1, arg = 0;
-  if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name) || !arg_u64(args[2], &t0)) return nullptr;
+  if (!arg_u64(args[0], &cat) || !arg_name(args[1], &name) || !arg_u64(args[2], &t0)) return nullptr;
   if (nargs >= 4 && args[3] != Py_None) {
     if (!arg_u64(args[3], &t1)) return nullptr;
   } else {
@@ -283,7 +289,7 @@ PyObject* py_instant(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
   uint64_t cat, name, arg = 0;
-  if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name)) return nullptr;
+  if (!arg_u64(args[0], &cat) || !arg_name(args[1], &name)) return nullptr;
   const bool has_arg = nargs == 3 && args[2] != Py_None;
   if (has_arg && !arg_u64(args[2], &arg)) return nullptr;
   record_instant(uint8_t(cat & 15), uint32_t(name), arg, has_arg);
@@ -298,7 +304,7 @@ PyObject* py_counter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   if (!g_enabled.load(std::memory_order_relaxed)) Py_RETURN_NONE;
   uint64_t cat, name, arg = 0;
-  if (!arg_u64(args[0], &cat) || !arg_u64(args[1], &name)) return nullptr;
+  if (!arg_u64(args[0], &cat) || !arg_name(args[1], &name)) return nullptr;
   double v = PyFloat_AsDouble(args[2]);
   if (v == -1.0 && PyErr_Occurred()) return nullptr;
   const bool has_arg = nargs >= 4 && args[3] != Py_None;
@@ -333,6 +339,9 @@ nb::object to_numpy(std::vector<T>&& v) {
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
 }
 
+nb::str text_of(const std::string& s);
+nb::list texts_of(const std::vector<std::string>& v);
+
 nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes, bool with_events,
                        bool with_gpu) {
   Columns c;
@@ -355,11 +364,11 @@ nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, u
   d["arg"] = to_numpy(std::move(c.arg));
   d["step"] = to_numpy(std::move(c.step));
   d["value"] = to_numpy(std::move(c.value));
-  d["names"] = nb::cast(c.names);
+  d["names"] = texts_of(c.names);
   d["valid_end"] = c.valid_end;
   d["gpu_chunks"] = c.gpu_chunks;
   nb::list tracks;
-  for (auto& t : c.tracks) tracks.append(nb::make_tuple(t.id, t.tid, t.kind, t.name));
+  for (auto& t : c.tracks) tracks.append(nb::make_tuple(t.id, t.tid, t.kind, text_of(t.name)));
   d["tracks"] = tracks;
   GpuColumns& g = c.gpu;
   nb::dict gpu;
@@ -385,7 +394,7 @@ nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, u
   for (auto [k, v] : {std::pair{"frame_line", &y.frame_line}, {"stack_parent", &y.stack_parent}}) py[k] = to_numpy(std::move(*v));
   py["time"] = to_numpy(std::move(y.time));
   py["tid"] = to_numpy(std::move(y.tid));
-  py["strings"] = nb::cast(y.strings);
+  py["strings"] = texts_of(y.strings);
   py["interval_ns"] = y.interval_ns;
   d["py"] = py;
   d["header"] = nb::bytes(c.header_json.data(), c.header_json.size());
@@ -393,13 +402,36 @@ nb::dict read_trace_py(const std::string& path, uint32_t part, uint32_t parts, u
   d["dropped"] = c.dropped;
   d["written"] = c.written;
   d["clean_close"] = c.clean_close;
-  d["warnings"] = nb::cast(c.warnings);
+  d["warnings"] = texts_of(c.warnings);
   return d;
 }
 
 }  // namespace
 
 int64_t stepscope::intern_pyname(PyObject* name) { return intern_obj(name); }
+
+bool stepscope::check_name_id(uint64_t id) {
+  if (is_interned(id)) return true;
+  PyErr_Format(PyExc_ValueError, "name id %llu was never interned (use stepscope's intern(name))",
+               (unsigned long long)id);
+  return false;
+}
+
+namespace {
+// Text from a trace file as str: invalid UTF-8 (a thread name cut mid-character at the
+// OS's 15 bytes, damage) becomes U+FFFD rather than failing the whole read.
+nb::str text_of(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), Py_ssize_t(s.size()), "replace");
+  if (!o) throw nb::python_error();
+  return nb::steal<nb::str>(o);
+}
+
+nb::list texts_of(const std::vector<std::string>& v) {
+  nb::list out;
+  for (const std::string& s : v) out.append(text_of(s));
+  return out;
+}
+}  // namespace
 
 NB_MODULE(_native, m) {
   m.doc() = "stepscope's native tracing core";
@@ -522,6 +554,7 @@ NB_MODULE(_native, m) {
                          uint64_t bytes, uint32_t thread, uint32_t config) {
     // The write path CUPTI's decoder uses, for tests and fixtures without a GPU.
     if (type >= kNumGpuTypes) throw nb::value_error("type must be 0..5 (see GPU_TYPES)");
+    if (!check_name_id(name)) throw nb::python_error();
     if (!g_enabled.load()) return false;
     GpuRecord r{start_ns, end_ns, bytes, device, stream, name, config, correlation, thread, type, sub, sub2};
     return gpu_enqueue(&r, 1) == 0;

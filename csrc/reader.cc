@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "encoding.h"
 #include "format.h"
@@ -19,12 +20,17 @@ struct Mapped {
   const uint8_t* data = nullptr;
   size_t size = 0;
   explicit Mapped(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO in a trace's place must not hang the reader (it is refused below)
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw FormatError("cannot open " + path + ": " + std::strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
       ::close(fd);
       throw FormatError("cannot stat " + path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw FormatError(path + " is not a stepscope trace (not a regular file)");
     }
     size = size_t(st.st_size);
     if (size > 0) {
@@ -54,6 +60,11 @@ uint32_t load32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+uint32_t chunk_checksum(const uint8_t* d, const ChunkRef& ch, bool with_header) {
+  const uint8_t* payload = d + ch.offset;
+  return with_header ? chunk_crc(payload - kChunkHeader, payload, ch.len) : crc32c(payload, ch.len);
 }
 
 // Next chunk magic at or after `from`, or `size` if none.
@@ -90,6 +101,10 @@ void decode_events(Columns& c, const uint8_t* p, uint32_t len, const std::string
     const uint8_t b0 = cur.byte();
     const uint8_t kind = b0 & 3;
     const size_t j = base + i;
+    if (kind > kCounter) {  // kind 3 is no event: damage the CRC did not catch (or a 1.0-1.2 file)
+      cur.ok = false;
+      continue;
+    }
     c.kind[j] = kind;
     c.cat[j] = (b0 >> 2) & 15;
     c.name[j] = uint32_t(cur.varint());
@@ -176,39 +191,70 @@ void decode_gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& p
                          ", rest of chunk skipped");
 }
 
-// A table grows to `first + count` entries; entries are written where their id says.
+// Ids of interned tables (names, launch configs, Python strings, frames, stacks) are
+// dense from 0, so a table is a vector indexed by id. An id far beyond the entries
+// defined so far (counted as read, not as the table's size, which gaps inflate) is
+// damage: refusing it keeps a table's memory within a constant factor of what the
+// file defines, whatever the id.
+constexpr uint64_t kIdSlack = 1u << 16;
+bool within_reach(uint64_t id, uint64_t& defined) {
+  if (id >= 2 * defined + kIdSlack) return false;
+  ++defined;
+  return true;
+}
+
+// Entries each table has been given so far (within_reach's measure).
+struct Defined {
+  uint64_t names = 0, configs = 0, strings = 0, frames = 0, stacks = 0;
+};
+
+// A table grows to hold `id`; the entries skipped (defined by a lost chunk) get `fill`.
 template <typename T>
-T& at_id(std::vector<T>& v, uint64_t id) {
-  if (v.size() <= id) v.resize(id + 1);
+T& at_id(std::vector<T>& v, uint64_t id, const T& fill = T()) {
+  if (v.size() <= id) v.resize(id + 1, fill);
   return v[id];
 }
 
-void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset) {
+// Python stack tables' "never defined" marks: a sample whose stack leads to one is lost.
+constexpr uint32_t kUndefined = 0xFFFFFFFFu;
+constexpr int32_t kUndefinedParent = -2;
+
+// Each part's entries run from a `first` id; one out of reach ends the chunk (the ids
+// after it would be as wrong).
+void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset, Defined& defined) {
   PyColumns& py = c.py;
+  bool reach = true;
   uint64_t first = cur.varint(), n = cur.varint();
-  for (uint64_t i = 0; i < n && cur.ok && first + i < (1u << 26); ++i) {
+  for (uint64_t i = 0; i < n && cur.ok && (reach = within_reach(first + i, defined.strings)); ++i) {
     std::string s = cur.bytes(size_t(cur.varint()));
     if (cur.ok) at_id(py.strings, first + i) = std::move(s);
   }
-  first = cur.varint();
-  n = cur.varint();
-  for (uint64_t i = 0; i < n && cur.ok && first + i < (1u << 26); ++i) {
+  if (reach) {
+    first = cur.varint();
+    n = cur.varint();
+  }
+  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, defined.frames)); ++i) {
     const uint32_t func = uint32_t(cur.varint()), file = uint32_t(cur.varint());
     const int32_t line = int32_t(unzigzag(cur.varint()));
-    at_id(py.frame_func, first + i) = func;
-    at_id(py.frame_file, first + i) = file;
+    if (!cur.ok) break;
+    at_id(py.frame_func, first + i, kUndefined) = func;
+    at_id(py.frame_file, first + i, kUndefined) = file;
     at_id(py.frame_line, first + i) = line;
   }
-  first = cur.varint();
-  n = cur.varint();
-  for (uint64_t i = 0; i < n && cur.ok && first + i < (1u << 26); ++i) {
+  if (reach) {
+    first = cur.varint();
+    n = cur.varint();
+  }
+  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, defined.stacks)); ++i) {
     const int32_t parent = int32_t(int64_t(cur.varint()) - 1);
     const uint32_t frame = uint32_t(cur.varint());
-    at_id(py.stack_parent, first + i) = parent;
-    at_id(py.stack_frame, first + i) = frame;
+    if (!cur.ok) break;
+    at_id(py.stack_parent, first + i, kUndefinedParent) = parent;
+    at_id(py.stack_frame, first + i, kUndefined) = frame;
   }
-  if (!cur.ok)
-    c.warnings.push_back(path + ": malformed Python stacks chunk at offset " + std::to_string(offset));
+  if (!cur.ok || !reach)
+    c.warnings.push_back(path + ": malformed Python stacks chunk at offset " + std::to_string(offset) +
+                         ", rest of chunk skipped");
 }
 
 void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t offset) {
@@ -233,6 +279,14 @@ void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t o
   if (!cur.ok)
     c.warnings.push_back(path + ": malformed Python samples chunk at offset " + std::to_string(offset) +
                          ", rest of chunk skipped");
+}
+
+// One warning per unknown chunk type: its count and first offset.
+void warn_unknown_chunks(Columns& c, const std::map<uint8_t, std::vector<size_t>>& unknown, const std::string& path) {
+  for (const auto& [type, offsets] : unknown)
+    c.warnings.push_back(path + ": " + std::to_string(offsets.size()) + " chunk(s) of unknown type " +
+                         std::to_string(type) + " skipped (first at offset " + std::to_string(offsets.front()) +
+                         "; written by a newer stepscope, or damaged)");
 }
 
 }  // namespace
@@ -293,6 +347,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
     chunks.push_back({type, payload, len, crc});
     off = payload + len;
   }
+  const bool header_crc = c.minor >= kMinorHeaderCrc;  // 1.0-1.2: the payload only
   // A part is a contiguous run of the event chunks and one of the GPU chunks; every
   // other chunk (names, tracks, configs, stacks, stats) is read by every part.
   size_t n_events = 0, n_gpu = 0;
@@ -315,7 +370,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
     }
     // Checksums of the chunks this part decodes only: a trace read a part at a time
     // would otherwise be checked whole for every part
-    if (mine[i] && crc32c(d + chunks[i].offset, chunks[i].len) != chunks[i].crc) {
+    if (mine[i] && chunk_checksum(d, chunks[i], header_crc) != chunks[i].crc) {
       c.warnings.push_back(path + ": checksum mismatch in chunk at offset " +
                            std::to_string(chunks[i].offset - kChunkHeader) + ", chunk skipped");
       mine[i] = false;
@@ -324,7 +379,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
       if (mine[i]) {
         Cursor cur{d + chunks[i].offset, d + chunks[i].offset + chunks[i].len};
         cur.varint();
-        events += size_t(cur.varint());
+        events += size_t(std::min<uint64_t>(cur.varint(), chunks[i].len));  // an event takes a byte at least
       }
     }
   }
@@ -336,6 +391,8 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
   c.value.reserve(events);
 
   // Pass 2: decode.
+  std::map<uint8_t, std::vector<size_t>> unknown;  // type -> offsets of the chunks skipped
+  Defined defined;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (!mine[i]) continue;
     const ChunkRef& ch = chunks[i];
@@ -351,9 +408,12 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
           uint64_t id = cur.varint();
           uint64_t slen = cur.varint();
           std::string s = cur.bytes(size_t(slen));
-          if (!cur.ok || id > (1u << 28)) break;
-          if (c.names.size() <= id) c.names.resize(id + 1);
-          c.names[id] = std::move(s);
+          if (!cur.ok || !within_reach(id, defined.names)) {
+            c.warnings.push_back(path + ": malformed names chunk at offset " +
+                                 std::to_string(ch.offset - kChunkHeader) + ", rest of chunk skipped");
+            break;
+          }
+          at_id(c.names, id) = std::move(s);
         }
         break;
       }
@@ -379,14 +439,14 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
           uint64_t id = cur.varint();
           uint32_t v[9];
           for (uint32_t& x : v) x = uint32_t(cur.varint());
-          if (!cur.ok || id > (1u << 24)) break;
+          if (!cur.ok || !within_reach(id, defined.configs)) break;
           if (c.gpu.configs.size() < (id + 1) * 9) c.gpu.configs.resize((id + 1) * 9);
           std::copy(v, v + 9, c.gpu.configs.begin() + long(id * 9));
         }
         break;
       }
       case kChunkPyStacks:
-        decode_pystacks(c, cur, path, ch.offset - kChunkHeader);
+        decode_pystacks(c, cur, path, ch.offset - kChunkHeader, defined);
         break;
       case kChunkPySamples:
         decode_pysamples(c, cur, path, ch.offset - kChunkHeader);
@@ -402,10 +462,12 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
         if (ch.type == kChunkEnd) c.clean_close = true;
         break;
       }
-      default:
-        break;  // a newer minor version's chunk: skip
+      default:  // a newer minor version's chunk (or, in a 1.0-1.2 file, a damaged type byte)
+        unknown[ch.type].push_back(ch.offset - kChunkHeader);
+        break;
     }
   }
+  warn_unknown_chunks(c, unknown, path);
   return c;
 }
 

@@ -9,6 +9,8 @@ namespace stepscope {
 
 // Interns a Python str (module.cc's cache); -1 with a Python error set.
 int64_t intern_pyname(PyObject* name);
+// Whether `id` is a name id intern() handed out; else false with a ValueError set.
+bool check_name_id(uint64_t id);
 
 // Adds the StepTracker type to the module; false with a Python error set.
 bool add_step_tracker(PyObject* module);

@@ -46,6 +46,7 @@ std::mutex g_names_mu;
 std::vector<std::string> g_names;
 std::unordered_map<std::string, uint32_t> g_name_ids;
 size_t g_name_bytes = 0;                       // the text held in g_names
+std::atomic<uint64_t> g_names_count{0};        // g_names.size(), read without the lock
 uint32_t g_overflow_id = UINT32_MAX;           // kOverflowName's id, once a name was folded
 std::atomic<uint64_t> g_names_folded{0};      // lookups folded since the trace opened
 
@@ -177,6 +178,7 @@ uint32_t intern(const std::string& s, bool* folded) {
       g_overflow_id = uint32_t(g_names.size());
       g_names.emplace_back(kOverflowName);
       g_name_ids.emplace(kOverflowName, g_overflow_id);
+      g_names_count.store(g_names.size(), std::memory_order_release);
     }
     g_names_folded.fetch_add(1, std::memory_order_relaxed);
     if (folded) *folded = true;
@@ -187,13 +189,12 @@ uint32_t intern(const std::string& s, bool* folded) {
   g_names.push_back(s);
   g_name_bytes += s.size();
   g_name_ids.emplace(s, id);
+  g_names_count.store(g_names.size(), std::memory_order_release);
   return id;
 }
 
-bool is_interned(uint64_t id) {
-  std::lock_guard<std::mutex> lk(g_names_mu);
-  return id < g_names.size();
-}
+// Ids are dense from 0: one compare, no lock (the entry points that take an id check it).
+bool is_interned(uint64_t id) { return id < g_names_count.load(std::memory_order_acquire); }
 
 // Step numbers count per mode, from 0 in every session.
 std::mutex g_steps_mu;
@@ -246,16 +247,8 @@ void begin_chunk(std::string& out, uint8_t type, size_t* at) {
 }
 
 void end_chunk(std::string& out, uint8_t type, size_t at) {
-  uint32_t len = uint32_t(out.size() - at - kChunkHeader);
-  uint32_t crc = crc32c(out.data() + at + kChunkHeader, len);
-  char* h = &out[at];
-  uint32_t magic = kChunkMagic;
-  std::memcpy(h, &magic, 4);
-  h[4] = char(type);
-  h[5] = 0;
-  h[6] = h[7] = 0;
-  std::memcpy(h + 8, &len, 4);
-  std::memcpy(h + 12, &crc, 4);
+  const uint32_t len = uint32_t(out.size() - at - kChunkHeader);
+  write_chunk_header(&out[at], type, out.data() + at + kChunkHeader, len);
 }
 
 // Events chunk: track | count | base_ns | base_step | records. Each record:

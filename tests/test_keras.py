@@ -172,6 +172,32 @@ def test_profiler_windows_leave_the_jobs_stderr_as_it_was(tmp_path):
     assert (steps[steps["mode"] == "train"][COMPUTE] > 0).any(axis=1).sum() > 0  # windows were sampled
 
 
+def _failing_fit(tmp_path, name, profiled):
+    """The corpus's failing-fit script (a fit with labels of the wrong shape, then a fit whose
+    callback raises inside a profiler window), with TF logging at its default level."""
+    script = os.path.join(os.path.dirname(SCRIPTS), "conformance", "keras_tf_fit_error.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k not in (
+        "KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")}
+    if profiled:
+        env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k")
+    cwd = tmp_path / name
+    cwd.mkdir()
+    return subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_failing_fit_keeps_its_traceback(tmp_path):
+    """Issue 47: errors inside fit (one while the step is traced, one in a user's callback
+    while a profiler window is open) print the plain run's stderr byte for byte: no stepscope
+    frame, Keras's filter keeps the frame that raised, no "Profiler session tear down."."""
+    plain, profiled = _failing_fit(tmp_path, "plain", False), _failing_fit(tmp_path, "profiled", True)
+    assert plain.returncode == profiled.returncode == 1
+    stamp = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ ", re.MULTILINE)
+    assert stamp.sub(r"\1 ", profiled.stderr) == stamp.sub(r"\1 ", plain.stderr)
+    assert "nn.py" in plain.stderr and "stepscope" not in profiled.stderr
+    steps = stepscope.load(tmp_path / "runs" / "k").steps
+    assert (steps[steps["mode"] == "train"][COMPUTE] > 0).any(axis=1).sum() == 0  # the window never closed
+
+
 def test_a_loss_of_raw_ops_between_forward_and_gradients_is_loss():
     """A custom train_step's loss (raw ops, no compile_loss scope): the unscoped ops
     between the model's last forward op and the first gradient op are Loss; a metric

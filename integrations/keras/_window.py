@@ -192,6 +192,9 @@ class Sampler:
 
     def __init__(self, model, steps_range: Optional[Tuple[int, int]]):
         Sampler._live.add(self)
+        from stepscope.core import session
+
+        session.on_stop(Sampler.discard_all)
         from tensorflow.python.profiler import profiler_v2
 
         self.profiler_mod = profiler_v2
@@ -243,6 +246,16 @@ class Sampler:
         window, self.window = self.window, None
         if window is not None:
             window.close(end)
+
+    @classmethod
+    def discard_all(cls) -> None:
+        """At session stop: a window a failed fit left open is stopped now, its own
+        log lines dropped (its teardown would print "Profiler session tear down."
+        on the job's stderr at exit)."""
+        for sampler in cls.live():
+            window, sampler.window = sampler.window, None
+            if window is not None:
+                window.abandon()
 
     def abandon(self) -> None:
         """A user's profiler is starting: give the profiler to it."""

@@ -31,6 +31,7 @@ from typing import Optional
 
 from stepscope.core import _native, session
 from stepscope.integrations._base import Instrumentor
+from stepscope.integrations._frameless import frameless
 from stepscope.integrations._steps import GETNEXT, PHASE, StepTracker
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "keras_loop_begins",
@@ -63,23 +64,21 @@ class TfDataInstrumentor(Instrumentor):
         inst = self
         fetching = threading.local()  # a fetch in progress on this thread: inner ones are part of it
 
-        def wrap(original):
-            def fetch(iterator, *args, **kwargs):
-                if not executing_eagerly() or getattr(fetching, "on", False):
-                    return original(iterator, *args, **kwargs)
-                fetching.on = True
-                t0 = _native.now()
-                try:
-                    batch = original(iterator, *args, **kwargs)
-                except out_of_range:
-                    inst.record(t0, None)
-                    raise
-                finally:
-                    fetching.on = False
-                inst.record(t0, _native.now())
-                return batch
+        def before(iterator, *args, **kwargs):
+            if not executing_eagerly() or getattr(fetching, "on", False):
+                return None
+            fetching.on = True
+            return (iterator, *args), kwargs, _native.now()
 
-            return fetch
+        def after(t0, exc):
+            fetching.on = False
+            if exc is None:
+                inst.record(t0, _native.now())
+            elif isinstance(exc, out_of_range):
+                inst.record(t0, None)
+
+        def wrap(original):  # frameless: a dataset's error shows no stepscope frame
+            return frameless(original, before, after, "the tf.data integration failed")
 
         self.patch(iterator_ops.OwnedIterator, "_next_internal", wrap)
         try:

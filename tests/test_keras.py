@@ -217,3 +217,24 @@ def test_a_loss_of_raw_ops_between_forward_and_gradients_is_loss():
     scoped = Trace(ops=trace.ops[:2] + [op(21, 24, "Loss"), op(24, 27, None)] + trace.ops[4:])
     assert {name: round(s1 - s0, 3) for name, s0, s1 in split_step(scoped, 0.0, 100.0)}["Loss"] == \
         pytest.approx(60 * 3 / busy, abs=1e-3)
+
+
+def test_mixed_float16_update_ops_are_optimizer():
+    """Issue 47 item 5: under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer
+    (scope ``loss_scale_optimizer``) whose inner optimizer builds the update ops under its own
+    scope: those ops are Optimizer, as are the wrapper's own."""
+    import keras
+
+    from stepscope.integrations.keras import _window
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.Adam(name="my_adam"), loss="mse")
+        scopes = _window.Sampler(model, None).scopes
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+    assert scopes.phase("StatefulPartitionedCall/my_adam/Sub") == "Optimizer"
+    assert scopes.phase("StatefulPartitionedCall/loss_scale_optimizer/IsFinite") == "Optimizer"
+    assert scopes.phase(f"StatefulPartitionedCall/{model.name}/dense/MatMul") == "Forward"

@@ -181,6 +181,16 @@ def _write_line(spans) -> None:
             span(cat, nid, t0, t1)
 
 
+def optimizer_names(optimizer) -> tuple:
+    """The name scopes an optimizer's update ops run under: a wrapper's (mixed_float16's
+    ``loss_scale_optimizer``) and those of the optimizers it wraps, which build the updates."""
+    names = []
+    while optimizer is not None and len(names) < 4:
+        names.append(getattr(optimizer, "name", None))
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return tuple(n for n in names if isinstance(n, str) and n)
+
+
 class Sampler:
     """Opens and closes windows along a fit's train steps."""
 
@@ -198,8 +208,7 @@ class Sampler:
         from tensorflow.python.profiler import profiler_v2
 
         self.profiler_mod = profiler_v2
-        optimizer = getattr(model, "optimizer", None)
-        self.scopes = _xspace.Scopes(model.name, getattr(optimizer, "name", None))
+        self.scopes = _xspace.Scopes(model.name, optimizer_names(getattr(model, "optimizer", None)))
         self.steps_range = steps_range
         self.window: Optional[Window] = None
         self.window_end_batch = -1

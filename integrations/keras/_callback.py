@@ -10,6 +10,13 @@ from stepscope.integrations.keras._tf_backend import _fetching_in_python, _has_s
 from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends
 
 MODES = {"train": "train", "test": "eval", "predict": "predict"}
+FRAMEWORK = _native.CATEGORIES.index("framework")
+# The moments of a fit between its epochs' steps (SPEC §3), as framework spans (docs/design.md):
+# from the epoch's last train step to its first validation batch, and from the epoch's last
+# step (validation's, or training's) to the next epoch's first batch (or the loop's end).
+VALIDATION_START = "keras.validation_start"
+EPOCH_END = "keras.epoch_end"
+BETWEEN_EPOCHS = (VALIDATION_START, EPOCH_END)
 _class = None
 
 
@@ -35,6 +42,8 @@ def _build_class(keras):
             self._step_begin = 0
             self._execution = None  # (mode, first batch) of the open execution of steps_per_execution steps
             self._work_end = 0  # tick: end of the open step's compiled call, when known
+            self._last_end = 0  # tick: where the last step closed by _end_step ended
+            self._boundary = None  # (span name, start tick) of the between-epochs interval in progress
             self._sampler = None
             self._off = False
             try:
@@ -58,6 +67,8 @@ def _build_class(keras):
             self._end_step()
             restore = None
             backend = _backend(keras)
+            if backend == "tensorflow" and kind == "test" and self._in_fit():
+                self._boundary_begins(VALIDATION_START)
             if backend == "tensorflow":
                 restore = self._begin_tf(kind)
             elif backend == "torch":
@@ -110,6 +121,10 @@ def _build_class(keras):
                 self._sampler = None
             self._end_step()
             backend = _backend(keras)
+            if backend == "tensorflow" and kind == "test" and self._in_fit():
+                self._boundary_begins(EPOCH_END)
+            elif kind == "train":
+                self._boundary_ends(_native.now())
             if backend == "tensorflow":
                 from stepscope.integrations import tfdata
 
@@ -134,7 +149,23 @@ def _build_class(keras):
                     self._fill_execution(min(self._per_execution(), steps - first) if steps else 1, end)
                 _native.end_step(end)
                 self._open = False
+                self._last_end = end
             return end
+
+        # --- between epochs (TensorFlow: on torch the PyTorch step tracker keeps steps contiguous)
+        def _in_fit(self) -> bool:
+            return bool(self._loops) and self._loops[-1][0] == "train"
+
+        def _boundary_begins(self, name: str) -> None:
+            if self._last_end:
+                self._boundary = (name, self._last_end)
+
+        def _boundary_ends(self, at: int) -> None:
+            if self._boundary is not None:
+                name, start = self._boundary
+                self._boundary = None
+                if at > start:
+                    _native.span(FRAMEWORK, _native.intern(name), start, at)
 
         def _per_execution(self) -> int:
             try:
@@ -165,6 +196,7 @@ def _build_class(keras):
                 return  # on torch the PyTorch step tracker marks steps from its fetches
             sampler = self._sampler if kind == "train" else None
             t = _native.now()
+            self._boundary_ends(t)
             if self._execution is not None:  # the previous callback batch ran this many steps
                 self._fill_execution(batch - self._execution[1], t)
             if sampler is not None and sampler.window_ends_before(batch):
@@ -207,6 +239,8 @@ def _build_class(keras):
         def on_epoch_end(self, epoch, logs=None):
             self._close_window()
             self._end_step()
+            if self._boundary is None and _backend(keras) == "tensorflow" and self._in_fit():
+                self._boundary_begins(EPOCH_END)
 
         @safety.guarded("the Keras callback failed")
         def on_train_batch_begin(self, batch, logs=None):

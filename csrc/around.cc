@@ -102,6 +102,15 @@ PyObject* get_original(PyObject* self, void*) {
   return original;
 }
 
+// Any other attribute is the original's (__name__, __qualname__, __doc__...): code that
+// inspects a method (TensorFlow's autograph, functools, pickling by reference) sees it.
+PyObject* around_getattro(PyObject* self, PyObject* name) {
+  PyObject* found = PyObject_GenericGetAttr(self, name);
+  if (found || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
+  PyErr_Clear();
+  return PyObject_GetAttr(reinterpret_cast<Around*>(self)->original, name);
+}
+
 PyGetSetDef around_getset[] = {
     {"__stepscope_original__", get_original, nullptr, "the wrapped callable", nullptr},
     {"__wrapped__", get_original, nullptr, "the wrapped callable (inspect.signature follows it)", nullptr},
@@ -137,6 +146,7 @@ PyMethodDef functions[] = {
 bool add_around(PyObject* module) {
   AroundType.tp_descr_get = around_get;
   AroundType.tp_getset = around_getset;
+  AroundType.tp_getattro = around_getattro;
   if (!ready_wrapper_type(&AroundType, "stepscope.core._native.Around", sizeof(Around), offsetof(Around, vectorcall),
                           around_traverse, around_clear, around_dealloc,
                           "A wrapper that leaves no frame in tracebacks (around)."))

@@ -111,7 +111,12 @@ PyObject* around_getattro(PyObject* self, PyObject* name) {
   return PyObject_GetAttr(reinterpret_cast<Around*>(self)->original, name);
 }
 
+PyObject* get_doc(PyObject* self, void*) {
+  return PyObject_GetAttrString(reinterpret_cast<Around*>(self)->original, "__doc__");
+}
+
 PyGetSetDef around_getset[] = {
+    {"__doc__", get_doc, nullptr, nullptr, nullptr},
     {"__stepscope_original__", get_original, nullptr, "the wrapped callable", nullptr},
     {"__wrapped__", get_original, nullptr, "the wrapped callable (inspect.signature follows it)", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};

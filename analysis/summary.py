@@ -6,6 +6,7 @@ Every figure comes from ``analysis/quantities.py``, which the rules use too.
 from __future__ import annotations
 
 from stepscope.analysis.ending import run_ending
+from stepscope.analysis.epochs import between_epochs, format_line as between_epochs_line
 from stepscope.analysis.loop import run_loop_notes
 from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
                                            summary_steps)
@@ -63,6 +64,9 @@ def summarize(run, params=None) -> dict:
         out["profiler_windows"] = windows
         if windows["share"] >= PROFILER_NOTE_SHARE:
             out["notes"] = list(out["notes"]) + [PROFILER_NOTE.format(**windows, percent=percent(windows["share"]))]
+    epochs = between_epochs(r)
+    if epochs is not None:
+        out["between_epochs"] = epochs  # a Keras fit's time outside its steps, named
     out["loop_notes"] = run_loop_notes(r, ending)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
@@ -94,6 +98,8 @@ def format_text(s: dict) -> str:
         w = s["profiler_windows"]
         lines.append(f"  (stepscope {percent(w['share']):>6} of step time in {w['windows']} operator "
                      f"window(s), counted in Other: STEPSCOPE_OPS=0 turns them off)")
+    if s.get("between_epochs"):
+        lines.append(between_epochs_line(s["between_epochs"]))
     sysb = s["system"]
     if sysb.get("cpu_util"):
         c = sysb["cpu_util"]

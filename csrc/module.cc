@@ -13,6 +13,7 @@
 
 #include "cupti.h"
 #include "gpu.h"
+#include "around.h"
 #include "hooks.h"
 #include "loop.h"
 #include "optimizer_hooks.h"
@@ -459,7 +460,8 @@ NB_MODULE(_native, m) {
     phases.append(s);
   }
   m.attr("PHASES") = nb::tuple(phases);
-  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr()) || !add_loop_state(m.ptr()) || !add_roots(m.ptr()) ||
+  if (!add_step_tracker(m.ptr()) || !add_hooks(m.ptr()) || !add_around(m.ptr()) || !add_loop_state(m.ptr()) ||
+      !add_roots(m.ptr()) ||
       !add_optimizer_hooks(m.ptr()) || !add_passes(m.ptr()))
     throw nb::python_error();
 

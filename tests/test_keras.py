@@ -172,6 +172,32 @@ def test_profiler_windows_leave_the_jobs_stderr_as_it_was(tmp_path):
     assert (steps[steps["mode"] == "train"][COMPUTE] > 0).any(axis=1).sum() > 0  # windows were sampled
 
 
+def _failing_fit(tmp_path, name, profiled):
+    """The corpus's failing-fit script (a fit with labels of the wrong shape, then a fit whose
+    callback raises inside a profiler window), with TF logging at its default level."""
+    script = os.path.join(os.path.dirname(SCRIPTS), "conformance", "keras_tf_fit_error.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k not in (
+        "KERAS_BACKEND", "TF_CPP_MIN_LOG_LEVEL")}
+    if profiled:
+        env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k")
+    cwd = tmp_path / name
+    cwd.mkdir()
+    return subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_failing_fit_keeps_its_traceback(tmp_path):
+    """Issue 47: errors inside fit (one while the step is traced, one in a user's callback
+    while a profiler window is open) print the plain run's stderr byte for byte: no stepscope
+    frame, Keras's filter keeps the frame that raised, no "Profiler session tear down."."""
+    plain, profiled = _failing_fit(tmp_path, "plain", False), _failing_fit(tmp_path, "profiled", True)
+    assert plain.returncode == profiled.returncode == 1
+    stamp = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ ", re.MULTILINE)
+    assert stamp.sub(r"\1 ", profiled.stderr) == stamp.sub(r"\1 ", plain.stderr)
+    assert "nn.py" in plain.stderr and "stepscope" not in profiled.stderr
+    steps = stepscope.load(tmp_path / "runs" / "k").steps
+    assert (steps[steps["mode"] == "train"][COMPUTE] > 0).any(axis=1).sum() == 0  # the window never closed
+
+
 def test_a_loss_of_raw_ops_between_forward_and_gradients_is_loss():
     """A custom train_step's loss (raw ops, no compile_loss scope): the unscoped ops
     between the model's last forward op and the first gradient op are Loss; a metric
@@ -191,3 +217,78 @@ def test_a_loss_of_raw_ops_between_forward_and_gradients_is_loss():
     scoped = Trace(ops=trace.ops[:2] + [op(21, 24, "Loss"), op(24, 27, None)] + trace.ops[4:])
     assert {name: round(s1 - s0, 3) for name, s0, s1 in split_step(scoped, 0.0, 100.0)}["Loss"] == \
         pytest.approx(60 * 3 / busy, abs=1e-3)
+
+
+def test_mixed_float16_update_ops_are_optimizer():
+    """Issue 47 item 5: under mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer
+    (scope ``loss_scale_optimizer``) whose inner optimizer builds the update ops under its own
+    scope: those ops are Optimizer, as are the wrapper's own."""
+    import keras
+
+    from stepscope.integrations.keras import _window
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.Adam(name="my_adam"), loss="mse")
+        scopes = _window.Sampler(model, None).scopes
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+    assert scopes.phase("StatefulPartitionedCall/my_adam/Sub") == "Optimizer"
+    assert scopes.phase("StatefulPartitionedCall/loss_scale_optimizer/IsFinite") == "Optimizer"
+    assert scopes.phase(f"StatefulPartitionedCall/{model.name}/dense/MatMul") == "Forward"
+
+
+VALIDATION_EPOCHS = r"""
+import os, sys, time
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import keras, numpy as np
+
+class Loop(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.t0 = time.time_ns()
+
+    def on_train_end(self, logs=None):
+        print("loop_ns", self.t0, time.time_ns())
+
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(640, 16)).astype("float32"), rng.normal(size=(640, 1)).astype("float32")
+xv, yv = rng.normal(size=(160, 16)).astype("float32"), rng.normal(size=(160, 1)).astype("float32")
+model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+model.fit(x, y, batch_size=32, epochs=3, validation_data=(xv, yv), verbose=0, callbacks=[Loop()])
+print("done")
+"""
+
+
+def test_fit_with_validation_is_steps_or_named_epoch_boundaries(tmp_path):
+    """Issue 47 item 3 (SPEC §3): every moment of a Keras-on-TF fit with validation is in a
+    step or in a between-epochs interval the summary names, per epoch; no finding."""
+    (tmp_path / "fit_validation.py").write_text(VALIDATION_EPOCHS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE") and k != "KERAS_BACKEND"}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="k", TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, str(tmp_path / "fit_validation.py")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr[-3000:]
+    t0, t1 = (int(v) for v in r.stdout.split("loop_ns")[1].split()[:2])
+    run = stepscope.load(tmp_path / "runs" / "k")
+    steps = run.steps
+    _check_common(steps, {"train": 60, "eval": 15})
+    ev = run.events
+    boundaries = ev[(ev["category"] == "framework") & ev["name"].isin(["keras.validation_start", "keras.epoch_end"])]
+    assert boundaries.groupby("name", observed=True).size().to_dict() == {"keras.epoch_end": 3,
+                                                                          "keras.validation_start": 3}
+    covered = int(steps["duration_ns"].sum()) + int((boundaries["end_ns"] - boundaries["start_ns"]).sum())
+    first = int(steps["start_ns"].min())
+    assert covered >= 0.97 * (t1 - first), (covered, t1 - first)  # the loop from its first step on
+    assert first - t0 < 0.5 * (t1 - t0)  # before it: the step function's first trace, no more
+    from stepscope.analysis.summary import format_text, summarize
+
+    summary = summarize(str(tmp_path / "runs" / "k"))
+    between = summary["between_epochs"]
+    assert between["epochs"] == 3 and set(between["parts"]) == {
+        "validation start-up", "epoch end (callbacks, checkpointing, next epoch's start)"}
+    assert "between epochs" in format_text(summary)
+    assert [f["rule"] for f in summary["findings"]] == []

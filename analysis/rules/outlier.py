@@ -61,6 +61,10 @@ class StepOutlier(Rule):
         for (process, rank, mode), s in steps.groupby(["process", "rank", "mode"], dropna=False, sort=True,
                                                       observed=True):
             s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
+            if mode != TRAIN:  # each evaluation pass warms up anew (a new iterator, a retrace): its first step
+                if starts is None:
+                    starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
+                s = s[~starts.reindex(s.index, fill_value=False).to_numpy(dtype=bool)]
             if len(windows):
                 s = s[~_profiled(s, windows[windows["process"].astype(str) == str(process)])]
             if len(s) < p["min_steps"]:

@@ -7,9 +7,17 @@ import sys
 from stepscope.core import _native, safety
 from stepscope.integrations.keras._instrumentors import backend_hooks
 from stepscope.integrations.keras._tf_backend import _fetching_in_python, _has_strategy
-from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends
+from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends, _torch_tracker
 
 MODES = {"train": "train", "test": "eval", "predict": "predict"}
+FRAMEWORK = _native.CATEGORIES.index("framework")
+# The moments of a fit between its epochs' steps (SPEC §3), as framework spans (docs/design.md):
+# from the epoch's last train step to its first validation batch, and from the epoch's last
+# step (validation's, or training's) to the next epoch's first batch (or the loop's end).
+VALIDATION_START = "keras.validation_start"
+EPOCH_END = "keras.epoch_end"
+BETWEEN_EPOCHS = (VALIDATION_START, EPOCH_END)
+FIT = "keras.fit"  # a fit's loop, on_train_begin to on_train_end: what its steps and intervals cover
 _class = None
 
 
@@ -35,6 +43,9 @@ def _build_class(keras):
             self._step_begin = 0
             self._execution = None  # (mode, first batch) of the open execution of steps_per_execution steps
             self._work_end = 0  # tick: end of the open step's compiled call, when known
+            self._last_end = 0  # tick: where the last step closed by _end_step ended
+            self._boundary = None  # (span name, start tick) of the between-epochs interval in progress
+            self._fit_begin = 0  # tick: on_train_begin of the fit in progress
             self._sampler = None
             self._off = False
             try:
@@ -58,11 +69,18 @@ def _build_class(keras):
             self._end_step()
             restore = None
             backend = _backend(keras)
+            if kind == "test" and self._in_fit() and backend == "tensorflow":
+                self._boundary_begins(VALIDATION_START)
+            if kind == "train":
+                self._fit_begin = _native.now()
             if backend == "tensorflow":
                 restore = self._begin_tf(kind)
             elif backend == "torch":
                 _tfdata_loop(True)  # a tf.data dataset fed to a torch-backend fit: no steps of its own
+                last_end = self._last_step_end()  # read before forced_mode closes the tracker
                 _torch_mode_begins(mode)
+                if kind == "test" and self._in_fit():
+                    self._boundary_begins(VALIDATION_START, last_end)
             self._loops.append((kind, restore))
 
         def _begin_tf(self, kind: str):
@@ -110,6 +128,14 @@ def _build_class(keras):
                 self._sampler = None
             self._end_step()
             backend = _backend(keras)
+            if kind == "test" and self._in_fit() and backend == "tensorflow":
+                self._boundary_begins(EPOCH_END)
+            elif kind == "train":
+                end = _native.now()
+                self._boundary_ends(end)
+                if self._fit_begin:
+                    _native.span(FRAMEWORK, _native.intern(FIT), self._fit_begin, end)
+                    self._fit_begin = 0
             if backend == "tensorflow":
                 from stepscope.integrations import tfdata
 
@@ -119,8 +145,11 @@ def _build_class(keras):
                         setattr(self.model, attr, function)
                 tfdata.keras_loop_ends()
             elif backend == "torch":
+                last_end = self._last_step_end()
                 _torch_mode_ends()
                 _tfdata_loop(False)
+                if kind == "test" and self._in_fit():
+                    self._boundary_begins(EPOCH_END, last_end)
 
         def _end_step(self) -> int:
             """Ends the open step where its work ended; returns that tick."""
@@ -134,7 +163,32 @@ def _build_class(keras):
                     self._fill_execution(min(self._per_execution(), steps - first) if steps else 1, end)
                 _native.end_step(end)
                 self._open = False
+                self._last_end = end
             return end
+
+        # --- between epochs ----------------------------------------------------------
+        def _in_fit(self) -> bool:
+            return bool(self._loops) and self._loops[-1][0] == "train"
+
+        def _last_step_end(self) -> int:
+            """Where the last closed step ended: ours on TensorFlow, the PyTorch step
+            tracker's on torch (it closes a loop's last step where its work ended)."""
+            if _backend(keras) == "torch":
+                tracker = _torch_tracker()
+                return int(getattr(tracker, "last_end", 0) or 0) if tracker is not None else 0
+            return self._last_end
+
+        def _boundary_begins(self, name: str, end: int = 0) -> None:
+            end = end or self._last_step_end()
+            if end:
+                self._boundary = (name, end)
+
+        def _boundary_ends(self, at: int) -> None:
+            if self._boundary is not None:
+                name, start = self._boundary
+                self._boundary = None
+                if at > start:
+                    _native.span(FRAMEWORK, _native.intern(name), start, at)
 
         def _per_execution(self) -> int:
             try:
@@ -161,10 +215,13 @@ def _build_class(keras):
                 self._sampler.close(self._end_step())
 
         def _step(self, kind: str, batch: int) -> None:
-            if self._off or not self._loops or _backend(keras) == "torch":
+            if self._off or not self._loops:
+                return
+            t = _native.now()
+            self._boundary_ends(t)  # on torch the step began at its fetch, a little before: analysis clips
+            if _backend(keras) == "torch":
                 return  # on torch the PyTorch step tracker marks steps from its fetches
             sampler = self._sampler if kind == "train" else None
-            t = _native.now()
             if self._execution is not None:  # the previous callback batch ran this many steps
                 self._fill_execution(batch - self._execution[1], t)
             if sampler is not None and sampler.window_ends_before(batch):
@@ -207,6 +264,8 @@ def _build_class(keras):
         def on_epoch_end(self, epoch, logs=None):
             self._close_window()
             self._end_step()
+            if self._boundary is None and self._in_fit():
+                self._boundary_begins(EPOCH_END)
 
         @safety.guarded("the Keras callback failed")
         def on_train_batch_begin(self, batch, logs=None):

@@ -10,12 +10,12 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 
 from stepscope.core import safety
 from stepscope.integrations._base import Instrumentor
+from stepscope.integrations._frameless import frameless
 from stepscope.integrations.keras._tf_backend import torch_loaders_read_through_tfdata
 
 
@@ -96,11 +96,13 @@ def _on_tensorflow() -> bool:
 
 
 def _with_callback(method):
-    """fit/evaluate/predict with our callback added to `callbacks` (keyword or positional)."""
-    index = list(inspect.signature(method).parameters).index("callbacks") - 1  # without self
+    """fit/evaluate/predict with our callback added to `callbacks` (keyword or positional).
 
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    A C wrapper (``frameless``): an error raised inside keeps the traceback the
+    plain run shows, Keras's own filtering included."""
+    index = list(inspect.signature(method).parameters).index("callbacks")  # self included
+
+    def before(*args, **kwargs):
         try:
             if index < len(args):
                 callbacks = args[index]
@@ -112,9 +114,14 @@ def _with_callback(method):
                     kwargs["callbacks"] = [*(callbacks or []), _callback_class()()]
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("adding the Keras callback failed", exc)
+        reads = None
         if _on_tensorflow():
-            with torch_loaders_read_through_tfdata():
-                return method(self, *args, **kwargs)
-        return method(self, *args, **kwargs)
+            reads = torch_loaders_read_through_tfdata()
+            reads.__enter__()
+        return args, kwargs, reads
 
-    return wrapper
+    def after(reads, exc):
+        if reads is not None:
+            reads.__exit__(None, None, None)
+
+    return frameless(method, before, after, "adding the Keras callback failed")

@@ -11,6 +11,7 @@ mode. On TensorFlow the compiled step is not sampled: the step and a
 from __future__ import annotations
 
 from stepscope.core import _native, safety, session
+from stepscope.integrations._frameless import frameless
 
 FRAMEWORK = _native.CATEGORIES.index("framework")
 MODES = {"train_on_batch": "train", "test_on_batch": "eval", "predict_on_batch": "predict"}
@@ -19,39 +20,41 @@ _noted: set = set()
 
 
 def wrap(method_name: str):
+    """A frameless wrapper (``integrations._frameless``): errors inside keep their traceback."""
     mode = MODES[method_name]
     span_name = _native.intern(f"keras.{method_name}")
 
-    def make(original):
-        def on_batch(model, *args, **kwargs):
-            import keras
+    def before(*args, **kwargs):
+        import keras
 
-            if keras.backend.backend() == "torch":
-                from stepscope.integrations import torch as st_torch
+        if keras.backend.backend() == "torch":
+            from stepscope.integrations import torch as st_torch
 
-                with st_torch.forced_mode(mode):
-                    return original(model, *args, **kwargs)
-            t0 = _native.now()
-            try:
-                _native.begin_step(mode, t0)
-                _open["step"] = True
-                if method_name not in _noted:
-                    _noted.add(method_name)
-                    session.on_stop(_close)
-                    session.add_note(f"Keras {method_name} on TensorFlow: one step per call; the phases inside "
-                                     "its compiled step are not sampled")
-            except Exception as exc:  # noqa: BLE001
-                safety.report_failure("the Keras integration failed", exc)
-            try:
-                return original(model, *args, **kwargs)
-            finally:
-                t1 = _native.now()
-                _native.span(FRAMEWORK, span_name, t0, t1)
-                _open["last_end"] = t1
+            forced = st_torch.forced_mode(mode)
+            forced.__enter__()
+            return args, kwargs, forced
+        t0 = _native.now()
+        try:
+            _native.begin_step(mode, t0)
+            _open["step"] = True
+            if method_name not in _noted:
+                _noted.add(method_name)
+                session.on_stop(_close)
+                session.add_note(f"Keras {method_name} on TensorFlow: one step per call; the phases inside "
+                                 "its compiled step are not sampled")
+        except Exception as exc:  # noqa: BLE001
+            safety.report_failure("the Keras integration failed", exc)
+        return args, kwargs, t0
 
-        return on_batch
+    def after(token, exc):
+        if not isinstance(token, int):
+            token.__exit__(None, None, None)
+            return
+        t1 = _native.now()
+        _native.span(FRAMEWORK, span_name, token, t1)
+        _open["last_end"] = t1
 
-    return make
+    return lambda original: frameless(original, before, after, "the Keras integration failed")
 
 
 def _close() -> None:

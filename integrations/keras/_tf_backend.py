@@ -4,52 +4,50 @@ and the yield to TensorBoard's profiler."""
 from __future__ import annotations
 
 import contextlib
-import functools
+import itertools
 import sys
 
 from stepscope.core import _native, safety
+from stepscope.integrations._frameless import frameless
 
 
-class _PythonFetch:
-    """Stands for a tf.data iterator in Keras's step function: one eager fetch
-    per step (timed by the tf.data integration), its end as TF's end-of-data."""
+class _EndOfData:
+    """After the last batch of a tf.data iterator fetched in Python: TF's
+    end-of-data error, which Keras's epoch loop catches (as in-graph)."""
 
-    __slots__ = ("iterator", "out_of_range")
+    __slots__ = ("out_of_range",)
 
-    def __init__(self, iterator, out_of_range):
-        self.iterator = iterator
+    def __init__(self, out_of_range):
         self.out_of_range = out_of_range
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        try:
-            return next(self.iterator)
-        except StopIteration:
-            raise self.out_of_range(None, None, "End of sequence") from None
+        raise self.out_of_range(None, None, "End of sequence")
 
 
 def _fetching_in_python(function, callback):
-    """Keras's step function fed from Python; it also tells the callback where
-    each step's work ended (a loop's last step ends there, not after the
-    epoch's bookkeeping)."""
+    """Keras's step function fed from Python (one eager fetch per step, timed by
+    the tf.data integration); it also tells the callback where each step's work
+    ended (a loop's last step ends there, not after the epoch's bookkeeping).
+
+    Frameless, and the batches come through ``itertools.chain`` (C): an error in
+    the step or in the dataset shows no stepscope frame."""
     import tensorflow as tf
     from tensorflow.python.data.ops import iterator_ops
 
-    owned = iterator_ops.OwnedIterator
+    owned, out_of_range = iterator_ops.OwnedIterator, tf.errors.OutOfRangeError
 
-    @functools.wraps(function)
-    def step_function(iterator):
-        try:
-            if type(iterator) is owned:
-                return function(_PythonFetch(iterator, tf.errors.OutOfRangeError))
-            return function(iterator)
-        finally:
-            callback._work_end = _native.now()
+    def before(iterator):
+        if type(iterator) is owned:
+            iterator = itertools.chain(iterator, _EndOfData(out_of_range))
+        return (iterator,), None, callback
 
-    step_function.__stepscope_original__ = function
-    return step_function
+    def after(callback, exc):
+        callback._work_end = _native.now()
+
+    return frameless(function, before, after, "the Keras integration failed")
 
 
 def _has_strategy(model) -> bool:
@@ -66,13 +64,14 @@ def _symbolic_build_fetches_not_steps(original):
     tf.data's custom-loop tracking."""
     from stepscope.integrations import tfdata
 
-    @functools.wraps(original)
-    def build(*args, **kwargs):
-        with tfdata.keras_loop():
-            return original(*args, **kwargs)
+    def before(*args, **kwargs):
+        tfdata.keras_loop_begins()
+        return args, kwargs, None
 
-    build.__stepscope_original__ = original
-    return build
+    def after(token, exc):
+        tfdata.keras_loop_ends()
+
+    return frameless(original, before, after, "the Keras integration failed")
 
 
 @contextlib.contextmanager
@@ -92,8 +91,7 @@ def torch_loaders_read_through_tfdata():
 def _yield_to_user_profiler(original):
     """TensorBoard(profile_batch=...) starts TF's profiler: close our window first."""
 
-    @functools.wraps(original)
-    def start_trace(*args, **kwargs):
+    def before(*args, **kwargs):
         try:
             from stepscope.integrations.keras import _window  # noqa: F811
 
@@ -101,7 +99,6 @@ def _yield_to_user_profiler(original):
                 sampler.abandon()
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("yielding to TensorBoard's profiler failed", exc)
-        return original(*args, **kwargs)
+        return None
 
-    start_trace.__stepscope_original__ = original
-    return start_trace
+    return frameless(original, before, None, "yielding to TensorBoard's profiler failed")

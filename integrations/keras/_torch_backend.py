@@ -6,10 +6,10 @@ torch integration's public seams only)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 
 from stepscope.core import _native, safety
+from stepscope.integrations._frameless import frameless
 
 
 def _torch_tracker():
@@ -38,15 +38,24 @@ def _hidden_from_torch(original):
     """Keras's symbolic passes (building a model on KerasTensors, on a first
     batch before a loop's callbacks run) call the torch modules too: they are
     no steps and no phases (the torch integration's ``hidden()``)."""
+
+    def before(*args, **kwargs):
+        return args, kwargs, _entered_hidden()
+
+    return frameless(original, before, _exit_hidden, "the Keras integration failed")
+
+
+def _entered_hidden() -> contextlib.ExitStack:
     from stepscope.integrations import torch as st_torch
 
-    @functools.wraps(original)
-    def symbolic(*args, **kwargs):
-        with st_torch.hidden(), _tfdata_fetches_not_steps():
-            return original(*args, **kwargs)
+    stack = contextlib.ExitStack()
+    stack.enter_context(st_torch.hidden())
+    stack.enter_context(_tfdata_fetches_not_steps())
+    return stack
 
-    symbolic.__stepscope_original__ = original
-    return symbolic
+
+def _exit_hidden(stack, exc) -> None:
+    stack.close()
 
 
 @contextlib.contextmanager
@@ -68,24 +77,19 @@ def _symbolic_calls_hidden_from_torch(original):
 
     from stepscope.integrations import torch as st_torch
 
-    hidden = _hidden_from_torch(original)
-
-    @functools.wraps(original)
-    def __call__(layer, *args, **kwargs):
+    def before(layer, *args, **kwargs):
         if st_torch.is_hidden() or not any_symbolic_tensors(args, kwargs):
-            return original(layer, *args, **kwargs)
-        return hidden(layer, *args, **kwargs)
+            return None
+        return (layer, *args), kwargs, _entered_hidden()
 
-    __call__.__stepscope_original__ = original
-    return __call__
+    return frameless(original, before, _exit_hidden, "the Keras integration failed")
 
 
 def _wrap_optimizer_apply(original):
     """Keras's optimizer on the torch backend: Optimizer, counted once (apply_gradients calls apply)."""
     depth = [0]
 
-    @functools.wraps(original)
-    def apply(optimizer, *args, **kwargs):
+    def before(optimizer, *args, **kwargs):
         tracker = _torch_tracker() if depth[0] == 0 else None
         t0 = _native.now()
         depth[0] += 1
@@ -95,15 +99,12 @@ def _wrap_optimizer_apply(original):
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("the Keras optimizer hook failed", exc)
             tracker = None
-        try:
-            return original(optimizer, *args, **kwargs)
-        finally:
-            depth[0] -= 1
-            if tracker is not None:
-                try:
-                    tracker.optimizer_ended(id(optimizer), t0, _native.now())
-                except Exception as exc:  # noqa: BLE001
-                    safety.report_failure("the Keras optimizer hook failed", exc)
+        return (optimizer, *args), kwargs, (tracker, id(optimizer), t0)
 
-    apply.__stepscope_original__ = original
-    return apply
+    def after(token, exc):
+        tracker, key, t0 = token
+        depth[0] -= 1
+        if tracker is not None:
+            tracker.optimizer_ended(key, t0, _native.now())
+
+    return frameless(original, before, after, "the Keras optimizer hook failed")

@@ -181,6 +181,16 @@ def _write_line(spans) -> None:
             span(cat, nid, t0, t1)
 
 
+def optimizer_names(optimizer) -> tuple:
+    """The name scopes an optimizer's update ops run under: a wrapper's (mixed_float16's
+    ``loss_scale_optimizer``) and those of the optimizers it wraps, which build the updates."""
+    names = []
+    while optimizer is not None and len(names) < 4:
+        names.append(getattr(optimizer, "name", None))
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return tuple(n for n in names if isinstance(n, str) and n)
+
+
 class Sampler:
     """Opens and closes windows along a fit's train steps."""
 
@@ -192,11 +202,13 @@ class Sampler:
 
     def __init__(self, model, steps_range: Optional[Tuple[int, int]]):
         Sampler._live.add(self)
+        from stepscope.core import session
+
+        session.on_stop(Sampler.discard_all)
         from tensorflow.python.profiler import profiler_v2
 
         self.profiler_mod = profiler_v2
-        optimizer = getattr(model, "optimizer", None)
-        self.scopes = _xspace.Scopes(model.name, getattr(optimizer, "name", None))
+        self.scopes = _xspace.Scopes(model.name, optimizer_names(getattr(model, "optimizer", None)))
         self.steps_range = steps_range
         self.window: Optional[Window] = None
         self.window_end_batch = -1
@@ -243,6 +255,16 @@ class Sampler:
         window, self.window = self.window, None
         if window is not None:
             window.close(end)
+
+    @classmethod
+    def discard_all(cls) -> None:
+        """At session stop: a window a failed fit left open is stopped now, its own
+        log lines dropped (its teardown would print "Profiler session tear down."
+        on the job's stderr at exit)."""
+        for sampler in cls.live():
+            window, sampler.window = sampler.window, None
+            if window is not None:
+                window.abandon()
 
     def abandon(self) -> None:
         """A user's profiler is starting: give the profiler to it."""

@@ -42,11 +42,14 @@ def _scope(name: str):
 class Scopes:
     """Which name-scope segment means which phase."""
 
-    def __init__(self, model_name: str, optimizer_name: Optional[str]):
-        self.key = (model_name, optimizer_name)
+    def __init__(self, model_name: str, optimizer_name):
+        """optimizer_name: a name or several (a wrapper's and its inner optimizer's)."""
+        names = (optimizer_name,) if isinstance(optimizer_name, str) or optimizer_name is None else optimizer_name
+        self.key = (model_name, *names)
         self.rules = [(re.compile(r"gradient_tape$"), "Backward")]
-        if optimizer_name:
-            self.rules.append((_scope(optimizer_name), "Optimizer"))
+        for name in names:
+            if name:
+                self.rules.append((_scope(name), "Optimizer"))
         self.rules.append((re.compile(r"compile_loss$"), "Loss"))
         self.rules.append((_scope(model_name), "Forward"))
 

@@ -10,9 +10,13 @@ timed as GetNext (a fetch inside another is the outer one's). Inside
 ``tf.function`` the same call only builds a graph op; it is passed through
 untouched (one ``executing_eagerly()`` check, ~0.3 us).
 
-Steps: in a Python loop over a dataset each fetch begins a ``train`` step
-(the step runs to the next fetch, the last one ends where the iterator runs
-out), whatever the loop body is -- eager code or a ``tf.function`` step. While
+Steps: in a Python loop over a dataset each fetch begins a step (it runs to
+the next fetch, the last one ends where the iterator runs out), whatever the
+loop body is -- eager code or a ``tf.function`` step. Its mode comes from the
+work on its batch (``_modes``): a GradientTape makes it train, a ``tf.function``
+that computes none eval (a validation loop), and a dataset iterated after
+the training one ran out is evaluation; a step with no evidence is train and
+run.json says how many. While
 a Keras loop runs (``fit``/``evaluate``/``predict``), Keras owns the steps and
 this integration only records the fetches as GetNext.
 
@@ -31,12 +35,13 @@ from typing import Optional
 
 from stepscope.core import _native, session
 from stepscope.integrations._base import Instrumentor
+from stepscope.integrations._frameless import frameless
 from stepscope.integrations._steps import GETNEXT, PHASE, StepTracker
+from stepscope.integrations.tfdata import _modes
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "keras_loop_begins",
            "keras_loop_ends", "keras_loop"]
 
-MODE = "train"
 
 
 class TfDataInstrumentor(Instrumentor):
@@ -50,6 +55,7 @@ class TfDataInstrumentor(Instrumentor):
         self.tracker = StepTracker()
         self.external_loops = 0  # Keras loops in progress: they mark the steps
         self.noted = False  # run.json says what a custom loop's profile lacks
+        self.modes = _modes.Modes()
 
     def _instrument(self) -> None:
         import tensorflow as tf
@@ -63,23 +69,22 @@ class TfDataInstrumentor(Instrumentor):
         inst = self
         fetching = threading.local()  # a fetch in progress on this thread: inner ones are part of it
 
-        def wrap(original):
-            def fetch(iterator, *args, **kwargs):
-                if not executing_eagerly() or getattr(fetching, "on", False):
-                    return original(iterator, *args, **kwargs)
-                fetching.on = True
-                t0 = _native.now()
-                try:
-                    batch = original(iterator, *args, **kwargs)
-                except out_of_range:
-                    inst.record(t0, None)
-                    raise
-                finally:
-                    fetching.on = False
-                inst.record(t0, _native.now())
-                return batch
+        def before(iterator, *args, **kwargs):
+            if not executing_eagerly() or getattr(fetching, "on", False):
+                return None
+            fetching.on = True
+            return (iterator, *args), kwargs, (_native.now(), iterator)
 
-            return fetch
+        def after(token, exc):
+            fetching.on = False
+            t0, iterator = token
+            if exc is None:
+                inst.record(t0, _native.now(), getattr(iterator, "_dataset", None))
+            elif isinstance(exc, out_of_range):
+                inst.record(t0, None)
+
+        def wrap(original):  # frameless: a dataset's error shows no stepscope frame
+            return frameless(original, before, after, "the tf.data integration failed")
 
         self.patch(iterator_ops.OwnedIterator, "_next_internal", wrap)
         try:
@@ -88,7 +93,36 @@ class TfDataInstrumentor(Instrumentor):
             DistributedIteratorBase = None
         if hasattr(DistributedIteratorBase, "get_next"):
             self.patch(DistributedIteratorBase, "get_next", wrap)
+        self._watch_modes(executing_eagerly)
         session.on_stop(self.close_steps)
+
+    def _watch_modes(self, executing_eagerly) -> None:
+        """Evidence of a custom loop's mode (``_modes``): GradientTapes, and tf.function calls."""
+        from tensorflow.python.eager import backprop
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+        modes = self.modes = _modes.Modes()
+        self.tracker.guess = modes.guess
+        inst = self
+
+        def tape(tape, *args, **kwargs):
+            if not inst.external_loops:
+                modes.tape(executing_eagerly())
+            return None
+
+        def call(fn, *args, **kwargs):
+            if inst.external_loops or not executing_eagerly() and not modes.calls:
+                return None
+            return (fn, *args), kwargs, (fn, modes.function_called(fn))
+
+        def returned(token, exc):
+            fn, outermost = token
+            modes.function_returned(fn, outermost, exc is not None)
+
+        self.patch(backprop.GradientTape, "__enter__",
+                   lambda original: frameless(original, tape, None, "the tf.data integration failed"))
+        self.patch(polymorphic_function.Function, "__call__",
+                   lambda original: frameless(original, call, returned, "the tf.data integration failed"))
 
     def _uninstrument(self) -> None:
         self.tracker.close()
@@ -96,8 +130,12 @@ class TfDataInstrumentor(Instrumentor):
     def close_steps(self) -> None:
         if self._on:
             self.tracker.close()
+            if self.modes.undetermined:
+                session.add_note(f"tf.data: the mode of {self.modes.undetermined} step(s) of a custom loop could "
+                                 "not be told (no GradientTape, no tf.function call on their batch, their dataset "
+                                 "not seen in another mode): recorded as train")
 
-    def record(self, t0: int, t1: Optional[int]) -> None:
+    def record(self, t0: int, t1: Optional[int], dataset=None) -> None:
         if not self._on:
             return
         try:
@@ -106,13 +144,15 @@ class TfDataInstrumentor(Instrumentor):
                     _native.span(PHASE, GETNEXT, t0, t1)
             elif t1 is None:
                 self.tracker.exhausted(t0)
+                self.modes.exhausted()
             else:
                 if not self.noted:
                     self.noted = True
                     session.add_note("tf.data: a custom loop over a dataset records its steps and GetNext; the "
                                      "compute phases of its steps (eager code or a tf.function) are not "
                                      "measured (the Keras callback samples them for model.fit)")
-                self.tracker.fetched(t0, t1, MODE)
+                self.tracker.fetched(t0, t1, None)  # its mode: from its work (_modes), asked later
+                self.modes.fetched(dataset)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 

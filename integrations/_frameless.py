@@ -1,0 +1,30 @@
+"""Wrappers of a framework's user-facing calls that leave no frame in tracebacks.
+
+A Python wrapper's frame shows in every traceback that passes through it (and
+Keras's traceback filter keeps it, dropping the frame that raised: issue 47).
+``frameless`` builds the wrapper in C (``_native.around``, csrc/around.cc):
+
+* ``before(*args, **kwargs)`` returns None (call the original as is) or
+  ``(args, kwargs, token)``: the original is called with those, then
+  ``after(token, exc)`` runs (exc: what the original raised, or None);
+* a failure of before/after is reported once and turns stepscope off; the
+  original's result or exception reaches the caller unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from stepscope.core import _native, safety
+
+
+def _nothing_after(token, exc) -> None:
+    pass
+
+
+def frameless(original: Callable, before: Callable, after: Optional[Callable] = None,
+              what: str = "a stepscope wrapper failed") -> Callable:
+    def fail(exc: BaseException) -> None:
+        safety.report_failure(what, exc)
+
+    return _native.around(original, before, after or _nothing_after, fail)

@@ -34,7 +34,8 @@ class StepOutlier(Rule):
         "min_excess_s": Param(0.05, "s", "...and longer than the median by at least this much (ignores "
                                          "scheduler hiccups on short steps)"),
         "min_steps": Param(10, "steps", "ranks/modes with fewer steps are not judged"),
-        "warmup_steps": Param(1, "steps", "first steps of each rank and mode left out"),
+        "warmup_steps": Param(1, "steps", "first steps of each rank and mode left out (and, in eval and predict, "
+                                          "the first step of every pass: a new iterator, a retrace)"),
         "min_outliers": Param(1, "steps", "fire when a rank and mode has at least this many outlier steps"),
         "mode": Param("all", "", "the steps judged: `all` modes (each on its own), or only `train`, `eval` or "
                                  "`predict` steps", choices=("all", "train", "eval", "predict")),

@@ -176,7 +176,7 @@ def test_a_forked_child_closes_none_of_its_parents_ranges(tmp_path):
     ann = _annotations(run)
     procs = run.processes
     (parent,) = procs.loc[procs["parent"].isna(), "process"].astype(str)
-    folders = [d for d in (tmp_path / "runs" / "fork").iterdir() if d.is_dir()]
+    folders = [d for d in (tmp_path / "runs" / "fork").iterdir() if d.is_dir() and not d.name.startswith(".")]
     assert len(folders) == 2  # the child has a folder of its own ...
     assert len(procs) == 1  # ... but, ended by os._exit before its first flush, it is no process of the run
     assert ann.groupby(["process", "name"], observed=True).size().to_dict() == {(parent, "outer"): 1,

@@ -146,9 +146,6 @@ uint32_t string_of(PyObject* o) {
   return string_id(s, size_t(n));
 }
 
-// The frame id of (code, line); the code object is kept alive from its first sighting.
-// Lines are found through the instruction offset: PyFrame_GetLineNumber scans the
-// code's line table, so it runs once per distinct (code, offset), not per sample.
 size_t frame_count() { return g_p.frames.size() + g_p.new_frames.size(); }
 
 // The frame that stands for code the full tables have no room for (the slot kept for it).
@@ -160,14 +157,17 @@ uint32_t other_code_frame() {
   return g_p.other_code;
 }
 
-bool frame_id(PyCodeObject* code, PyFrameObject* f, uint32_t* out) {
+// The frame id of (code, line), or the other-code frame once the tables are full; the
+// code object is kept alive from its first sighting.
+// Lines are found through the instruction offset: PyFrame_GetLineNumber scans the
+// code's line table, so it runs once per distinct (code, offset), not per sample.
+uint32_t frame_id(PyCodeObject* code, PyFrameObject* f) {
   PyObject* key = reinterpret_cast<PyObject*>(code);
   uint32_t ci;
   auto c = g_p.code_index.find(key);
   if (c == g_p.code_index.end()) {
     if (g_p.codes.size() >= kMaxCodes || frame_count() + 1 >= kMaxFrames) {
-      *out = other_code_frame();
-      return true;
+      return other_code_frame();
     }
 #if PY_VERSION_HEX >= 0x030B0000
     PyObject* name = code->co_qualname;  // Class.method
@@ -190,29 +190,25 @@ bool frame_id(PyCodeObject* code, PyFrameObject* f, uint32_t* out) {
   const uint64_t at = (uint64_t(ci) << 32) | uint32_t(lasti);
   auto hit = g_p.offset_ids.find(at);
   if (hit != g_p.offset_ids.end()) {
-    *out = hit->second;
-    return true;
+    return hit->second;
   }
   const bool cache = g_p.offset_ids.size() < kMaxOffsets;
   const int line = PyFrame_GetLineNumber(f);
   const uint64_t k = (uint64_t(ci) << 32) | uint32_t(line);
   auto it = g_p.frame_ids.find(k);
   if (it != g_p.frame_ids.end()) {
-    *out = it->second;
     if (cache) g_p.offset_ids.emplace(at, it->second);
-    return true;
+    return it->second;
   }
   if (frame_count() + 1 >= kMaxFrames) {
-    *out = other_code_frame();
-    return true;
+    return other_code_frame();
   }
   const CodeNames& names = g_p.codes[key];
   const uint32_t id = uint32_t(frame_count());
   g_p.new_frames.push_back({names.func, names.file, line});
   g_p.frame_ids.emplace(k, id);
   if (cache) g_p.offset_ids.emplace(at, id);
-  *out = id;
-  return true;
+  return id;
 }
 
 // A stack's id, or -2 where the table is full (the sample is dropped and counted).
@@ -307,13 +303,9 @@ void walk() {
     PyFrameObject* f = reinterpret_cast<PyFrameObject*>(top);
     Py_INCREF(f);
     int depth = 0;
-    bool ok = true;
     while (f) {
       PyCodeObject* code = PyFrame_GetCode(f);
-      if (depth < kMaxDepth && ok) {
-        ok = frame_id(code, f, &ids[depth]);
-        ++depth;
-      }
+      if (depth < kMaxDepth) ids[depth++] = frame_id(code, f);
       Py_DECREF(code);
       PyFrameObject* back = PyFrame_GetBack(f);
       Py_DECREF(f);
@@ -322,10 +314,6 @@ void walk() {
         Py_XDECREF(f);
         break;
       }
-    }
-    if (!ok) {
-      ++g_p.pass_dropped;  // the frame table is full
-      continue;
     }
     int64_t stack = -1;
     for (int i = depth - 1; i >= 0 && stack != -2; --i) stack = stack_id(int32_t(stack), ids[i]);

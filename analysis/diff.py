@@ -34,6 +34,11 @@ def diff(run_a, run_b, params=None, max_regression=None) -> dict:
         row(f"{mode} steps", sa.get("count"), sb.get("count"), "")
         row(f"{mode} step time (median)", sa.get("median_ms"), sb.get("median_ms"), "ms")
         row(f"{mode} step time (p95)", sa.get("p95_ms"), sb.get("p95_ms"), "ms")
+    if a.get("interrupted") or b.get("interrupted"):  # iterations cut short, in no mode's count
+        row("interrupted steps", a.get("interrupted", {}).get("count", 0), b.get("interrupted", {}).get("count", 0), "")
+    if a.get("between_loops") or b.get("between_loops"):
+        row("between loops (per epoch)", a.get("between_loops", {}).get("per_epoch_ms", 0.0),
+            b.get("between_loops", {}).get("per_epoch_ms", 0.0), "ms")
     for phase in PHASES:
         pa, pb = a["phases"].get(phase, {}), b["phases"].get(phase, {})
         row(f"{phase} share", pa.get("share", 0.0), pb.get("share", 0.0), "ratio")

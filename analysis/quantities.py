@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import (COMPUTE_PHASES, END_MARK, GETNEXT, OTHER, PHASES, TORCH_OP_WINDOW,
+from stepscope.core.vocabulary import (COMPUTE_PHASES, END_MARK, GETNEXT, INTERRUPTED, OTHER, PHASES, TORCH_OP_WINDOW,
                                        TORCH_OP_WINDOW_SPANS, TRAIN)
 
 SHARE_DIGITS = 4  # shares are ratios rounded to 4 digits: 0.7421 prints as 74.2%
@@ -35,7 +35,7 @@ def summary_steps(steps: pd.DataFrame) -> pd.DataFrame:
     if not len(steps):
         return steps
     train = steps[steps["mode"] == TRAIN]
-    return train if len(train) else steps
+    return train if len(train) else steps[steps["mode"] != INTERRUPTED]
 
 
 def step_stats(steps: pd.DataFrame) -> dict:

@@ -106,6 +106,14 @@ def _job_summary(run: Run, summary: dict) -> str:
             rows.append((label, f"{(b - a) / 1e9:.2f} s ({100 * (b - a) / total:.0f}%)"))
     for mode, st in summary["steps"].items():
         rows.append((f"{mode} steps", f"{st['count']} (median {st['median_ms']:.2f} ms, p95 {st['p95_ms']:.2f} ms)"))
+    if summary.get("interrupted"):
+        i = summary["interrupted"]
+        rows.append(("interrupted steps", f"{i['count']} ({i['total_ms']:.1f} ms): ended without their optimizer "
+                                          "step, in no statistics"))
+    if summary.get("between_loops"):
+        b = summary["between_loops"]
+        rows.append(("between loops", f"{b['per_epoch_ms']:.1f} ms per epoch, in no step: "
+                     + ", ".join(f"{k} {v:.1f} ms" for k, v in b["parts"].items())))
     rows.append(("ranks", str(summary["ranks"])))
     rows.append(("hosts", ", ".join(sorted({str(h) for h in procs["host"].dropna()}))))
     rows.append(("processes", str(len(procs))))

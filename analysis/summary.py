@@ -8,10 +8,12 @@ from __future__ import annotations
 from stepscope.analysis.ending import run_ending
 from stepscope.analysis.epochs import between_epochs, format_line as between_epochs_line
 from stepscope.analysis.loop import run_loop_notes
+from stepscope.analysis.loop_edges import between_loops, format_line as between_loops_line
 from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
                                            summary_steps)
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.system import summarize_system
+from stepscope.core.vocabulary import INTERRUPTED
 
 
 # stepscope's operator windows cost a short run this share of its step time, or more:
@@ -54,7 +56,13 @@ def summarize(run, params=None) -> dict:
         "notes": r.notes,
     }
     for mode, s in steps.groupby("mode", sort=False, observed=True):
-        out["steps"][mode] = step_stats(s)
+        if mode != INTERRUPTED:
+            out["steps"][mode] = step_stats(s)
+    interrupted = steps[steps["mode"] == INTERRUPTED] if len(steps) else steps
+    if len(interrupted):
+        # iterations that ended without their optimizer step: on the timeline, in no step count
+        out["interrupted"] = {"count": int(len(interrupted)),
+                              "total_ms": round(float(interrupted["duration_ns"].sum()) / 1e6, 3)}
     out["phases"] = phase_shares(summary_steps(steps))
     other = other_share(summary_steps(steps))
     if other is not None:
@@ -67,6 +75,10 @@ def summarize(run, params=None) -> dict:
     epochs = between_epochs(r)
     if epochs is not None:
         out["between_epochs"] = epochs  # a Keras fit's time outside its steps, named
+    else:
+        edges = between_loops(r)  # any other loop's: the gaps between a thread's loops
+        if edges is not None:
+            out["between_loops"] = edges  # the loops' time outside every step, named (SPEC §3)
     out["loop_notes"] = run_loop_notes(r, ending)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
@@ -87,6 +99,10 @@ def format_text(s: dict) -> str:
     for mode, st in s["steps"].items():
         lines.append(f"  {mode:<8} {st['count']:>6} steps  mean {st['mean_ms']:.2f} ms  "
                      f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")
+    if s.get("interrupted"):
+        i = s["interrupted"]
+        lines.append(f"  {'':<8} {i['count']:>6} interrupted step(s), {i['total_ms']:.1f} ms: iterations that ended "
+                     "without their optimizer step (an exception, Ctrl-C), counted in no statistics")
     for phase, p in s["phases"].items():
         where = f"of the {p['sampled_steps']} sampled steps' time" if "sampled_steps" in p else "of train step time"
         lines.append(f"  {phase:<10} {percent(p['share']):>6} {where} ({p['total_ms']:.1f} ms)")
@@ -100,6 +116,8 @@ def format_text(s: dict) -> str:
                      f"window(s), counted in Other: STEPSCOPE_OPS=0 turns them off)")
     if s.get("between_epochs"):
         lines.append(between_epochs_line(s["between_epochs"]))
+    if s.get("between_loops"):
+        lines.append(between_loops_line(s["between_loops"]))
     sysb = s["system"]
     if sysb.get("cpu_util"):
         c = sysb["cpu_util"]

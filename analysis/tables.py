@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import END_MARK, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
+from stepscope.core.vocabulary import END_MARK, INTERRUPTED, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
 
 STEP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
 PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
@@ -37,8 +37,12 @@ def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
     """Step rows from the step marks. Steps belong to the thread whose loop marked
     them (SPEC §3): each runs to the next mark of its process and thread, the last
     one to the process's last event. An end mark with an argument was written for
-    another thread's loop (at session end): the argument is that thread."""
+    another thread's loop (at session end): the argument is that thread. An
+    interrupted mark begins nothing: it flags a step (``_flag_interrupted``)."""
     rows = _rows_of(events, "step", "instant")
+    flags = rows[(events["name"].iloc[rows] == INTERRUPTED).to_numpy()] if len(rows) else rows
+    if len(flags):
+        rows = np.setdiff1d(rows, flags, assume_unique=True)
     if not len(rows):
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]})
     all_codes = events["process"].cat.codes.to_numpy()
@@ -70,7 +74,25 @@ def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
     if steps["tid"].groupby(steps["process"], observed=True).nunique().max() > 1:
         steps = steps.sort_values(["process", "start_ns"], kind="stable", ignore_index=True)
     steps["duration_ns"] = steps["end_ns"] - steps["start_ns"]
+    if len(flags):
+        _flag_interrupted(steps, events, flags)
     return steps
+
+
+def _flag_interrupted(steps: pd.DataFrame, events: pd.DataFrame, flags: np.ndarray) -> None:
+    """Gives the steps that interrupted marks flag the mode ``interrupted``: per mark, the
+    latest step of its process and thread with the mark's number that began at or before it
+    (a mark that matches none, in a file cut short, is dropped)."""
+    mode = steps["mode"].astype(object).to_numpy().copy()
+    procs = events["process"].to_numpy()[flags]
+    tids, times, numbers = (events[c].to_numpy()[flags] for c in ("tid", "start_ns", "arg"))
+    process = steps["process"].to_numpy()
+    for proc, tid, at, number in zip(procs, tids, times, numbers):
+        match = np.flatnonzero((process == proc) & (steps["tid"].to_numpy() == tid)
+                               & (steps["step"].to_numpy() == number) & (steps["start_ns"].to_numpy() <= at))
+        if len(match):
+            mode[match[np.argmax(steps["start_ns"].to_numpy()[match])]] = INTERRUPTED
+    steps["mode"] = pd.Categorical(mode)
 
 
 def exclusive_durations(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:

@@ -34,6 +34,10 @@ MODES = (TRAIN, EVAL, PREDICT)
 #: The name of a step mark that ends the current step without starting another
 #: (``stepscope.end_step()``, a loader running out, the session's stop).
 END_MARK = "end"
+#: A step mark that flags the step open on its thread (the one its argument numbers)
+#: as interrupted: it ended without its optimizer step (SPEC §3). Readers give that
+#: step this mode, so it is in no mode's statistics, rules or phase shares.
+INTERRUPTED = "interrupted"
 
 # --- events (docs/format.md) ------------------------------------------------------------
 #: Event categories by number (the category byte of a record; numbers 10-15 are free).

@@ -12,8 +12,9 @@ namespace stepscope {
 
 constexpr char kFileMagic[8] = {'S', 'T', 'E', 'P', 'S', 'C', 'P', '\n'};
 constexpr uint16_t kFormatMajor = 1;
-constexpr uint16_t kFormatMinor = 3;  // 1.1: GPU activity (GPU, LAUNCH_CONFIGS chunks); 1.2: Python stack samples;
-                                      // 1.3: the chunk CRC covers the chunk header too
+constexpr uint16_t kFormatMinor = 4;  // 1.1: GPU activity (GPU, LAUNCH_CONFIGS chunks); 1.2: Python stack samples;
+                                      // 1.3: the chunk CRC covers the chunk header too;
+                                      // 1.4: `interrupted` step marks
 // File header: magic[8] | u16 major | u16 minor | u32 json_len | json bytes.
 constexpr uint32_t kFileHeaderFixed = 16;
 

@@ -493,6 +493,9 @@ NB_MODULE(_native, m) {
         nb::arg("at") = 0, nb::arg("thread") = 0,
         "Marks the end of the calling thread's step at tick `at` (0: now); `thread`: end the "
         "step of that thread's loop instead (its native id), from another thread.");
+  m.def("interrupt_step", [](uint64_t at) { return interrupt_step(at); }, nb::arg("at") = 0,
+        "Flags the calling thread's open step as interrupted (it ended without its optimizer "
+        "step, SPEC §3): readers keep its time, with mode 'interrupted'. False: no step is open.");
   m.def("current_step", [] { return g_step.load(); });
   m.def("open", [](const std::string& path, const std::string& header_json, int flush_ms,
                    size_t buffer_bytes, uint64_t disk_floor_bytes, double disk_floor_fraction) {

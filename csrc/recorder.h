@@ -116,6 +116,10 @@ int32_t begin_step(uint32_t mode_name, uint64_t at = 0);
 using StepHook = void (*)(uint32_t mode_name, int32_t step);
 extern std::atomic<StepHook> g_step_hook;
 void end_step(uint64_t at = 0);  // ends the calling thread's open step, if any
+// Flags the calling thread's open step as interrupted (an iteration that ended without
+// its optimizer step: SPEC §3), with a mark named "interrupted" at `at` (0: now) whose
+// argument is the step's number; it begins and ends nothing. False: no step is open.
+bool interrupt_step(uint64_t at = 0);
 // Ends the step of another thread's loop (`tid`: its OS thread id), at session end;
 // the mark carries the thread in its argument.
 void end_step_of_thread(uint64_t tid, uint64_t at);

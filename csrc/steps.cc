@@ -64,6 +64,7 @@ struct Tracker {
   char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
   char pass_begun;  // a pass began after the held-back fetch of a complete step (loop_started)
   char trained;     // a train step began on this thread: a fact kept across loops, as opt_known
+  char finished;    // a train step of this thread completed (its optimizer step, or backward): kept too
   // Bumped by every reset (close, suspend, reset): a report that called out to Python
   // (a callback, a user key's __eq__) and finds it changed stops there, the state it
   // read before gone (another thread's close at session end).
@@ -234,10 +235,21 @@ bool flush_mark(Tracker* t) {
 
 bool end(PyObject* self, unsigned long long at, unsigned long long thread, bool followed = false);
 
+// A train step that ends without its optimizer step (with no optimizer, its backward):
+// an exception or Ctrl-C inside the iteration, a last accumulation window never stepped.
+// Its time stays on the timeline, flagged interrupted: no train step (SPEC §3). Only
+// once a train step of this thread completed: where none ever does, the completion is
+// what stepscope cannot see (a loop note says so), not an interruption.
+inline void flag_unfinished(Tracker* t) {
+  if (!no_mode(t) && is_train(t->mode) && !t->done && t->finished && !t->suspended) interrupt_step(0);
+}
+
 bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   Tracker* t = T(self);
-  if (t->act_at && is_train(mode) && t->act_at < at) at = t->act_at;  // the iteration began acting
+  // the iteration began acting; before any step, acting forwards join whatever step follows
+  if (t->act_at && (is_train(mode) || no_mode(t)) && t->act_at < at) at = t->act_at;
   t->act_at = 0;
+  flag_unfinished(t);
   Py_INCREF(mode);  // held across callbacks that may change the tracker
   const unsigned long resets = t->resets;
   bool ok = false;
@@ -339,6 +351,7 @@ bool end(PyObject* self, unsigned long long at, unsigned long long thread, bool 
     return true;
   }
   if (!flush_mark(t)) return false;
+  flag_unfinished(t);
   long long due;
   if (!ops_due(self, &due)) return false;
   if (!due && !followed) {
@@ -412,10 +425,27 @@ int both_train(Tracker* t, PyObject* a, PyObject* b) {
   return r;
 }
 
+// Acting forwards before the first train step, and then a loader's batch: not that
+// loop's data collection (a loader feeds it) but a dry run sizing the model. They are
+// one eval step that ends at their last forward; the setup after it is in no step.
+bool write_acting_alone(PyObject* self) {
+  Tracker* t = T(self);
+  const unsigned long long at = t->act_at, last = t->last_end;
+  const unsigned long resets = t->resets;
+  if (!begin(self, g_eval, at)) return false;
+  if (t->resets != resets || !same(t->mode, g_eval)) return true;  // closed by a callback
+  t->done = 1;
+  if (!end(self, std::max(at, last), 0)) return false;
+  put(&t->mode, Py_None);
+  t->done = 0;
+  return true;
+}
+
 // The held-back fetch begins its step; `shown`: the mode its work shows, which
 // wins over the guess made at the fetch (a loop that calls model.train() after fetching).
 bool commit_pending(PyObject* self, PyObject* shown) {
   Tracker* t = T(self);
+  if (t->pending_mode && t->act_at && no_mode(t) && !write_acting_alone(self)) return false;
   PyObject* mode = t->pending_mode;  // owned from here
   if (!mode) return true;  // dropped meanwhile (a callback closed the tracker)
   t->pending_mode = nullptr;
@@ -440,13 +470,30 @@ bool commit_pending(PyObject* self, PyObject* shown) {
   return true;
 }
 
+// The held-back fetch showed no work (its loop's work is invisible, or the loop ended
+// right after it): it is a step of its own, complete (no interrupted one).
+bool commit_no_work(PyObject* self) {
+  if (!commit_pending(self, nullptr)) return false;
+  if (!no_mode(T(self))) T(self)->done = 1;  // (None: a callback closed the tracker)
+  return true;
+}
+
 // A forward, backward or optimizer step is starting: open the right step.
 bool phase_start(PyObject* self, PyObject* mode, unsigned long long now, bool acting = false) {
   Tracker* t = T(self);
   if (!flush_held(t)) return false;
   t->worked = 1;
   if (t->pending_mode) return commit_pending(self, mode);
-  if (no_mode(t)) return begin(self, mode, now);
+  if (no_mode(t)) {
+    if (acting && !t->trained) {
+      // Before the first train step, in a loop no loader drives: an agent's first
+      // rollout (PPO's, a DQN's warm-up), the data of that first train step, which
+      // begins at the first of them; no eval step (see close and write_acting_alone).
+      if (!t->act_at) t->act_at = now;
+      return true;
+    }
+    return begin(self, mode, now);
+  }
   if (!t->done) return true;
   if (acting && is_train(t->mode) && !t->fed) {
     // A forward without grad of a model left in training mode, after a train step of a
@@ -509,6 +556,23 @@ bool loop_started(PyObject* self) {
   return commit_pending(self, nullptr);
 }
 
+// A framework tells that its loop (an epoch's training, a validation pass) ended at `at`
+// (0: where the open step's work ended): the open step, when complete, ends there, and
+// what runs until the next step (validation start-up, an epoch's end) is between loops
+// (SPEC §3), in no step. With a fetch held back (a loader reading ahead: Lightning's
+// validation in mid-epoch, its next train batch already read) nothing changes: the
+// fetch's own rules place it (loop_started, fetched).
+bool loop_ended(PyObject* self, unsigned long long at) {
+  Tracker* t = T(self);
+  if (!flush_held(t)) return false;
+  if (no_mode(t) || !t->done || t->suspended || t->pending_mode) return true;  // nothing to end here
+  if (!at || at < t->last_end) at = t->last_end;
+  if (!end(self, at, 0)) return false;
+  put(&t->mode, Py_None);
+  t->done = 0;
+  return true;
+}
+
 bool close(PyObject* self, unsigned long long thread) {
   Tracker* t = T(self);
   if (thread) {  // another thread ends the loop (session end): a part held back is dropped
@@ -518,13 +582,14 @@ bool close(PyObject* self, unsigned long long thread) {
     return false;
   }
   if (t->pending_mode && !thread) {
-    bool ok = !no_mode(t) && t->done ? end_with_pending(self) : commit_pending(self, nullptr);
+    bool ok = !no_mode(t) && t->done ? end_with_pending(self) : commit_no_work(self);
     if (!ok) return false;
   }
   Py_CLEAR(t->pending_mode);
   if (!clear_more(t)) return false;
-  if (t->act_at && !thread && !no_mode(t) && !t->suspended) {
-    // no train step followed the last acting forwards: a last evaluation, a step of its own
+  if (t->act_at && !thread && !t->suspended) {
+    // no train step followed the last acting forwards: a last evaluation (or, before any
+    // training, the program's only one), a step of its own
     if (!begin(self, g_eval, t->act_at)) return false;
     t->done = 1;
   }
@@ -585,8 +650,7 @@ bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObj
     if (t->pass_begun) {
       if (!end_with_pending(self, true)) return false;  // a new loop of another mode begins
     } else {
-      if (!commit_pending(self, nullptr)) return false;  // no visible work: its own step
-      if (!no_mode(t)) t->done = 1;  // (None: a callback closed the tracker)
+      if (!commit_no_work(self)) return false;
     }
   }
   if (no_mode(t) || t->done) {
@@ -614,7 +678,11 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
       // batches it handed out: that work is still to come in this step.
       return t1 <= t0 || append_more(t, t0, t1);
     }
-    if (!(t->pass_begun ? end_with_pending(self) : commit_pending(self, nullptr))) return false;
+    if (t->pass_begun) {
+      if (!end_with_pending(self)) return false;
+    } else if (!commit_no_work(self)) {
+      return false;
+    }
   }
   if (!no_mode(t)) {
     if (t1 > t0) phase(kGetNext, t0, t1);
@@ -684,7 +752,7 @@ bool backward_ended(PyObject* self, unsigned long long t0, unsigned long long t1
   if (!flush_held(t)) return false;
   phase(kBackward, t0, t1);
   t->last_end = t1;
-  if (!has_optimizer(t) && is_train(t->mode)) t->done = 1;  // no optimizer: forward+backward
+  if (!has_optimizer(t) && is_train(t->mode)) t->done = t->finished = 1;  // no optimizer: forward+backward
   return true;
 }
 
@@ -737,6 +805,7 @@ bool optimizer_ended(PyObject* self, PyObject* key, unsigned long long t0, unsig
   if (!set_add(t->opt_in_step, key)) return false;
   t->last_end = t1;
   t->done = 1;
+  t->finished |= is_train(t->mode);
   t->has_forward_end = 0;
   return true;
 }
@@ -771,10 +840,12 @@ PyObject* m_exhausted(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
 }
 
 PyObject* m_forward_started(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
-  NARGS(2, 4, "forward_started(mode, now, group=None, part=None)");
+  NARGS(2, 5, "forward_started(mode, now, group=None, part=None, acting=False)");
   unsigned long long now;
   if (!arg_u64(a[1], &now)) return nullptr;
-  RET(track::forward_started(self, a[0], now, nargs > 2 ? a[2] : nullptr, nargs > 3 ? a[3] : nullptr));
+  int acting = nargs > 4 ? PyObject_IsTrue(a[4]) : 0;  // eval only because grad is off, the module training
+  if (acting < 0) return nullptr;
+  RET(track::forward_started(self, a[0], now, nargs > 2 ? a[2] : nullptr, nargs > 3 ? a[3] : nullptr, acting));
 }
 
 PyObject* m_forward_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
@@ -843,6 +914,13 @@ PyObject* m_phase_start(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
 
 PyObject* m_loop_started(PyObject* self, PyObject*) { RET(loop_started(self)); }
 
+PyObject* m_loop_ended(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
+  NARGS(0, 1, "loop_ended(at=0)");
+  unsigned long long at = 0;
+  if (nargs && !arg_u64(a[0], &at)) return nullptr;
+  RET(loop_ended(self, at));
+}
+
 PyObject* m_close(PyObject* self, PyObject* const* a, Py_ssize_t nargs) {
   NARGS(0, 1, "close(thread=0)");
   unsigned long long thread = 0;
@@ -879,6 +957,7 @@ PyMethodDef methods[] = {
     {"fetched", FAST(m_fetched), "A batch came out of the loader (GetNext from t0 to t1)."},
     {"exhausted", FAST(m_exhausted), "The loader ran out (its last fetch from t0 to t1): the loop is over."},
     {"loop_started", m_loop_started, METH_NOARGS, "A new pass over a loader begins."},
+    {"loop_ended", FAST(m_loop_ended), "A framework's loop ended at tick `at` (0: where its work ended)."},
     {"forward_started", FAST(m_forward_started), nullptr},
     {"forward_ended", FAST(m_forward_ended), nullptr},
     {"loss", FAST(m_loss), nullptr},

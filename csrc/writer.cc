@@ -56,6 +56,7 @@ std::atomic<uint32_t> g_steps_generation{0};
 // (initial-exec: read at every step's start, as tls_state is at every record)
 thread_local int32_t tls_open_mode __attribute__((tls_model("initial-exec"))) = -1;
 thread_local uint32_t tls_open_generation __attribute__((tls_model("initial-exec"))) = 0;
+thread_local int32_t tls_open_number __attribute__((tls_model("initial-exec"))) = -1;  // its number
 
 TickConverter g_conv;
 
@@ -217,6 +218,7 @@ int32_t begin_step(uint32_t mode_name, uint64_t at) {
   }
   g_step.store(n, std::memory_order_relaxed);
   tls_open_mode = int32_t(mode_name);
+  tls_open_number = n;
   tls_open_generation = g_steps_generation.load(std::memory_order_relaxed);
   record_instant_at(kCatStep, mode_name, at ? at : ticks(), uint64_t(n), true);
   if (StepHook hook = g_step_hook.load(std::memory_order_relaxed)) hook(mode_name, n);
@@ -229,6 +231,13 @@ void end_step(uint64_t at) {
   record_instant_at(kCatStep, end_name, at ? at : ticks(), 0, false);
   tls_open_mode = -1;
   g_step.store(-1, std::memory_order_relaxed);
+}
+
+bool interrupt_step(uint64_t at) {
+  if (tls_open_mode < 0 || tls_open_generation != g_steps_generation.load(std::memory_order_relaxed)) return false;
+  static const uint32_t interrupted_name = intern("interrupted");
+  record_instant_at(kCatStep, interrupted_name, at ? at : ticks(), uint64_t(tls_open_number), true);
+  return true;
 }
 
 void end_step_of_thread(uint64_t tid, uint64_t at) {

@@ -79,7 +79,14 @@ class StepTracker(_native.StepTracker):
     optimizer not named), ``optimizer_started(key, now)``,
     ``optimizer_ended(key, t0, t1)``; and ``suspend()``/``resume()`` (phases
     recorded, no steps counted: Lightning's sanity check), ``in_step()``,
+    ``loop_ended(at=0)`` (a framework's loop ended: its complete last step ends at
+    ``at``, or where its work ended; until the next step is between loops),
     ``close(thread=0)`` at session end.
+
+    A train step that ends (at the next step, a loop's end or ``close``) without its
+    optimizer step (with no optimizer, its backward) once a train step of the thread
+    completed is flagged interrupted (``_native.interrupt_step``): an exception or
+    Ctrl-C inside the iteration. Readers give it the mode ``interrupted``.
     """
 
     __slots__ = ()

@@ -415,6 +415,9 @@ def check_recorded(run_path, truth):
     counts = {mode: s["count"] for mode, s in summary["steps"].items() if s["count"]}
     expected = {mode: truth[mode] for mode in MODES if truth.get(mode)}
     assert counts == expected, f"steps per mode: recorded {counts}, truth {expected}"
+    interrupted = summary.get("interrupted", {}).get("count", 0)  # iterations without their optimizer step
+    assert interrupted == truth.get("interrupted", 0), f"interrupted steps: recorded {interrupted}, truth " \
+                                                       f"{truth.get('interrupted', 0)}"
 
     run = stepscope.load(run_path)
     steps = run.steps

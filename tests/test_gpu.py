@@ -79,7 +79,7 @@ def test_gpu_records_round_trip(run_dir):
     rec.sync("stream_synchronize", t + 22_000, t + 30_000, 14, device=1, stream=13)
     s.stop()
     c = _native.read_trace(_trace(s))
-    assert c["version"] == (1, 3)  # 1.1 added GPU chunks, 1.2 Python samples, 1.3 the CRC over chunk headers
+    assert c["version"] == (1, 4)  # 1.1 GPU chunks, 1.2 Python samples, 1.3 CRC over chunk headers, 1.4 interrupted marks
     g = c["gpu"]
     names = c["names"]
     by_type = {int(ty): i for i, ty in enumerate(g["type"])}

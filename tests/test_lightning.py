@@ -91,3 +91,43 @@ def test_ddp_two_processes_one_run(tmp_path):
     # each rank trains on half of the 20 batches per epoch and validates half of 10
     assert steps.groupby(["rank", "mode"], observed=True).size().to_dict() == {
         (0, "eval"): 10, (0, "train"): 20, (1, "eval"): 10, (1, "train"): 20}
+
+
+@pytest.mark.parametrize("kind", ["lightning", "torch"])
+def test_epoch_edges_are_named_intervals_not_outliers(tmp_path, kind):
+    """Issue 47 item 3: validation start-up and an epoch's end (60 ms each here) are no
+    last step's Other (StepOutlier reported every epoch's last step of a healthy fit):
+    the loops' steps and the between-loops intervals the summary names cover the loop,
+    with the intervals' time per epoch; no finding."""
+    from stepscope.analysis.loop_edges import EPOCH_END, VALIDATION_START, intervals
+    from stepscope.analysis.summary import format_text, summarize
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="edges", STEPSCOPE="1")
+    script = os.path.join(os.path.dirname(SCRIPT), "epoch_edges.py")
+    r = subprocess.run([sys.executable, script, kind], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, _failure(r.stderr)
+    loop_ns = int(r.stdout.split("loop_ns")[1].split()[0])
+    run = stepscope.load(tmp_path / "runs" / "edges")
+    s = summarize(run)
+    assert {m: st["count"] for m, st in s["steps"].items()} == {"train": 64, "eval": 32}
+    assert not [f for f in s["findings"] if f["rule"] == "StepOutlier"], s["findings"]
+    edges = s["between_loops"]
+    assert edges["epochs"] == 4
+    assert edges["parts"][VALIDATION_START] >= 55, edges  # 60 ms a validation
+    assert edges["parts"][EPOCH_END] >= 0.75 * 55, edges  # 60 ms at 3 of 4 epochs' ends, before the next
+    assert "between loops" in format_text(s)
+    steps = run.steps.sort_values("start_ns")
+    gaps = intervals(steps)
+    covered = steps["duration_ns"].sum() + (gaps["end_ns"] - gaps["start_ns"]).sum()
+    span = steps["end_ns"].max() - steps["start_ns"].min()
+    assert covered >= 0.999 * span  # every moment is a step or a named interval
+    assert span >= 0.9 * loop_ns - 2 * 60e6, (span, loop_ns)  # (the last epoch's end is after the loop)
+    # the last step of each pass (the one an interval follows) is as long as the others:
+    # no epoch edge in it
+    last = steps[steps["end_ns"].isin(gaps["start_ns"])]
+    assert len(last) >= 2 * 4 - 1, last
+    for mode, ends in last.groupby("mode", observed=True)["duration_ns"]:
+        median = steps.loc[steps["mode"] == mode, "duration_ns"].median()
+        assert ends.max() < median + 40e6, (mode, ends.max() / 1e6, median / 1e6)

@@ -469,6 +469,7 @@ FUZZ = """
 
     calls = st.one_of(
         report("fetched", ticks, ticks, modes), report("exhausted", ticks, ticks), report("loop_started"),
+        report("loop_ended", ticks), report("forward_started", modes, ticks, parts, parts, anything),
         report("forward_started", modes, ticks, parts, parts), report("forward_ended", modes, ticks, ticks,
                                                                       phases, parts, parts),
         report("loss", ticks, ticks), report("backward_started", ticks, anything), report("backward_ended", ticks, ticks),

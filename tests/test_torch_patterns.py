@@ -61,18 +61,21 @@ def test_acting_between_updates_is_part_of_the_train_step(tmp_path):
     """A DQN-style loop: each iteration a no_grad forward of the model (still in
     training mode) chooses an action, the environment steps (2 ms), then one update.
     The iteration is one train step from its acting forward on, not an eval step
-    and a shorter train step. Before the first train step, acting forwards are eval
-    steps: the 9 warm-up iterations' and the first update's."""
+    and a shorter train step. Before the first train step, the acting forwards are
+    that step's data collection (issue 47 item 6: no evaluation ran): the 9 warm-up
+    iterations and the first update are the first train step, no eval steps."""
     r, run = _load(tmp_path, "acting")
     steps = run.steps.sort_values("start_ns")
-    assert steps.groupby("mode").size().to_dict() == {"eval": 10, "train": 21}, steps[["mode", "duration_ns"]]
+    assert steps.groupby("mode").size().to_dict() == {"train": 21}, steps[["mode", "duration_ns"]]
     train = steps[steps["mode"] == "train"]
     forwards = run.events[(run.events["category"] == "phase") & (run.events["name"] == "Forward")]
     per_step = [int(((forwards["start_ns"] >= s.start_ns) & (forwards["start_ns"] < s.end_ns)).sum())
                 for s in train.itertuples()]
-    assert per_step[1:] == [2] * 20, per_step  # the action's forward and the update's
+    assert per_step == [11] + [2] * 20, per_step  # the 10 warm-up actions and the update's forward first
+    assert train["start_ns"].iloc[0] == forwards["start_ns"].min()  # it began at the first action
     # the environment's 2 ms fall inside the train steps, which cover the timed loop
     assert (train["duration_ns"].iloc[1:] > 2_000_000).all(), train["duration_ns"].tolist()
+    assert train["duration_ns"].iloc[0] > 10 * 2_000_000, train["duration_ns"].tolist()
     loop_ns = int(r.stdout.split("loop_ns")[1].split()[0])
     assert train["duration_ns"].iloc[1:].sum() >= 0.9 * loop_ns, (train["duration_ns"].sum(), loop_ns)
 

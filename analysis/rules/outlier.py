@@ -7,7 +7,8 @@ import numpy as np
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.core.vocabulary import GETNEXT, KERAS_PROFILER_WINDOW, OTHER, PHASES, TORCH_OP_WINDOW_SPANS, TRAIN
+from stepscope.core.vocabulary import (GETNEXT, INTERRUPTED, KERAS_PROFILER_WINDOW, OTHER, PHASES,
+                                       TORCH_OP_WINDOW_SPANS, TRAIN)
 
 PARTS = (*PHASES, OTHER)
 # Framework spans of stepscope's own profiler windows (torch operator windows, Keras's sampled
@@ -54,6 +55,7 @@ class StepOutlier(Rule):
         out = []
         steps = run.steps
         every_step = steps
+        steps = steps[steps["mode"] != INTERRUPTED]  # no iteration that finished: not judged
         starts = None
         windows = run.select(categories=["framework"], names=list(PROFILER_WINDOWS),
                              columns=["process", "start_ns", "end_ns"])

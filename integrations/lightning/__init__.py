@@ -137,6 +137,43 @@ def _callback_class(pl):
             if tracker is not None:
                 tracker.resume()
 
+        # Epoch edges (SPEC §3): the last train or validation step of a pass ends where its
+        # batch ended; validation start-up and an epoch's end are between loops, named by
+        # the summary, not a last step's Other (StepOutlier saw every epoch's last step).
+        @safety.guarded("the Lightning callback failed")
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self._batch_end = _native.now()
+
+        @safety.guarded("the Lightning callback failed")
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            self._batch_end = _native.now()
+
+        @safety.guarded("the Lightning callback failed")
+        def on_validation_start(self, trainer, pl_module):
+            self._loop_ended(trainer)  # the training before it, mid-epoch or at its end
+
+        @safety.guarded("the Lightning callback failed")
+        def on_validation_epoch_start(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                from stepscope.integrations import torch as st_torch
+
+                st_torch.pass_starts_at_next_fetch()  # the loader was iterated before the hooks
+
+        @safety.guarded("the Lightning callback failed")
+        def on_validation_end(self, trainer, pl_module):
+            self._loop_ended(trainer)
+
+        @safety.guarded("the Lightning callback failed")
+        def on_train_epoch_end(self, trainer, pl_module):
+            self._loop_ended(trainer)  # an epoch without validation at its end
+
+        def _loop_ended(self, trainer) -> None:
+            at, self._batch_end = getattr(self, "_batch_end", 0), 0
+            if not trainer.sanity_checking:
+                from stepscope.integrations import torch as st_torch
+
+                st_torch.loop_ended(at)
+
         @safety.guarded("the Lightning callback failed")
         def on_predict_start(self, trainer, pl_module):
             from stepscope.integrations import torch as st_torch

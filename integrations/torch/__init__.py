@@ -96,6 +96,23 @@ def hidden():
             loop.depth = max(0, loop.depth - 1)
 
 
+def loop_ended(at: int = 0) -> None:
+    """A framework's loop (an epoch's training, a validation pass) ended at tick ``at``
+    (0: where its last step's work ended): that step ends there, and the time until the
+    next step (validation start-up, an epoch's end) is between loops, which the summary
+    names (SPEC §3)."""
+    if instrumentor.is_instrumented():
+        instrumentor.loop.tracker.loop_ended(at)
+
+
+def pass_starts_at_next_fetch() -> None:
+    """A framework iterated its loader, then ran its own start-up (hooks) before the first
+    batch: that pass's first step begins at its first fetch, not at the iteration. The
+    start-up is between loops (``loop_ended``)."""
+    if instrumentor.is_instrumented():
+        instrumentor.loop.iter_started = None
+
+
 def is_hidden() -> bool:
     """True inside a forward, a fetch or ``hidden()``."""
     return instrumentor.is_instrumented() and instrumentor.loop.depth > 0

@@ -252,10 +252,9 @@ class TorchInstrumentor(Instrumentor):
                 # named as the native path names it, by the root's timed call
                 group = self.roots.group_of.get(module)
                 part = None if group is None else (group, self.roots.timed[module][0])
-                if part is None:
-                    st.tracker.forward_started(mode, now)
-                else:
-                    st.tracker.forward_started(mode, now, *part)
+                # acting (the native roots' flag): eval only because grad is off, the module training
+                acting = not st.forced_modes and mode == "eval" and module.training
+                st.tracker.forward_started(mode, now, *(part or (None, None)), acting)
                 st.stack.append((now, mode, FORWARD, part))
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)

@@ -3,11 +3,13 @@ every iteration the policy network (left in training mode) chooses an action in 
 no_grad forward, the environment steps, and from the 8th iteration on one update
 learns from a replay batch (a target network, Huber loss, clipped gradients, a
 soft update of the target). An iteration with an update is one train step from its
-action on; the actions chosen before the first update are eval steps."""
-# expect: {"train": 33, "eval": 8,
-# expect:  "phases": {"train": ["Forward", "Loss", "Backward", "Optimizer"], "eval": ["Forward"]},
+action on; the actions chosen before the first update are no evaluation but the first
+update's data: the first train step begins at the first of them. 97 model calls: the
+actions', the updates' and the target network's (no_grad, in training mode)."""
+# expect: {"train": 33,
+# expect:  "phases": {"train": ["Forward", "Loss", "Backward", "Optimizer"]},
 # expect:  "every": {"train": ["Forward", "Backward", "Optimizer"]},
-# expect:  "spans": {"Forward": 64}}
+# expect:  "spans": {"Forward": 97}}
 import random
 
 import torch

@@ -76,11 +76,7 @@ TIMEOUT = 300
 
 # (script name, variant) -> the cause, found in stepscope (file/function). Strict:
 # a case listed here that passes fails the suite, so fixed causes leave the table.
-XFAIL = {
-    ("keras_tf_fit_error", "zero_edit"): "the failed fit's traced step 0 counts as a train step (issue 47 item 7, "
-                                         "integrations/keras/_callback.py _step); its stderr is checked by "
-                                         "tests/test_keras.py::test_failing_fit_keeps_its_traceback",
-}
+XFAIL: dict = {}
 
 
 def truth_of(path):

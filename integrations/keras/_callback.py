@@ -166,6 +166,12 @@ def _build_class(keras):
                 self._last_end = end
             return end
 
+        def _step_failed(self) -> None:
+            """The open step's compiled call raised (not the data's end): a train step
+            whose optimizer step never ran is flagged interrupted (SPEC §3), not counted."""
+            if self._open and self._loops and self._loops[-1][0] == "train" and self._execution is None:
+                _native.interrupt_step(self._work_end)
+
         # --- between epochs ----------------------------------------------------------
         def _in_fit(self) -> bool:
             return bool(self._loops) and self._loops[-1][0] == "train"

@@ -46,6 +46,8 @@ def _fetching_in_python(function, callback):
 
     def after(callback, exc):
         callback._work_end = _native.now()
+        if exc is not None and not isinstance(exc, (out_of_range, StopIteration)):  # not the data's end
+            callback._step_failed()
 
     return frameless(function, before, after, "the Keras integration failed")
 

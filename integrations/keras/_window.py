@@ -258,13 +258,17 @@ class Sampler:
 
     @classmethod
     def discard_all(cls) -> None:
-        """At session stop: a window a failed fit left open is stopped now, its own
-        log lines dropped (its teardown would print "Profiler session tear down."
-        on the job's stderr at exit)."""
+        """At session stop: a window a failed fit left open is read now (its steps
+        completed before the failure: their phases are the fit's only measured
+        ones), its own log lines dropped (its teardown would print "Profiler session
+        tear down." on the job's stderr at exit)."""
         for sampler in cls.live():
             window, sampler.window = sampler.window, None
             if window is not None:
-                window.abandon()
+                try:
+                    window.close(_native.now())
+                except Exception:  # noqa: BLE001 - a profiler torn down first: the window is lost
+                    window.abandon()
 
     def abandon(self) -> None:
         """A user's profiler is starting: give the profiler to it."""

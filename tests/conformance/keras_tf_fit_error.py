@@ -3,7 +3,7 @@ A fit with labels of the wrong shape fails while its step is traced (the script
 prints the traceback and goes on); a second fit's callback raises at train batch 6
 of 12, while a sampled profiler window is open, and the job dies of it. stderr,
 tracebacks included, is the plain run's byte for byte."""
-# expect: {"train": 6, "exit": 1, "same_stderr": true,
+# expect: {"train": 6, "interrupted": 1, "exit": 1, "same_stderr": true,
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]}}
 import os
 import traceback

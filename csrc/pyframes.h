@@ -33,6 +33,7 @@ struct RawThread {
   uint64_t when;          // now() as its frames were copied: what they show is that moment's
   bool copied;            // false: want() said the caller knows its frames (count is 0)
   uintptr_t state;        // its thread state's address
+  bool torn = false;      // the thread left its innermost frame while the copy ran
 };
 // Whether to copy a thread's frames (the caller may know them: a thread that has
 // not run since it last read them) or to leave them (stepscope's own threads).

@@ -508,6 +508,7 @@ void check_codes(const pyframes::RawThread& t) {
 }
 
 int64_t read_stack(const pyframes::RawThread& t) {
+  if (t.torn) return -1;
   uint32_t ids[kMaxDepth];
   int depth = 0;
   check_codes(t);

@@ -197,15 +197,29 @@ bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t 
   const _PyInterpreterFrame* f = current_frame(t);
   if (!f) return false;
   *out = RawThread{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, now(), true, state};
+  bool torn = false;
   // Bounded by copies, not by frames kept: a chain of skipped shims ends too.
   for (int copies = 0; f && copies < 2 * max_depth && int(frames.size() - out->first) < max_depth; ++copies) {
     _PyInterpreterFrame fr;
-    if (!copy(reinterpret_cast<uintptr_t>(f), &fr, offsetof(_PyInterpreterFrame, localsplus))) break;
+    if (!copy(reinterpret_cast<uintptr_t>(f), &fr, offsetof(_PyInterpreterFrame, localsplus))) {
+      torn = PY_VERSION_HEX >= 0x030C0000;  // (3.11 as it was: the stack ends there)
+      break;
+    }
     f = fr.previous;
 #if PY_VERSION_HEX >= 0x030C0000
-    // 3.12+: the entry frame of each C call into the interpreter (a trampoline
-    // code object in 3.12, None in 3.13), which CPython's walkers skip too.
+    // 3.12+: each call into the interpreter from C pushes an entry frame owned by
+    // the C stack (a trampoline code object in 3.12, None in 3.13), which
+    // CPython's walkers skip too; and every thread's chain ends at one (its first
+    // call's), with no previous. A chain that ends elsewhere was torn: mostly a
+    // generator that yielded between the copy of the thread state and that of its
+    // frame (a yield clears the frame's previous); and the entry frame lives on
+    // the C stack, where once its call returned the next C call writes: a copy of
+    // it then is garbage (an owner that is none, or a code that is no code).
     if (fr.owner == FRAME_OWNED_BY_CSTACK) continue;
+    if (fr.owner < FRAME_OWNED_BY_THREAD || fr.owner > FRAME_OWNED_BY_CSTACK || !f) {
+      torn = true;
+      break;
+    }
 #endif
     const uintptr_t code = reinterpret_cast<uintptr_t>(SS_CODE_OF(fr));
     // (not checked here to be a code object: read_stack finds a frame whose is not torn)
@@ -215,6 +229,7 @@ bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t 
     const int32_t lasti = units < -1 || units > INT32_MAX ? INT32_MIN : int32_t(units);
     frames.push_back({code, lasti, fr.owner == FRAME_OWNED_BY_GENERATOR});
   }
+  if (torn) frames.push_back({0, INT32_MIN, false});  // read_stack: no code object there, a torn read
   out->count = uint32_t(frames.size() - out->first);
   return out->count > 0;
 }

@@ -87,9 +87,16 @@ HOT = textwrap.dedent("""
             k += 3
             time.sleep(0.01)
 
+    def first_frame_a_generator():  # run by a thread started on its __next__: no Python caller
+        while not stop.is_set():
+            time.sleep(0.01)
+        yield
+
     sys.setrecursionlimit(5000)
     s = stepscope.start(dir=sys.argv[1], name="hot", pysample_hz=int(sys.argv[3]))
     helpers = [threading.Thread(target=f, name=f.__name__) for f in (sleeper, generators_and_coroutines, spawner)]
+    import _thread
+    _thread.start_new_thread(first_frame_a_generator().__next__, ())  # (threading's would be its caller)
     for t in helpers:
         t.start()
     time.sleep(0.2)
@@ -104,6 +111,7 @@ HOT = textwrap.dedent("""
     stop.set()
     for t in helpers:
         t.join()
+    time.sleep(0.05)  # the generator's thread ends too
     s.stop()
     print(json.dumps({"tid": threading.get_native_id(), "t0": wall0, "t1": wall0 + seconds, "seconds": seconds,
                       "hot_share": hot_s / seconds, "sleep_line": SLEEP_LINE, "status": st}))
@@ -217,9 +225,12 @@ def hotspot_run(tmp_path, seconds=8.0, hz=200):
            "expected_samples": int(hz * info["seconds"]), "share": round(float(in_hot.mean()), 4),
            "truth": round(info["hot_share"], 4)}
     # every frame of the sleeping thread's sleeps is at the sleep's line
-    sleeps = [paths[st] for st in s["stack"].unique() if funcs[st] == "sleeper"]
-    out["sleeper_lines"] = sorted({int(lines[p[-1]]) for p in sleeps})
+    sleeps = [int(lines[st]) for st in s["stack"] if funcs[st] == "sleeper"]
+    out["sleeper_lines"] = {str(k): sleeps.count(k) for k in sorted(set(sleeps))}
     out["sleep_line"] = info["sleep_line"]
+    # the generator a thread runs first: its own samples, as a root frame (not torn reads)
+    first = [st for st in s["stack"] if funcs[paths[st][0]] == "first_frame_a_generator"]
+    out["generator_first_samples"] = len(first)
     everything = set(funcs)
     out["seen"] = sorted(everything & {"numbers", "co_step", "deep", "short_lived", "spawner",
                                        "generators_and_coroutines", "hotspot.<locals>.<genexpr>", "<genexpr>"})
@@ -237,9 +248,13 @@ def test_a_pure_python_hotspot_and_exact_lines(tmp_path):
     assert out["main_samples"] >= 0.6 * out["expected_samples"], out
     if st["late"] <= 0.1 * st["passes"]:  # (a sampler woken late leans to blocking code: test_pysampler.py)
         assert abs(out["share"] - out["truth"]) <= 0.08, out
-    assert out["sleeper_lines"] == [out["sleep_line"]], out
+    # (a few at the loop's line: its backward jump may give the GIL up, and wait for it there)
+    lines = out["sleeper_lines"]
+    assert set(lines) <= {str(out["sleep_line"] - 1), str(out["sleep_line"])}, out
+    assert lines.get(str(out["sleep_line"]), 0) >= 0.95 * sum(lines.values()), out
     assert {"numbers", "co_step", "deep", "short_lived", "generators_and_coroutines"} <= set(out["seen"]), out
     assert out["max_depth"] == 512, out  # 800 frames deep: the innermost 512 kept
+    assert out["generator_first_samples"] >= 0.5 * out["expected_samples"], out  # not torn reads
     assert st["torn"] <= 0.05 * st["samples"], st
 
 

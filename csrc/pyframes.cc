@@ -197,8 +197,9 @@ bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t 
   const _PyInterpreterFrame* f = current_frame(t);
   if (!f) return false;
   *out = RawThread{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, now(), true, state};
-  const _PyInterpreterFrame* last = nullptr;  // the last frame copied
-  bool torn = false, last_generator = false;
+  [[maybe_unused]] const _PyInterpreterFrame* last = nullptr;  // the last frame copied (3.11's check)
+  [[maybe_unused]] bool last_generator = false;
+  bool torn = false;
   // Bounded by copies, not by frames kept: a chain of skipped shims ends too.
   for (int copies = 0; f && copies < 2 * max_depth && int(frames.size() - out->first) < max_depth; ++copies) {
     _PyInterpreterFrame fr;
@@ -225,7 +226,7 @@ bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t 
     }
 #endif
     const uintptr_t code = reinterpret_cast<uintptr_t>(SS_CODE_OF(fr));
-    // (not checked here to be a code object: read_stack finds a frame whose is not torn)
+    // (read_stack checks it is a code object: a frame whose code is none makes the read torn)
     const intptr_t units = (reinterpret_cast<intptr_t>(SS_INSTR_OF(fr)) -
                             intptr_t(code + offsetof(PyCodeObject, co_code_adaptive))) /
                            intptr_t(sizeof(_Py_CODEUNIT));

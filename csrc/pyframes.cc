@@ -204,7 +204,7 @@ bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t 
   for (int copies = 0; f && copies < 2 * max_depth && int(frames.size() - out->first) < max_depth; ++copies) {
     _PyInterpreterFrame fr;
     if (!copy(reinterpret_cast<uintptr_t>(f), &fr, offsetof(_PyInterpreterFrame, localsplus))) {
-      torn = PY_VERSION_HEX >= 0x030C0000;  // (3.11 as it was: the stack ends there)
+      torn = true;  // a frame freed under the read (its data-stack chunk unmapped)
       break;
     }
     last = f;

@@ -11,10 +11,12 @@
 // caller validates code objects by their identifying fields (Code::identity).
 //
 // The layouts come from CPython's own internal headers (Py_BUILD_CORE only
-// around them), for the version this extension is compiled for. Only 3.11's
-// layout is tested (_PyCFrame.current_frame, _PyInterpreterFrame.f_code and
-// prev_instr, the 3.11 location table): other versions compile this out and
-// sample with the GIL (pysampler.cc).
+// around them), for the version this extension is compiled for: 3.11, 3.12
+// and 3.13 with a GIL (the three differ in where the current frame is and what
+// a frame says about its code and instruction: SS_CODE_OF, SS_INSTR_OF,
+// current_frame() below; their location tables are the same). Other versions,
+// and free-threaded builds, compile this out and sample with the GIL
+// (pysampler.cc).
 #include <Python.h>
 
 #include "pyframes.h"
@@ -27,11 +29,27 @@
 #include <algorithm>
 #include <cstring>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(Py_GIL_DISABLED)
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define SS_READ_FRAMES 1
+// pycore_frame.h (and the pycore_code.h etc. it pulls in) compile as C++ in
+// 3.11-3.13; 3.13's refuse to compile without Py_BUILD_CORE. Only the structs'
+// layouts are used: no inline function of theirs runs here.
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
+#if PY_VERSION_HEX >= 0x030D0000
+// 3.13: f_executable, a strong reference to the code object (None in the C
+// stack's entry frames); instr_ptr, the instruction being run or about to
+// begin, which is what _PyInterpreterFrame_LASTI and so PyFrame_GetLineNumber
+// measure from (no "previous instruction" any more).
+#define SS_CODE_OF(fr) (fr).f_executable
+#define SS_INSTR_OF(fr) (fr).instr_ptr
+#else
+// 3.11, 3.12: f_code; prev_instr, the code unit before the next instruction
+// (_PyInterpreterFrame_LASTI measures from it; -1 in a frame not started yet).
+#define SS_CODE_OF(fr) (fr).f_code
+#define SS_INSTR_OF(fr) (fr).prev_instr
+#endif
 #else
 #define SS_READ_FRAMES 0
 #endif
@@ -86,7 +104,9 @@ void put_utf8(std::string& s, uint32_t c) {
 // names may be gone and their memory holding other strings: but freeing writes
 // over the first word, the count (pymalloc: the next free block's address, or
 // 0; malloc's bins and tcache write over the type too), and a count is 0 while
-// the object is being freed. Live counts are small (no immortal objects in 3.11).
+// the object is being freed. Live counts are small; 3.12 and 3.13's immortal
+// objects (interned names, static code) have 2^32-1 (_Py_IMMORTAL_REFCNT on 64-bit
+// builds), a little more after old extensions' increments: under 2^40 too.
 bool alive(Py_ssize_t refcnt) { return refcnt >= 1 && refcnt < (Py_ssize_t(1) << 40); }
 
 // A str object's text as UTF-8 (compact strings: every name CPython makes).
@@ -127,7 +147,7 @@ bool read_bytes(uintptr_t addr, std::vector<uint8_t>* out) {
   return out->empty() || copy(addr + offsetof(PyBytesObject, ob_sval), out->data(), out->size());
 }
 
-// The 3.11 location table (Objects/locations.md): entries of a first byte
+// The location table of 3.11-3.13 (Objects/locations.md, unchanged in 3.12, 3.13): entries of a first byte
 // (1, 4 bits of kind, 3 bits of length - 1 in code units) and varints.
 int varint(const std::vector<uint8_t>& t, size_t* i) {
   unsigned v = 0, shift = 0;
@@ -161,24 +181,78 @@ bool usable() {
 
 namespace {
 
+// The thread's innermost frame (null: none, or its copy failed).
+const _PyInterpreterFrame* current_frame(const PyThreadState& t) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return t.current_frame;  // 3.13 has no _PyCFrame
+#else
+  _PyCFrame cf;
+  return t.cframe && copy(t.cframe, &cf) ? cf.current_frame : nullptr;
+#endif
+}
+
 // The frames of the thread state t (copied from `state`), appended to frames.
 bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t (*now)(), RawThread* out,
                std::vector<RawFrame>& frames) {
-  _PyCFrame cf;
-  if (!t.cframe || !copy(t.cframe, &cf) || !cf.current_frame) return false;
+  const _PyInterpreterFrame* f = current_frame(t);
+  if (!f) return false;
   *out = RawThread{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, now(), true, state};
-  const _PyInterpreterFrame* f = cf.current_frame;
-  for (int depth = 0; f && depth < max_depth; ++depth) {
+  [[maybe_unused]] const _PyInterpreterFrame* last = nullptr;  // the last frame copied (3.11's check)
+  [[maybe_unused]] bool last_generator = false;
+  bool torn = false;
+  // Bounded by copies, not by frames kept: a chain of skipped shims ends too.
+  for (int copies = 0; f && copies < 2 * max_depth && int(frames.size() - out->first) < max_depth; ++copies) {
     _PyInterpreterFrame fr;
-    if (!copy(reinterpret_cast<uintptr_t>(f), &fr, offsetof(_PyInterpreterFrame, localsplus))) break;
-    const uintptr_t code = reinterpret_cast<uintptr_t>(fr.f_code);
-    const intptr_t units = (reinterpret_cast<intptr_t>(fr.prev_instr) -
+    if (!copy(reinterpret_cast<uintptr_t>(f), &fr, offsetof(_PyInterpreterFrame, localsplus))) {
+      torn = true;  // a frame freed under the read (its data-stack chunk unmapped)
+      break;
+    }
+    last = f;
+    last_generator = fr.owner == FRAME_OWNED_BY_GENERATOR;
+    f = fr.previous;
+#if PY_VERSION_HEX >= 0x030C0000
+    // 3.12+: each call into the interpreter from C pushes an entry frame owned by
+    // the C stack (a trampoline code object in 3.12, None in 3.13), which
+    // CPython's walkers skip too; and every thread's chain ends at one (its first
+    // call's), with no previous. A chain that ends elsewhere was torn: mostly a
+    // generator that yielded between the copy of the thread state and that of its
+    // frame (a yield clears the frame's previous); and the entry frame lives on
+    // the C stack, where once its call returned the next C call writes: a copy of
+    // it then is garbage (an owner that is none, or a code that is no code).
+    if (fr.owner == FRAME_OWNED_BY_CSTACK) continue;
+    if (fr.owner < FRAME_OWNED_BY_THREAD || fr.owner > FRAME_OWNED_BY_CSTACK || !f) {
+      torn = true;
+      break;
+    }
+#endif
+    const uintptr_t code = reinterpret_cast<uintptr_t>(SS_CODE_OF(fr));
+    // (read_stack checks it is a code object: a frame whose code is none makes the read torn)
+    const intptr_t units = (reinterpret_cast<intptr_t>(SS_INSTR_OF(fr)) -
                             intptr_t(code + offsetof(PyCodeObject, co_code_adaptive))) /
                            intptr_t(sizeof(_Py_CODEUNIT));
     const int32_t lasti = units < -1 || units > INT32_MAX ? INT32_MIN : int32_t(units);
     frames.push_back({code, lasti, fr.owner == FRAME_OWNED_BY_GENERATOR});
-    f = fr.previous;
   }
+#if PY_VERSION_HEX < 0x030C0000
+  // 3.11: a chain ending at a generator's frame is mostly one that yielded between
+  // the copy of the thread state and that of the frame (a yield clears its
+  // previous; on the development VM a pure-Python generator's caller lost 4% of
+  // its samples to one-frame stacks so). It is the thread's first frame only where
+  // C runs a generator first (a thread started on a generator's __next__): then
+  // the generator is running. Its state and its frame (which the generator object
+  // holds right after it) in one copy of a few dozen bytes tell the two apart: a
+  // second copy of each, microseconds apart, let a generator yielding every few
+  // hundred nanoseconds pass as running.
+  if (!f && last_generator) {
+    constexpr size_t at = offsetof(PyGenObject, gi_frame_state), to = offsetof(PyGenObject, gi_iframe);
+    alignas(8) unsigned char raw[to - at + offsetof(_PyInterpreterFrame, localsplus)];
+    _PyInterpreterFrame g;
+    torn = !copy(reinterpret_cast<uintptr_t>(last) - (to - at), raw, sizeof raw);
+    std::memcpy(&g, raw + (to - at), offsetof(_PyInterpreterFrame, localsplus));
+    torn = torn || int8_t(raw[0]) != FRAME_EXECUTING || g.previous != nullptr;
+  }
+#endif
+  if (torn) frames.push_back({0, INT32_MIN, false});  // read_stack: no code object there, a torn read
   out->count = uint32_t(frames.size() - out->first);
   if (out->count == 0) return false;
   // The thread runs on while its frames are copied: the copy shows one moment only

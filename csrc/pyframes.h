@@ -13,8 +13,8 @@
 namespace stepscope {
 namespace pyframes {
 
-// Whether this build knows its Python's frame layout (CPython 3.11: the only
-// layout tested; other versions use the GIL-holding sampler).
+// Whether this build knows its Python's frame layout (CPython 3.11-3.13 with a
+// GIL; other versions use the GIL-holding sampler).
 bool compiled_in();
 // Whether this process may copy its own memory (process_vm_readv: a seccomp
 // profile may forbid it). Also takes the process id the copies use: call it
@@ -23,7 +23,8 @@ bool usable();
 
 struct RawFrame {
   uintptr_t code;     // the code object's address, unvalidated
-  int32_t lasti;      // the last instruction started, in code units (-1: none yet)
+  int32_t lasti;      // _PyInterpreterFrame_LASTI, in code units: the last instruction
+                      // started (3.11, 3.12; -1: none yet), the one running (3.13)
   bool generator;     // owned by a generator or coroutine (never incomplete)
 };
 struct RawThread {

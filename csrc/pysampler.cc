@@ -1,6 +1,6 @@
 // Python stack sampler. A native thread wakes `hz` times a second on average
 // (random intervals: see jittered()) and samples every thread's Python stack.
-// Two methods. On CPython 3.11 it copies the frames without the GIL
+// Two methods. On CPython 3.11-3.13 (GIL builds) it copies the frames without the GIL
 // (pyframes.cc; frames_pass() below): samples at times of its own, no thread
 // waits for it. Elsewhere, or with STEPSCOPE_PYSAMPLE_METHOD=gil, the GIL walk:
 // it takes the GIL (so every other thread is at a safe point), takes each thread's top frame

@@ -192,11 +192,11 @@ const _PyInterpreterFrame* current_frame(const PyThreadState& t) {
 }
 
 // The frames of the thread state t (copied from `state`), appended to frames.
-bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t (*now)(), RawThread* out,
+bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t when, RawThread* out,
                std::vector<RawFrame>& frames) {
   const _PyInterpreterFrame* f = current_frame(t);
   if (!f) return false;
-  *out = RawThread{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, now(), true, state};
+  *out = RawThread{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, when, true, state};
   [[maybe_unused]] const _PyInterpreterFrame* last = nullptr;  // the last frame copied (3.11's check)
   [[maybe_unused]] bool last_generator = false;
   bool torn = false;
@@ -255,18 +255,6 @@ bool frames_of(const PyThreadState& t, uintptr_t state, int max_depth, uint64_t 
   if (torn) frames.push_back({0, INT32_MIN, false});  // read_stack: no code object there, a torn read
   out->count = uint32_t(frames.size() - out->first);
   if (out->count == 0) return false;
-  // The thread runs on while its frames are copied: the copy shows one moment only
-  // if the thread is still in the frame it began from (its instruction moves on in
-  // any Python loop: not compared, or pure Python would always read torn).
-  // (Checked after the walk: three small copies, ~1 us each.)
-  const uintptr_t top = reinterpret_cast<uintptr_t>(cf.current_frame);
-  _PyCFrame* cframe_now = nullptr;
-  _PyCFrame cf_now;
-  _PyInterpreterFrame fr_now;
-  out->torn = !copy(state + offsetof(PyThreadState, cframe), &cframe_now, sizeof cframe_now) ||
-              !copy(cframe_now, &cf_now) || reinterpret_cast<uintptr_t>(cf_now.current_frame) != top ||
-              !copy(top, &fr_now, offsetof(_PyInterpreterFrame, localsplus)) ||
-              reinterpret_cast<uintptr_t>(fr_now.f_code) != frames[out->first].code;
   return true;
 }
 
@@ -280,19 +268,26 @@ void read_threads(const void* interp, int max_depth, uint64_t (*now)(), WantFram
   for (int n = 0; ts && n < kMaxThreads; ++n) {
     PyThreadState t;
     const uintptr_t state = reinterpret_cast<uintptr_t>(ts);
+    const uint64_t when = now();  // before the thread state: what the copy shows is from then on
     if (!copy(ts, &t)) break;
     ts = t.next;
-    RawThread rt{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, now(), false, state};
-    if (!want(t.thread_id, uint64_t(t.native_thread_id)) || frames_of(t, state, max_depth, now, &rt, frames))
+    RawThread rt{t.thread_id, uint64_t(t.native_thread_id), uint32_t(frames.size()), 0, when, false, state};
+    if (!want(t.thread_id, uint64_t(t.native_thread_id)) || frames_of(t, state, max_depth, when, &rt, frames)) {
+      rt.read_ticks = now() - when;
       threads.push_back(rt);
+    }
   }
 }
 
 bool read_thread_again(const RawThread& was, int max_depth, uint64_t (*now)(), RawThread* out,
                        std::vector<RawFrame>& frames) {
   PyThreadState t;
-  return copy(reinterpret_cast<const PyThreadState*>(was.state), &t) && t.thread_id == was.ident &&
-         uint64_t(t.native_thread_id) == was.tid && frames_of(t, was.state, max_depth, now, out, frames);
+  const uint64_t when = now();
+  if (!copy(reinterpret_cast<const PyThreadState*>(was.state), &t) || t.thread_id != was.ident ||
+      uint64_t(t.native_thread_id) != was.tid || !frames_of(t, was.state, max_depth, when, out, frames))
+    return false;
+  out->read_ticks = now() - when;
+  return true;
 }
 
 bool identity_of(const PyCodeObject& c, Code* out);

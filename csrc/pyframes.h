@@ -31,10 +31,11 @@ struct RawThread {
   unsigned long ident;  // threading.get_ident()
   uint64_t tid;         // the OS thread id
   uint32_t first, count;  // its frames in the frames vector, innermost first
-  uint64_t when;          // now() as its frames were copied: what they show is that moment's
+  uint64_t when;          // now() before its thread state was copied: what the frames show is from then on
   bool copied;            // false: want() said the caller knows its frames (count is 0)
   uintptr_t state;        // its thread state's address
-  bool torn = false;      // the thread left its innermost frame while the copy ran
+  uint64_t read_ticks = 0;  // how long the copy took, from the thread state's: a read
+                            // the sampler was descheduled in shows frames of two moments
 };
 // Whether to copy a thread's frames (the caller may know them: a thread that has
 // not run since it last read them) or to leave them (stepscope's own threads).

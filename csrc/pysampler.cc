@@ -108,6 +108,9 @@ constexpr size_t kMaxThreadsSeen = size_t(1) << 16;  // past it, every thread is
 constexpr size_t kMaxCodeAddresses = kMaxCodes * 4;  // addresses remembered (dead code's included)
 constexpr size_t kMaxLineTableBytes = size_t(16) << 20;  // copied line tables, all together
 constexpr int64_t kLookupEveryNs = 10000000;  // GIL takes for new threads: at most 100 a second
+// A longer copy of a thread's frames reads torn (read_stack). A stack 512 deep takes
+// ~0.8 ms to copy on the development VM: a bound below that would drop deep stacks.
+constexpr int64_t kMaxReadNs = 2000000;
 constexpr int kRereads = 2;  // copies again of a thread whose frames changed under the copy
 constexpr int kLookups = 5;  // look-ups of a thread threading does not know: then the job's
 constexpr std::chrono::nanoseconds kLate(1000000);
@@ -507,8 +510,11 @@ void check_codes(const pyframes::RawThread& t) {
     if (ok[i]) code_at(addrs[i], &codes[i]);  // (not a code object: code_at finds it so again)
 }
 
-int64_t read_stack(const pyframes::RawThread& t) {
-  if (t.torn) return -1;
+int64_t read_stack(const pyframes::RawThread& t, uint64_t max_read_ticks) {
+  // A copy that took long (the sampler descheduled in it, on a loaded machine) shows
+  // frames of its start at times well after it: torn (a stack of the previous
+  // step's Loss showed in the next step's zero_grad so, 1 sample in ~200).
+  if (t.read_ticks > max_read_ticks) return -1;
   uint32_t ids[kMaxDepth];
   int depth = 0;
   check_codes(t);
@@ -532,9 +538,11 @@ int64_t read_stack(const pyframes::RawThread& t) {
 struct TickRate {
   uint64_t tick0 = 0;
   int64_t ns0 = 0;
+  double per_ns(uint64_t tick_now, int64_t ns_now) const {
+    return ns_now > ns0 + 1000000 ? double(tick_now - tick0) / double(ns_now - ns0) : 1.0;
+  }
   uint64_t at(int64_t ns, uint64_t tick_now, int64_t ns_now) const {
-    const double rate = ns_now > ns0 + 1000000 ? double(tick_now - tick0) / double(ns_now - ns0) : 1.0;
-    return tick_now - uint64_t(double(ns_now - ns) * rate);
+    return tick_now - uint64_t(double(ns_now - ns) * per_ns(tick_now, ns_now));
   }
 };
 
@@ -545,6 +553,7 @@ struct TickRate {
 // missed). Returns whether no thread ran (every stack known without a copy).
 bool frames_pass(const std::vector<int64_t>& passed, const TickRate& rate) {
   ++g_p.serial;
+  const uint64_t max_read_ticks = uint64_t(rate.per_ns(ticks(), mono_ns()) * double(kMaxReadNs));
   g_p.raw_threads.clear();
   g_p.raw_frames.clear();
   pyframes::read_threads(g_p.interp, kMaxDepth, [] { return ticks(); }, want_frames, g_p.raw_threads,
@@ -560,7 +569,7 @@ bool frames_pass(const std::vector<int64_t>& passed, const TickRate& rate) {
     if (kind == kOwnThread) continue;
     g_p.sampled_tids.push_back(t.tid);
     still = still && !t.copied;
-    int64_t stack = t.copied ? read_stack(t) : seen.stack;
+    int64_t stack = t.copied ? read_stack(t, max_read_ticks) : seen.stack;
     // Torn: the thread changed its frames under the copy (a generator resumed, a
     // code object freed). Dropping the sample would under-count code that changes
     // its frames fastest; a copy again, microseconds later, rarely tears twice.
@@ -568,7 +577,7 @@ bool frames_pass(const std::vector<int64_t>& passed, const TickRate& rate) {
     pyframes::RawThread again;
     for (int i = 0; i < kRereads && stack == -1 && t.copied; ++i)
       if (pyframes::read_thread_again(t, kMaxDepth, [] { return ticks(); }, &again, g_p.raw_frames)) {
-        stack = read_stack(again);
+        stack = read_stack(again, max_read_ticks);
         when = again.when;
       }
     seen.stack = stack >= 0 ? stack : -1;

@@ -2,6 +2,7 @@
 
     python3 bench/pysampler.py [--rounds 10] [--seconds 2] [--hz 100]
     python3 bench/pysampler.py --pairs 300    # only the cost per step, in paired chunks
+    python3 bench/pysampler.py --idle 25      # only an idle job's CPU, without and with the sampler
 
 An 8-layer MLP (width 64, batch 128: ~1 ms steps on the development VM), one
 torch thread, a DataLoader over in-memory tensors, SGD, under
@@ -64,7 +65,7 @@ def pairs(n: int, hz: int, tmp: str, chunk: int = 50) -> dict:
     loop(20)
     st_torch.instrument()
     run = stepscope.start(dir=tmp, name=f"pys-pairs-{time.time_ns()}", pysample_hz=0)
-    diffs, base, passes, by_main, hold = [], [], 0, 0, 0
+    diffs, base, passes, by_main, hold, read = [], [], 0, 0, 0, 0
     try:
         for i in range(n):
             times = {}
@@ -78,6 +79,7 @@ def pairs(n: int, hz: int, tmp: str, chunk: int = 50) -> dict:
                 if on:
                     st = _native.pysampler_status()
                     passes, by_main, hold = passes + st["passes"], by_main + st["main_passes"], hold + st["hold_ns"]
+                    read += st["read_ns"]
                     _native.pysampler_stop()
             diffs.append((times[True] - times[False]) / chunk)
             base.append(times[False] / chunk)
@@ -86,7 +88,7 @@ def pairs(n: int, hz: int, tmp: str, chunk: int = 50) -> dict:
         st_torch.uninstrument()
     return {"step_s": statistics.median(base), "us": statistics.median(diffs) * 1e6,
             "se_us": 1.2533 * statistics.stdev(diffs) / len(diffs) ** 0.5 * 1e6, "passes": passes,
-            "main_passes": by_main, "hold_us": hold / max(passes, 1) / 1e3}
+            "main_passes": by_main, "hold_us": hold / max(passes, 1) / 1e3, "read_us": read / max(passes, 1) / 1e3}
 
 
 def idle_threads(n: int, depth: int, tmp: str, hz: int, seconds: float = 3.0) -> dict:
@@ -112,6 +114,23 @@ def idle_threads(n: int, depth: int, tmp: str, hz: int, seconds: float = 3.0) ->
             "samples": st["samples"]}
 
 
+def idle_job(seconds: float, hz: int, tmp: str) -> dict:
+    """An idle job (the main thread asleep, no training) under a session: the process's CPU
+    (every stepscope thread: the system sampler, the writer, the Python sampler) as a share of
+    one core, and the Python sampler thread's own."""
+    run = stepscope.start(dir=tmp, name=f"idle-{hz}-{time.time_ns()}", pysample_hz=hz)
+    time.sleep(1.0)  # past the start's own work
+    c0, t0 = time.process_time(), time.perf_counter()
+    s0 = _native.pysampler_status()
+    time.sleep(seconds)
+    c1, t1 = time.process_time(), time.perf_counter()
+    s1 = _native.pysampler_status()
+    run.stop()
+    sampler = (s1["cpu_ns"] - s0["cpu_ns"]) / 1e9 / (t1 - t0) if hz else 0.0
+    return {"process": (c1 - c0) / (t1 - t0), "sampler": sampler, "method": s1["method"],
+            "gil_passes": s1["gil_passes"], "passes": s1["passes"]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -120,14 +139,30 @@ def main():
     parser.add_argument("--long", type=float, default=20.0, help="seconds of the session that counts bytes")
     parser.add_argument("--pairs", type=int, default=0, metavar="N",
                         help="only the cost per step of the small loop: N paired 50-step chunks, sampler on/off")
+    parser.add_argument("--idle", type=float, default=0, metavar="S",
+                        help="only an idle job's cost: S seconds asleep in a session, without the Python "
+                             "sampler and with it (each method), process CPU and the sampler's")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.idle:
+        print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; idle {args.idle:.0f} s, {args.hz} Hz")
+        print("| Python sampler | process CPU (all of stepscope) | Python sampler thread | passes (with the GIL) |")
+        print("| --- | ---: | ---: | ---: |")
+        with tempfile.TemporaryDirectory() as tmp:
+            for label, hz, method in (("off", 0, "frames"), ("frame reader", args.hz, "frames"),
+                                      ("GIL walk", args.hz, "gil")):
+                os.environ["STEPSCOPE_PYSAMPLE_METHOD"] = method
+                r = idle_job(args.idle, hz, tmp)
+                print(f"| {label} | {100 * r['process']:.3f}% | {100 * r['sampler']:.3f}% | "
+                      f"{r['passes']} ({r['gil_passes']}) |", flush=True)
+        return
     if args.pairs:
         with tempfile.TemporaryDirectory() as tmp:
             r = pairs(args.pairs, args.hz, tmp)
         print(f"sampler at {args.hz} Hz, {r['step_s'] * 1e3:.3f} ms a step: {r['us']:.1f} +- {r['se_us']:.1f} us a "
               f"step; {r['main_passes']} of {r['passes']} passes walked by the main thread, "
-              f"{r['hold_us']:.1f} us each with the GIL")
+              f"{r['hold_us']:.1f} us each with the GIL, {r['read_us']:.1f} us reading frames without it; "
+              f"method {_native.pysampler_status()['method']}")
         return
     loop = make(64, 128)
     loop(20)

@@ -277,9 +277,18 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
         raise
     session.active = True
     start_sampling(session, config, origin)
-    if origin == "main" and config.pysample_hz:  # helpers (DataLoader workers) are not stack-sampled
+    if config.pysample_hz and (origin == "main" or _reads_frames()):
+        # helpers (DataLoader workers) only with the frame reader: the GIL walk would make them wait
         _start_pysampler(config.pysample_hz)
     return session
+
+
+def _reads_frames() -> bool:
+    """Whether the Python sampler reads frames without the GIL here (csrc/pyframes.cc)."""
+    try:
+        return _native.pysampler_status()["method"] == "frames"
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _remove_unstarted(created_run: Optional[str], process_dir: Optional[str]) -> None:

@@ -1,6 +1,7 @@
-// The Python stack sampler (see pysampler.cc): a native thread that takes the
-// GIL at a fixed rate, reads every thread's Python frames and queues interned
-// stacks for the writer (PYSTACKS and PYSAMPLES chunks, docs/format.md).
+// The Python stack sampler (see pysampler.cc): a native thread that reads
+// every thread's Python frames at random times (without the GIL on 3.11, with
+// it elsewhere) and queues interned stacks for the writer (PYSTACKS and
+// PYSAMPLES chunks, docs/format.md).
 #pragma once
 #include <string>
 

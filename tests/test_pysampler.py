@@ -207,8 +207,10 @@ def test_a_forked_child_does_not_inherit_the_sampler(tmp_path):
         pid = os.fork()
         if pid == 0:
             st = _native.pysampler_status()
-            spin(0.2)  # a child that runs Python: no sampler thread takes its GIL
-            os._exit(0 if not st["running"] and st["samples"] == 0 and st["pid"] != os.getpid() else 3)
+            spin(0.2)  # a child that runs Python: no sampler thread of the parent's takes its GIL
+            # none, or one of its own (the frame reader: a child that joins the run starts one)
+            own = st["running"] and st["pid"] == os.getpid() and st["method"] == "frames"
+            os._exit(0 if (own or not st["running"]) and st["samples"] < 10 else 3)
         _, status = os.waitpid(pid, 0)
         spin(0.2)
         st = _native.pysampler_status()
@@ -221,7 +223,8 @@ def test_a_forked_child_does_not_inherit_the_sampler(tmp_path):
     child, running, taken, pid = r.stdout.split()
     assert child == "0" and running == "True" and int(taken) >= 40  # the parent sampled through the fork
     run = stepscope.load(tmp_path / "runs" / "fork", quiet=True)
-    assert set(run.samples["pid"]) == {int(pid)}
+    # every process's samples are its own (none of the parent's in the child's folder)
+    assert int(pid) in set(run.samples["pid"]) and run.samples.groupby("process")["pid"].nunique().max() == 1
     assert not _native.pysampler_status()["running"]  # this process never started one
 
 
@@ -420,13 +423,15 @@ def test_stepscopes_own_threads_are_not_sampled(tmp_path):
     assert "users" in functions and "ours" not in functions
 
 
-@pytest.mark.alone  # the main thread comes by in time only when no other job shares its core
-def test_a_torch_loop_walks_its_own_passes(tmp_path):
-    """A loop of torch ops (each releases the GIL) takes the GIL back after every op: each
-    pass is walked there by the main thread itself (a pending call), so the sampler never
-    takes the GIL from it and the loop never waits for our walk and a thread wake-up.
-    A loop in another thread, the main thread blocked in join(): the sampler walks the
-    passes itself, and that loop is sampled all the same."""
+@pytest.mark.alone  # (the GIL walk) the main thread comes by in time only when no other job shares its core
+@pytest.mark.parametrize("method", ["frames", "gil"])
+def test_a_torch_loop_never_waits_for_the_sampler(tmp_path, method):
+    """The frame reader (the default on 3.11) reads the loop's frames without the GIL: it takes
+    the GIL only to look up new threads' names, never once a pass. The GIL walk
+    (STEPSCOPE_PYSAMPLE_METHOD=gil, and other Python versions) offers each pass to the main
+    thread, which walks it when it takes the GIL back after a torch op (a pending call), so the
+    sampler never takes the GIL from it; a loop in another thread, the main thread blocked in
+    join(): the sampler walks the passes itself. Either way the loops are sampled."""
     code = textwrap.dedent("""
         import json, sys, threading, time, torch, stepscope
         from stepscope.core import _native
@@ -446,16 +451,23 @@ def test_a_torch_loop_walks_its_own_passes(tmp_path):
         s.stop()
         print(json.dumps({"main": main_loop, "both": both, "main_tid": threading.get_native_id()}))
     """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env["STEPSCOPE_PYSAMPLE_METHOD"] = method
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
-                       timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+                       timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     main, both = out["main"], out["both"]
-    assert main["passes"] >= 100, main
-    assert main["main_passes"] >= 0.9 * main["passes"], main
+    assert main["method"] == method and main["passes"] >= 100, main
     thread_passes = both["passes"] - main["passes"]
-    thread_main_passes = both["main_passes"] - main["main_passes"]
-    assert thread_passes >= 100 and thread_main_passes <= 0.1 * thread_passes, both
+    if method == "frames":
+        # the GIL: the first pass (which threads are whose), then the trainer thread's first passes
+        assert main["main_passes"] == 0 and main["gil_passes"] <= 2 and both["gil_passes"] <= 4, both
+        assert thread_passes >= 100 and main["torn"] + both["torn"] <= 0.05 * both["passes"], both
+    else:
+        assert main["main_passes"] >= 0.9 * main["passes"], main
+        thread_main_passes = both["main_passes"] - main["main_passes"]
+        assert thread_passes >= 100 and thread_main_passes <= 0.1 * thread_passes, both
     run = stepscope.load(tmp_path / "runs" / "ops", quiet=True)
     s = run.samples
     in_loop = s[s["function"] == "torch_loop"]
@@ -463,3 +475,256 @@ def test_a_torch_loop_walks_its_own_passes(tmp_path):
     # both loops, a second each at 200 Hz: most of their passes find them in the loop
     assert (in_loop["tid"] == main_tid).sum() >= 0.8 * main["passes"], in_loop["tid"].value_counts()
     assert (in_loop["tid"] != main_tid).sum() >= 0.8 * thread_passes, in_loop["tid"].value_counts()
+
+
+HOTSPOT = textwrap.dedent("""
+    import json, sys, threading, time
+    import torch
+    from torch import nn
+
+    HELPER_S, STEP_S = 0.004, 0.012
+
+    helper_s, spans = 0.0, []
+
+    def python_helper(x):
+        global helper_s
+        wall = time.time()
+        start = end = time.perf_counter()
+        while end < start + HELPER_S:  # pure Python that never releases the GIL
+            sum(i * i for i in range(200))
+            end = time.perf_counter()
+        helper_s += end - start
+        spans.append((wall, time.time()))  # (the samples' clock)
+        return x
+
+    def wait_for_data(until):
+        time.sleep(max(0.0, until - time.perf_counter()))  # the rest of the step: an input wait
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                                     nn.Linear(256, 4))
+
+        def forward(self, x):
+            return self.mlp(python_helper(x))
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 64), torch.randint(0, 4, (64,))
+    t0 = time.perf_counter()
+    for step in range(int(sys.argv[1])):
+        opt.zero_grad()
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        wait_for_data(t0 + (step + 1) * STEP_S)  # steps on a fixed schedule: the helper stays a third
+    seconds = time.perf_counter() - t0
+    from stepscope.core import _native
+    print(json.dumps({"tid": threading.get_native_id(), "seconds": seconds, "t0": time.time() - seconds,
+                      "helper_share": helper_s / seconds, "spans": spans, "status": _native.pysampler_status()}))
+""")
+
+
+def test_a_pure_python_hotspot_is_sampled_in_proportion(tmp_path):
+    """Issue 45: a pure-Python helper that holds the GIL for 4 ms of each 12 ms step (a third)
+    is a third of the loop thread's samples (within 7 points: 3.5 standard errors). A sampler whose passes wait for the GIL (or run
+    at the thread's next GIL release) never lands inside it: 0 of 329 samples on main 345422a."""
+    steps = 500  # 6 s: ~600 samples at 100 Hz, a share's standard error ~2 points
+    script = tmp_path / "hot.py"
+    script.write_text(HOTSPOT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="hot")
+    r = subprocess.run([sys.executable, str(script), str(steps)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    run = stepscope.load(tmp_path / "runs" / "hot", quiet=True)
+    s = run.samples
+    mine = s[(s["tid"] == info["tid"]) & (s["time_ns"] >= info["t0"] * 1e9)]
+    assert len(mine) >= 0.6 * 100 * info["seconds"], len(mine)
+    from stepscope.analysis.samples import stack_paths
+
+    paths, funcs = stack_paths(run.stacks), run.stacks["function"].to_numpy()
+    in_helper = np.array([any(funcs[a] == "python_helper" for a in paths[st]) for st in mine["stack"]])
+    share, truth = in_helper.mean(), info["helper_share"]
+    # each sample shows what the thread ran at the sample's time (the helper's spans, as timed)
+    spans = np.array(info["spans"]) * 1e9
+    at = mine["time_ns"].to_numpy()
+    during = (spans[:, 0][None, :] <= at[:, None]) & (at[:, None] <= spans[:, 1][None, :])
+    assert (during.any(axis=1) == in_helper).mean() >= 0.85  # (the clocks agree within ~0.1 ms)
+    # and samples are taken at times of their own: the helper's share of them is its share of the
+    # time (when the sampler woke on time: on a machine whose every core is busy, it tends to run
+    # when a core frees up, as the job blocks, and shares lean to the blocking code)
+    st = info["status"]
+    if st["late"] <= 0.1 * st["passes"]:
+        assert abs(share - truth) <= 0.07, (share, truth, int(in_helper.sum()), len(mine), st)
+        if 0.28 <= truth <= 0.38:  # a third, unless other jobs on the machine stretched the helper
+            assert 0.25 <= share <= 0.40, (share, truth)
+    # the helper is the leaf (or its genexpr is): pure Python, not a torch frame after it
+    leaves = set(mine["function"][in_helper])
+    assert leaves <= {"python_helper", "python_helper.<locals>.<genexpr>", "<genexpr>"}, leaves
+
+
+WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Rows(Dataset):
+        def __len__(self):
+            return 4000
+
+        def __getitem__(self, i):
+            return i
+
+    spent = {"s": 0.0, "first": None, "last": None}
+
+    def python_collate(batch):
+        end = time.perf_counter() + 0.008  # pure Python: most of the worker's time
+        while time.perf_counter() < end:
+            sum(i * i for i in range(200))
+        return torch.tensor(batch, dtype=torch.float32)
+
+    def timed_collate(batch):
+        start = time.perf_counter()
+        out = python_collate(batch)
+        spent["s"] += time.perf_counter() - start
+        spent["first"] = spent["first"] or time.time() - (time.perf_counter() - start)
+        spent["last"] = time.time()
+        from stepscope.core import _native
+        spent["status"] = _native.pysampler_status()
+        with open(os.path.join(sys.argv[1], f"collate-{os.getpid()}.json"), "w") as f:
+            json.dump(spent, f)
+        return out
+
+    if __name__ == "__main__":
+        loader = DataLoader(Rows(), batch_size=16, num_workers=1, collate_fn=timed_collate, prefetch_factor=4)
+        for step, x in enumerate(loader):
+            if step == 150:
+                break
+        print("done")
+""")
+
+
+def test_a_dataloader_workers_python_collate_fn_is_sampled(tmp_path):
+    """A forked DataLoader worker runs its own frame reader (the GIL walk would make it wait,
+    so workers get one only with the frame reader): its Python collate_fn, most of its time,
+    is most of its samples, as much as the worker measured."""
+    if _native.pysampler_status()["method"] != "frames":
+        pytest.skip("the frame reader is not used on this Python: workers are not stack-sampled")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="w")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "stepscope:" not in r.stderr, r.stderr[-3000:]
+    (pid_file,) = tmp_path.glob("collate-*.json")
+    pid, truth = int(pid_file.stem.split("-")[1]), json.loads(pid_file.read_text())
+    run = stepscope.load(tmp_path / "runs" / "w", quiet=True)
+    s = run.samples
+    # the worker's main thread (its tid is its pid), not its queue's feeder thread
+    mine = s[(s["pid"] == pid) & (s["tid"] == pid) & s["time_ns"].between(truth["first"] * 1e9, truth["last"] * 1e9)]
+    assert len(mine) >= 0.6 * 100 * (truth["last"] - truth["first"]), len(mine)
+    from stepscope.analysis.samples import stack_paths
+
+    paths, funcs = stack_paths(run.stacks), run.stacks["function"].to_numpy()
+    in_collate = np.array([any(funcs[a] == "python_collate" for a in paths[st]) for st in mine["stack"]])
+    share = in_collate.mean()
+    expected, st = truth["s"] / (truth["last"] - truth["first"]), truth["status"]
+    assert st["method"] == "frames" and st["pid"] == pid and expected >= 0.5, st
+    if st["late"] <= 0.1 * st["passes"]:  # (as in the hotspot test: a sampler woken late leans to blocking code)
+        assert abs(share - expected) <= 0.08, (share, expected, len(mine), st)
+
+
+CHURN = textwrap.dedent("""
+    import gc, random, sys, threading, time, stepscope
+    from stepscope.core import _native
+    rng = random.Random(int(sys.argv[2]))
+    seconds = float(sys.argv[3])
+
+    def recurse(n):  # frames pushed and popped as fast as Python can
+        if n == 0:
+            raise ValueError(n)
+        try:
+            return recurse(n - 1)
+        finally:
+            pass
+
+    def gen(n):
+        for i in range(n):
+            yield i
+
+    def made(k):  # code objects born and freed while sampled (their addresses reused)
+        ns = {}
+        exec(compile(f"def f{k}(n):\\n    return sum(i for i in range(n))", f"<made {k}>", "exec"), ns)
+        return ns[f"f{k}"](rng.randrange(1, 3000))
+
+    async def co(n):
+        return sum(gen(n))
+
+    def work(seed):
+        r = random.Random(seed)
+        end = time.monotonic() + r.uniform(0.001, 0.05)
+        while time.monotonic() < end:
+            pick = r.randrange(5)
+            if pick == 0:
+                try:
+                    recurse(r.randrange(1, 200))
+                except ValueError:
+                    pass
+            elif pick == 1:
+                sum(gen(r.randrange(1, 5000)))
+            elif pick == 2:
+                made(r.randrange(10 ** 6))
+            elif pick == 3:
+                c = co(r.randrange(1, 2000))
+                try:
+                    c.send(None)
+                except StopIteration:
+                    pass
+            else:
+                gc.collect(0)
+
+    s = stepscope.start(dir=sys.argv[1], name="churn", pysample_hz=1000)
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        ts = [threading.Thread(target=work, args=(rng.random(),)) for _ in range(rng.randrange(1, 8))]
+        for t in ts:
+            t.start()
+        work(rng.random())
+        for t in ts:
+            t.join()
+        n += len(ts)
+    st = _native.pysampler_status()
+    s.stop()
+    print(n, st["passes"], st["samples"], st["torn"], st["method"])
+""")
+
+
+@pytest.mark.parametrize("seed,seconds", [(7, 3.0), pytest.param(11, 60.0, marks=pytest.mark.slow)])
+def test_frames_torn_down_while_read_never_crash(tmp_path, seed, seconds):
+    """1000 passes a second over threads that recurse and unwind, raise, resume generators and
+    coroutines, and compile and drop code objects (their addresses reused by new ones), while
+    threads start and end: the frame reader copies frames as they are freed. The process
+    survives, its samples are read, and torn reads are rare."""
+    script = tmp_path / "churn.py"
+    script.write_text(CHURN)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "runs"), str(seed), str(seconds)],
+                       capture_output=True, text=True, timeout=120 + 2 * seconds,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    threads, passes, samples, torn, method = r.stdout.split()
+    assert int(threads) >= 20 and int(passes) >= 100 * seconds and int(samples) >= int(passes)
+    assert int(torn) <= 0.05 * int(samples), (torn, samples)
+    run = stepscope.load(tmp_path / "runs" / "churn", quiet=True)
+    functions = set(run.stacks["function"])
+    assert {"work", "recurse"} <= functions
+    if method == "frames":  # made code is named from copies of its own names
+        made = run.stacks[run.stacks["file"].str.startswith("<made ")]
+        assert len(made) and all(f.split(".")[0] in ("f" + file[len("<made "):-1], "<module>")
+                                for f, file in zip(made["function"], made["file"]))

@@ -55,7 +55,7 @@ def _trace_files(path: str) -> dict:
     return out
 
 
-FOLDED_NAME = "(other names)"  # csrc/recorder.h kOverflowName
+FOLDED_NAME = "(other names)"  # csrc/record/recorder.h kOverflowName
 
 
 def _names_folded(meta) -> int:

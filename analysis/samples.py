@@ -1,4 +1,4 @@
-"""Python stack samples (``csrc/pysampler.cc``, format 1.2) as tables (plain functions over DataFrames).
+"""Python stack samples (``csrc/record/pysampler.cc``, format 1.2) as tables (plain functions over DataFrames).
 
 * ``stacks``: one row per distinct stack of the run (stacks of every process
   interned together): ``stack``, ``parent`` (-1 at the root), ``depth`` and its

@@ -50,9 +50,9 @@ def main() -> None:
     try:
         if not _enabled(os.environ.get("STEPSCOPE", "")):
             return
-        import stepscope  # noqa: F401 - a child of a profiled process joins its run here
         from stepscope.core import config, safety, session
 
+        session.join_parent_run_if_any()  # a child of a profiled process joins its run here
         if session.current() is None:
             try:
                 config.resolve()

@@ -1,5 +1,5 @@
 """GPU support for a session: NVML metrics (gpu_metrics.py) and CUPTI activity
-tracing (csrc/cupti.cc), as ``STEPSCOPE_GPU`` asks:
+tracing (csrc/record/cupti.cc), as ``STEPSCOPE_GPU`` asks:
 
 * ``off``: neither.
 * ``metrics``: NVML metrics, sampled by the host's elected node sampler.

@@ -1,5 +1,5 @@
 """Writes GPU activity records into the running trace, the way CUPTI's decoder
-does in C++ (csrc/gpu.cc): for tests, fixtures and tools that replay GPU
+does in C++ (csrc/record/gpu.cc): for tests, fixtures and tools that replay GPU
 activity without a GPU. Times are ``time.monotonic_ns()`` nanoseconds, the
 clock trace files store.
 

@@ -38,7 +38,7 @@ def report_failure(what: str, exc: BaseException | None = None) -> None:
 
 def _native_reported() -> bool:
     """The native writer printed its own line for this failure (a write that failed:
-    csrc/writer.cc), and a failure after it (process.json on the same full disk) is
+    csrc/record/writer.cc), and a failure after it (process.json on the same full disk) is
     the same failure: one line is enough."""
     try:
         from stepscope.core import _native

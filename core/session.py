@@ -36,7 +36,14 @@ _OWNER_VAR = "STEPSCOPE_ACTIVE_OWNER"  # runinfo.process_token() of the process 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
 _stopping: Optional["Session"] = None  # the session whose stop callbacks run now
+_loader = None  # stepscope.load, set by the package's front file (set_loader)
 _stop_callbacks: list = []  # integrations close their open steps before the trace ends
+
+
+def set_loader(load) -> None:
+    """What Session.load() reads a run with (the package's front file hands stepscope.load)."""
+    global _loader
+    _loader = load
 
 
 def on_stop(callback) -> None:
@@ -141,9 +148,9 @@ class Session:
 
     def load(self):
         """The recorded run as tables (see stepscope.load)."""
-        import stepscope  # the package's facade: core itself knows no analysis
-
-        return stepscope.load(self.run_dir)
+        if _loader is None:  # (stepscope/__init__.py sets it: core itself knows no analysis)
+            raise RuntimeError("no run loader: call stepscope.load(path)")
+        return _loader(self.run_dir)
 
     # --- metadata -----------------------------------------------------------------
     def _process_json(self) -> dict:
@@ -284,7 +291,7 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
 
 
 def _reads_frames() -> bool:
-    """Whether the Python sampler reads frames without the GIL here (csrc/pyframes.cc)."""
+    """Whether the Python sampler reads frames without the GIL here (csrc/record/pyframes.cc)."""
     try:
         return _native.pysampler_status()["method"] == "frames"
     except Exception:  # noqa: BLE001
@@ -310,7 +317,7 @@ def _remove_unstarted(created_run: Optional[str], process_dir: Optional[str]) ->
 
 
 def _start_pysampler(hz: int) -> None:
-    """Python stack samples (csrc/pysampler.cc); a failure turns only them off, with one line."""
+    """Python stack samples (csrc/record/pysampler.cc); a failure turns only them off, with one line."""
     try:
         err = _native.pysampler_start(hz)
     except Exception as exc:  # noqa: BLE001

@@ -11,20 +11,20 @@
 
 #include <cstdlib>
 
-#include "cupti.h"
-#include "gpu.h"
-#include "around.h"
-#include "hooks.h"
-#include "loop.h"
-#include "optimizer_hooks.h"
-#include "passes.h"
-#include "roots.h"
-#include "pysampler.h"
-#include "reader.h"
-#include "pyint.h"
-#include "recorder.h"
-#include "sampler.h"
-#include "steps.h"
+#include "record/cupti.h"
+#include "record/gpu.h"
+#include "common/around.h"
+#include "torch/hooks.h"
+#include "torch/loop.h"
+#include "torch/optimizer_hooks.h"
+#include "torch/passes.h"
+#include "torch/roots.h"
+#include "record/pysampler.h"
+#include "read/reader.h"
+#include "common/pyint.h"
+#include "record/recorder.h"
+#include "record/sampler.h"
+#include "steps/steps.h"
 
 namespace nb = nanobind;
 using namespace stepscope;

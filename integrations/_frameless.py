@@ -2,7 +2,7 @@
 
 A Python wrapper's frame shows in every traceback that passes through it (and
 Keras's traceback filter keeps it, dropping the frame that raised: issue 47).
-``frameless`` builds the wrapper in C (``_native.around``, csrc/around.cc):
+``frameless`` builds the wrapper in C (``_native.around``, csrc/common/around.cc):
 
 * ``before(*args, **kwargs)`` returns None (call the original as is) or
   ``(args, kwargs, token)``: the original is called with those, then

@@ -14,6 +14,7 @@ from stepscope.core import (CATEGORIES, Config, ConfigError, Session, annotate, 
                             annotation_end, counter, current, end_step, phase, profile, start, step,
                             stop)
 from stepscope.core.session import join_parent_run_if_any as _join_parent_run_if_any
+from stepscope.core.session import set_loader as _set_loader
 
 __version__ = "0.1.0"
 
@@ -29,4 +30,5 @@ __all__ = ["CATEGORIES", "Config", "ConfigError", "Session", "annotate", "annota
            "annotation_end", "counter", "current", "end_step", "load", "phase", "profile", "start", "step",
            "stop", "__version__"]
 
+_set_loader(load)
 _join_parent_run_if_any()

@@ -1,4 +1,4 @@
-"""_native.around (csrc/around.cc): wrappers of user-facing calls that leave no frame in a
+"""_native.around (csrc/common/around.cc): wrappers of user-facing calls that leave no frame in a
 traceback (issue 47), pass results and errors through unchanged and never raise their own."""
 
 import traceback

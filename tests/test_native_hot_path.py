@@ -1,6 +1,6 @@
 """The native pieces of the per-step hot path, without a framework: the step
-tracker (csrc/steps.cc) fed the reports an integration makes, read back from a
-real run; the method wrappers (csrc/hooks.cc) on a plain context manager."""
+tracker (csrc/steps/steps.cc) fed the reports an integration makes, read back from a
+real run; the method wrappers (csrc/torch/hooks.cc) on a plain context manager."""
 
 import weakref
 
@@ -431,7 +431,7 @@ def test_optimizer_hooks_bookkeeping_counts_nested_steps_once():
 
 
 def test_reports_go_native_until_the_class_replaces_one():
-    """The hooks call a StepTracker's reports natively (csrc/tell.cc); a report replaced
+    """The hooks call a StepTracker's reports natively (csrc/torch/tell.cc); a report replaced
     on the class afterwards (a patch, a test's injected failure) is called from then on."""
 
     class Plain(StepTracker):
@@ -475,7 +475,7 @@ def _optimizer_state(calls):
 
 
 def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
-    """csrc/optimizer_hooks.cc: the global optimizer hooks of eager jobs. The one optimizer
+    """csrc/torch/optimizer_hooks.cc: the global optimizer hooks of eager jobs. The one optimizer
     asked for (or every one), nothing while torch.export traces, a failure handed to fail()."""
     calls, failures = [], []
 

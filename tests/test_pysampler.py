@@ -1,4 +1,4 @@
-"""The Python stack sampler (csrc/pysampler.cc): real CPU torch training under STEPSCOPE=1,
+"""The Python stack sampler (csrc/record/pysampler.cc): real CPU torch training under STEPSCOPE=1,
 samples in the loop's thread with the user's functions, phases by time, both exports,
 STEPSCOPE_PYSAMPLE_HZ=0, and forked children."""
 

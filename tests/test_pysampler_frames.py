@@ -1,4 +1,4 @@
-"""The frame reader (csrc/pyframes.cc) on every CPython it is compiled for (3.11-3.13 with a
+"""The frame reader (csrc/record/pyframes.cc) on every CPython it is compiled for (3.11-3.13 with a
 GIL), without torch: a pure-Python hotspot sampled in proportion, exact lines (a sleeping
 thread's, the lines decoded from copied line tables against co_lines() and f_lineno),
 generators, coroutines, threads coming and going, recursion past the depth bound, and a

@@ -57,13 +57,13 @@ def _build_class(keras):
         def _begin(self, kind: str) -> None:
             if self._off:
                 return
-            import stepscope
+            from stepscope.core import session
 
             if not backend_hooks.ensure():  # a Keras version it does not know: off, one line
                 self._off = True
                 return
-            if stepscope.current() is None:
-                stepscope.start(**self._start_kwargs)
+            if session.current() is None:
+                session.start(**self._start_kwargs)
             mode = MODES[kind]
             self._close_window()
             self._end_step()

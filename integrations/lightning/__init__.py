@@ -114,11 +114,11 @@ def _callback_class(pl):
 
         @safety.guarded("the Lightning callback failed")
         def setup(self, trainer, pl_module, stage):
-            import stepscope
+            from stepscope.core import session
 
             _tracker()  # instrument first: it knows the rank of an initialised process group
-            if stepscope.current() is None:
-                self._started = stepscope.start(**self._start_kwargs)
+            if session.current() is None:
+                self._started = session.start(**self._start_kwargs)
             self._tap_profiler(pl, trainer.profiler)  # a trainer made before the callback
 
         def _tap_profiler(self, pl, profiler) -> None:

@@ -1,7 +1,7 @@
 """GetNext: ``DataLoader.__iter__`` (a pass begins: its worker start belongs to
 the first fetch). Each fetch itself is the ``record_function`` range torch
 enters in ``_BaseDataLoaderIter.__next__``, reported in native code
-(``_annotations.py``, ``csrc/hooks.cc``); ``wrap_next`` times any other
+(``_annotations.py``, ``csrc/torch/hooks.cc``); ``wrap_next`` times any other
 iterator's ``next`` the same way (``timed_fetches``). Whatever runs inside a
 fetch (an ``nn.Module`` transform in ``__getitem__``) is part of the fetch,
 never a forward.
@@ -17,7 +17,7 @@ from stepscope.integrations.torch import _workers
 
 
 def wrap_iter(inst, original):
-    """``DataLoader.__iter__``, native (``csrc/passes.cc``): a pass begins on every epoch,
+    """``DataLoader.__iter__``, native (``csrc/torch/passes.cc``): a pass begins on every epoch,
     every few steps for a small dataset, where a Python wrapper cost six frames."""
     return _native.timed_iter(original, inst.loops.local, inst.loaders_seen, functools.partial(_new_loader, inst),
                               _workers.loader_configured, inst.fail)
@@ -33,7 +33,7 @@ def _new_loader(inst, loader) -> None:
 
 def loop_starting(inst, t0: int, loader=None) -> None:
     """A pass over a loader begins (its worker start belongs to the first fetch),
-    told by a framework's own loop (``csrc/passes.cc`` tells a DataLoader's). The
+    told by a framework's own loop (``csrc/torch/passes.cc`` tells a DataLoader's). The
     same loader's next epoch is the same loop."""
     st = inst.loops.local.s
     if st.iter_started is not None or st.depth:

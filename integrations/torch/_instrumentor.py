@@ -87,7 +87,7 @@ class TorchInstrumentor(Instrumentor):
         tracker = StepTracker(on_new_step=self.roots.step_completed,
                               may_begin=_no_steps_in_loader_workers(self.torch))
         tracker.every_step = self.roots.discovery is not None
-        tracker.guess = self.guess_fetch_mode  # a fetch leaves its mode to its work (csrc/hooks.cc)
+        tracker.guess = self.guess_fetch_mode  # a fetch leaves its mode to its work (csrc/torch/hooks.cc)
         return tracker
 
     def _instrument(self, model=None, optimizer=None) -> None:
@@ -102,7 +102,7 @@ class TorchInstrumentor(Instrumentor):
         self.roots = Roots(self, torch, fixed=model is not None)
         self.loops = Loops(self._new_tracker)
         # weak references to the DataLoaders iterated before (discovery: _fetch.py); a set, which
-        # csrc/passes.cc reads directly
+        # csrc/torch/passes.cc reads directly
         self.loaders_seen = set()
         # optimizers created since, by id (values: no hashing): a compiled call's step is told by their parameters
         self.optimizers = weakref.WeakValueDictionary()
@@ -316,12 +316,12 @@ class TorchInstrumentor(Instrumentor):
 
     # --- backward ---------------------------------------------------------------------------
     def wrap_backward(self, original):
-        # native (csrc/hooks.cc): no Python frame on every step; dynamo never reaches it
+        # native (csrc/torch/hooks.cc): no Python frame on every step; dynamo never reaches it
         return _native.timed_backward(original, self.loops.local, self.compiler, self.fail)
 
     # --- optimizer --------------------------------------------------------------------------
     def install_optimizer_hooks(self, optim_mod) -> None:
-        """The global optimizer step pre-hook: a C callable (``csrc/optimizer_hooks.cc``,
+        """The global optimizer step pre-hook: a C callable (``csrc/torch/optimizer_hooks.cc``,
         no Python frame a step; the step's end is torch's range's exit) until dynamo may
         trace, then the Python one, which dynamo
         inlines when a compiled function steps an optimizer (a C callable would break its
@@ -331,7 +331,7 @@ class TorchInstrumentor(Instrumentor):
         self.optim_mod = optim_mod
         self.swapped = self.post_hook_needed = False
         # the pre-hook alone: torch's Optimizer.step# range around the hooks ends the step
-        # (csrc/hooks.cc); a step outside one makes the pre-hook ask for the post-hook
+        # (csrc/torch/hooks.cc); a step outside one makes the pre-hook ask for the post-hook
         pre = _native.optimizer_hook(local, compiler, self.only_optimizer, fail, False, self.optimizer_post_needed)
         self.native_hook_handles = [optim_mod.register_optimizer_step_pre_hook(pre)]
         self.hook_handles.extend(self.native_hook_handles)
@@ -393,7 +393,7 @@ class TorchInstrumentor(Instrumentor):
     def optimizer_hooks(self):
         """The Python hooks: dynamo inlines them when a compiled function steps an
         optimizer and folds their ``is_dynamo_compiling()`` check; the bookkeeping is one
-        native call on the thread's loop state (``csrc/loop.cc``). The post-hook is
+        native call on the thread's loop state (``csrc/torch/loop.cc``). The post-hook is
         registered only where a step ran outside torch's ``Optimizer.step#`` range, whose
         exit ends the step otherwise."""
         local, only, fail = self.loops.local, self.only_optimizer, self.fail

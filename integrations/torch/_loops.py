@@ -4,7 +4,7 @@ training two models) are two sequences of steps, each with its own tracker,
 nesting depth and open forwards.
 
 Each thread's state is ``loops.local.s`` (a ``threading.local``). The native
-wrappers (``csrc/hooks.cc``, ``csrc/roots.cc``) and the optimizer hooks find it
+wrappers (``csrc/torch/hooks.cc``, ``csrc/torch/roots.cc``) and the optimizer hooks find it
 through ``_native.loop_state(local)``, which caches it per OS thread, and read
 its fields in C. The ``local`` is kept for the process's life: a forked child
 gets a new state in it (and the cache is told), not a new ``local``.
@@ -24,7 +24,7 @@ _FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for th
 
 # One thread's place in its loop: depth, in_backward, in_optimizer, stack,
 # forced_modes, iter_started, setting_mode, pending_root, tracker
-# (and the native-only optimizer_t0, fetch_t0, zero_grad_t0). A C struct (csrc/loop.h): the
+# (and the native-only optimizer_t0, fetch_t0, zero_grad_t0). A C struct (csrc/torch/loop.h): the
 # native wrappers on every step read and set it without attribute lookups.
 LoopState = _native.LoopState
 

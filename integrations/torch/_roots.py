@@ -7,7 +7,7 @@ invisible to what users do with models: ``nn.Module.__getstate__`` drops it, so
 ``pickle``, ``copy.deepcopy`` and ``torch.save`` never carry it; TorchScript
 and ``jit.trace`` are told to ignore it, and ``nn.DataParallel``'s replicas do
 not copy it (``_instrumentor.py``); and the module keeps torch's no-hook fast
-path, so a root costs one native call per forward (``csrc/roots.cc``).
+path, so a root costs one native call per forward (``csrc/torch/roots.cc``).
 
 Roots are found by a pair of global forward hooks during the first steps
 (removed after ``DISCOVERY_STEPS`` steps without a new root; back for a few
@@ -22,7 +22,7 @@ LightningModule's ``training_step`` calling ``self.encoder`` and
 ``self.decoder``): the model is never called, its submodules are, and they are
 the roots found. Their forwards, one after another, are then parts of one
 Forward: they share a group token, and the step tracker writes one span from
-the first part's start to the last one's end (``csrc/steps.cc``). Found from
+the first part's start to the last one's end (``csrc/steps/steps.cc``). Found from
 the calling frames, once, when such a root is adopted.
 """
 
@@ -128,7 +128,7 @@ class Roots:
             self.adopt(module)
 
     def _timed_call(self, module, inner):
-        """The root's call, timed (``csrc/roots.cc``): no Python frame on the hot
+        """The root's call, timed (``csrc/torch/roots.cc``): no Python frame on the hot
         path of every step; the tracker is called once on each side of a forward
         and once after a loss. A weak reference: no cycle, the module's memory is
         freed when the user drops it."""

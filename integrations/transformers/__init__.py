@@ -45,12 +45,12 @@ def _callback_class():
 
         @safety.guarded("the Transformers callback failed")
         def on_train_begin(self, args, state, control, **kwargs):
-            import stepscope
+            from stepscope.core import session
             from stepscope.integrations import torch as st_torch
 
             st_torch.step_tracker()  # instruments torch if it is not yet
-            if stepscope.current() is None:
-                self._started = stepscope.start(**self._start_kwargs)
+            if session.current() is None:
+                self._started = session.start(**self._start_kwargs)
 
 
     StepscopeCallback.__module__ = __name__

@@ -19,7 +19,7 @@
 // (pysampler.cc).
 #include <Python.h>
 
-#include "pyframes.h"
+#include "record/pyframes.h"
 
 #include <sys/uio.h>
 #include <unistd.h>

@@ -3,7 +3,7 @@
 #include <array>
 #include <cstring>
 
-#include "encoding.h"
+#include "common/encoding.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>

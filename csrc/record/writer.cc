@@ -15,12 +15,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cupti.h"
-#include "encoding.h"
-#include "gpu.h"
-#include "pysampler.h"
-#include "recorder.h"
-#include "sampler.h"
+#include "record/cupti.h"
+#include "common/encoding.h"
+#include "record/gpu.h"
+#include "record/pysampler.h"
+#include "record/recorder.h"
+#include "record/sampler.h"
 
 namespace stepscope {
 

@@ -1,10 +1,10 @@
 // The LoopState type (loop.h).
-#include "loop.h"
+#include "torch/loop.h"
 
 #include <structmember.h>
 
-#include "clock.h"
-#include "tell.h"
+#include "common/clock.h"
+#include "torch/tell.h"
 
 #include <atomic>
 #include <cstddef>
@@ -116,7 +116,7 @@ PyMethodDef functions[] = {
      "torch's Optimizer.step# range was open (its exit ends the step: else only a post-hook can)"},
     {"optimizer_done", FAST(py_optimizer_done),
      "optimizer_done(local, key): an optimizer step's post-hook, on the thread's loop state"},
-    {"loop_state", py_loop_state, METH_O, "loop_state(local): the calling thread's local.s, cached (csrc/loop.h)"},
+    {"loop_state", py_loop_state, METH_O, "loop_state(local): the calling thread's local.s, cached (csrc/torch/loop.h)"},
     {"loop_states_changed", py_loop_states_changed, METH_NOARGS,
      "A thread's loop state was replaced (a forked child's reset): forget the cached ones."},
     {nullptr, nullptr, 0, nullptr}};
@@ -168,18 +168,6 @@ int read(PyObject* compiler) {
 }
 
 }  // namespace export_flag
-
-void hand_error_to(PyObject* fail) {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  PyObject* r = value && fail ? PyObject_CallOneArg(fail, value) : nullptr;
-  if (!r) PyErr_Clear();
-  Py_XDECREF(r);
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(tb);
-}
 
 namespace {
 constexpr unsigned long long kMaxRangeLevel = 63;
@@ -250,7 +238,7 @@ bool add_loop_state(PyObject* module) {
   LoopStateType.tp_traverse = tp_traverse;
   LoopStateType.tp_clear = tp_clear;
   LoopStateType.tp_members = members;
-  LoopStateType.tp_doc = "LoopState(tracker): one thread's place in its training loop (csrc/loop.h).";
+  LoopStateType.tp_doc = "LoopState(tracker): one thread's place in its training loop (csrc/torch/loop.h).";
   if (PyType_Ready(&LoopStateType) < 0) return false;
   Py_INCREF(&LoopStateType);
   if (PyModule_AddObject(module, "LoopState", reinterpret_cast<PyObject*>(&LoopStateType)) < 0) return false;

@@ -16,13 +16,13 @@
 // traces (compiler._is_compiling_flag), is passed through. Dynamo never calls
 // the slot: it traces the module's _call_impl itself. Failures go to fail(exc);
 // what the call returns or raises reaches the caller unchanged.
-#include "roots.h"
+#include "torch/roots.h"
 
 #include <cstring>
 
-#include "clock.h"
-#include "loop.h"
-#include "tell.h"
+#include "common/clock.h"
+#include "torch/loop.h"
+#include "torch/tell.h"
 
 namespace stepscope {
 namespace {
@@ -229,7 +229,7 @@ PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
 PyMethodDef methods[] = {
     {"timed_root", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_root)), METH_FASTCALL,
      "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, is_training, compiler, fail, loss, "
-     "(forward, recompute), group=None): a root module's timed call (csrc/roots.cc)"},
+     "(forward, recompute), group=None): a root module's timed call (csrc/torch/roots.cc)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -242,7 +242,7 @@ bool add_roots(PyObject* module) {
     if (!*slot) return false;
   }
   if (!ready_wrapper_type(&RootType, "stepscope.core._native.TimedRoot", sizeof(Root), offsetof(Root, vectorcall),
-                          root_traverse, root_clear, root_dealloc, "A root module's timed call (csrc/roots.cc)."))
+                          root_traverse, root_clear, root_dealloc, "A root module's timed call (csrc/torch/roots.cc)."))
     return false;
   return PyModule_AddFunctions(module, methods) == 0;
 }

@@ -1,4 +1,4 @@
-#include "reader.h"
+#include "read/reader.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <map>
 
-#include "encoding.h"
-#include "format.h"
+#include "common/encoding.h"
+#include "common/format.h"
 
 namespace stepscope {
 namespace {

@@ -15,11 +15,11 @@
 // would be one more call a step for nothing. A step that ran outside such a
 // range (a torch that has none there) makes the pre-hook call need_post(), which
 // registers the post-hook.
-#include "optimizer_hooks.h"
+#include "torch/optimizer_hooks.h"
 
 #include <cstddef>
 
-#include "loop.h"
+#include "torch/loop.h"
 
 namespace stepscope {
 namespace {
@@ -113,7 +113,7 @@ PyMethodDef methods[] = {
     {"optimizer_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(optimizer_hook)),
      METH_FASTCALL,
      "optimizer_hook(local, compiler, only, fail, post, need_post=None): a global optimizer step pre-hook "
-     "(post False) or post-hook in C (csrc/optimizer_hooks.cc); only: id() of the one optimizer to time, or "
+     "(post False) or post-hook in C (csrc/torch/optimizer_hooks.cc); only: id() of the one optimizer to time, or "
      "None; need_post: called once by the pre-hook if a step ran outside torch's Optimizer.step# range"},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -122,7 +122,7 @@ PyMethodDef methods[] = {
 bool add_optimizer_hooks(PyObject* module) {
   if (!ready_wrapper_type(&HookType, "stepscope.core._native.OptimizerHook", sizeof(Hook), offsetof(Hook, vectorcall),
                           hook_traverse, hook_clear, hook_dealloc,
-                          "An optimizer step's pre or post hook (csrc/optimizer_hooks.cc)."))
+                          "An optimizer step's pre or post hook (csrc/torch/optimizer_hooks.cc)."))
     return false;
   return PyModule_AddFunctions(module, methods) == 0;
 }

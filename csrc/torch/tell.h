@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "loop.h"
+#include "torch/loop.h"
 
 namespace stepscope {
 namespace tell {

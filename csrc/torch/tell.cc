@@ -1,9 +1,9 @@
 // The native hooks' reports to the thread's tracker (tell.h).
-#include "tell.h"
+#include "torch/tell.h"
 
 #include <utility>
 
-#include "steps.h"
+#include "steps/steps.h"
 
 namespace stepscope {
 namespace tell {

@@ -1,5 +1,5 @@
 // The GPU activity queue, launch-config table and GPU chunk encoding (see gpu.h).
-#include "gpu.h"
+#include "record/gpu.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,8 +8,8 @@
 #include <new>
 #include <unordered_map>
 
-#include "encoding.h"
-#include "format.h"
+#include "common/encoding.h"
+#include "common/format.h"
 
 namespace stepscope {
 

@@ -13,7 +13,7 @@
 // unchanged since CUpti_ActivityKernel4, so CUPTI 12.x delivers the same
 // offsets); tests/test_gpu.py checks them against the headers where a CUDA
 // toolkit is installed.
-#include "cupti.h"
+#include "record/cupti.h"
 
 #include <dlfcn.h>
 
@@ -27,9 +27,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "clock.h"
-#include "gpu.h"
-#include "recorder.h"
+#include "common/clock.h"
+#include "record/gpu.h"
+#include "record/recorder.h"
 
 namespace stepscope {
 namespace {

@@ -13,11 +13,10 @@
 // whatever original raises, or returns, reaches the caller unchanged.
 // Set on a class it binds to instances as a function does; read from the class
 // itself it is `original` (as hooks.cc's wrappers).
-#include "around.h"
+#include "common/around.h"
+#include "common/wrapper_type.h"
 
 #include <cstddef>
-
-#include "loop.h"
 
 namespace stepscope {
 namespace {
@@ -143,7 +142,7 @@ PyObject* around(PyObject*, PyObject* const* a, Py_ssize_t n) {
 
 PyMethodDef functions[] = {
     {"around", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(around)), METH_FASTCALL,
-     "around(original, before, after, fail): a wrapper with no Python frame; see csrc/around.cc"},
+     "around(original, before, after, fail): a wrapper with no Python frame; see csrc/common/around.cc"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "clock.h"
-#include "format.h"
+#include "common/clock.h"
+#include "common/format.h"
 
 namespace stepscope {
 

@@ -27,7 +27,7 @@
 #include <frameobject.h>  // PyFrame_GetBack: Python.h declares it only from 3.11
 #endif
 
-#include "pysampler.h"
+#include "record/pysampler.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -47,10 +47,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "encoding.h"
-#include "format.h"
-#include "pyframes.h"
-#include "recorder.h"
+#include "common/encoding.h"
+#include "common/format.h"
+#include "record/pyframes.h"
+#include "record/recorder.h"
 
 namespace stepscope {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "encoding.h"
+#include "common/encoding.h"
 
 namespace stepscope {
 

@@ -16,13 +16,13 @@
 //
 // Set on a class, it binds to instances as functions do; read from the class it
 // is itself, with the original's name, docstring and signature.
-#include "passes.h"
+#include "torch/passes.h"
 
 #include <cstddef>
 
-#include "clock.h"
-#include "loop.h"
-#include "tell.h"
+#include "common/clock.h"
+#include "torch/loop.h"
+#include "torch/tell.h"
 
 namespace stepscope {
 namespace {
@@ -166,7 +166,7 @@ PyObject* timed_iter(PyObject*, PyObject* const* a, Py_ssize_t n) {
 PyMethodDef methods[] = {
     {"timed_iter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_iter)), METH_FASTCALL,
      "timed_iter(original, state, seen, on_new, on_workers, fail): DataLoader.__iter__ that marks a pass's "
-     "start on the thread's loop state (csrc/passes.cc)"},
+     "start on the thread's loop state (csrc/torch/passes.cc)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -179,7 +179,7 @@ bool add_passes(PyObject* module) {
   IterType.tp_getset = getset;
   if (!ready_wrapper_type(&IterType, "stepscope.core._native.TimedIter", sizeof(Iter), offsetof(Iter, vectorcall),
                           iter_traverse, iter_clear, iter_dealloc,
-                          "DataLoader.__iter__, marking a pass's start (csrc/passes.cc)."))
+                          "DataLoader.__iter__, marking a pass's start (csrc/torch/passes.cc)."))
     return false;
   return PyModule_AddFunctions(module, methods) == 0;
 }

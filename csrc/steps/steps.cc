@@ -10,15 +10,15 @@
 //
 // State that Python reads or sets (the integrations, the operator windows) is
 // exposed as attributes with the names and shapes the Python tracker had.
-#include "steps.h"
+#include "steps/steps.h"
 
 #include <structmember.h>
 
 #include <algorithm>
 
-#include "format.h"
-#include "pyint.h"
-#include "recorder.h"
+#include "common/format.h"
+#include "common/pyint.h"
+#include "record/recorder.h"
 
 namespace stepscope {
 namespace {

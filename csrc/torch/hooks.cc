@@ -27,17 +27,17 @@
 // source, and finds them through the class). A failure of `record` or of the
 // loop's reports goes to fail(exc) and never to the caller; whatever `original`
 // raises, or returns, reaches the caller unchanged.
-#include "hooks.h"
+#include "torch/hooks.h"
 
 #include <algorithm>
 #include <cstddef>
 #include <utility>
 
-#include "loop.h"
-#include "pyint.h"
-#include "recorder.h"
-#include "steps.h"
-#include "tell.h"
+#include "torch/loop.h"
+#include "common/pyint.h"
+#include "record/recorder.h"
+#include "steps/steps.h"
+#include "torch/tell.h"
 
 namespace stepscope {
 namespace {
@@ -437,10 +437,10 @@ PyObject* timed_backward(PyObject*, PyObject* const* a, Py_ssize_t n) {
 PyMethodDef functions[] = {
     {"filtered_enter", FAST(filtered_enter),
      "filtered_enter(original, record, prefixes, fail, loop=None): an __enter__ that calls record(self.name, "
-     "id(self)) after original, unless the name starts with one of prefixes; loop: see csrc/hooks.cc"},
+     "id(self)) after original, unless the name starts with one of prefixes; loop: see csrc/torch/hooks.cc"},
     {"guarded_exit", FAST(guarded_exit),
      "guarded_exit(original, record, local, fail, loop=None): an __exit__ that calls record(id(self)) when "
-     "local.stack is non-empty, then original; loop: see csrc/hooks.cc"},
+     "local.stack is non-empty, then original; loop: see csrc/torch/hooks.cc"},
     {"timed_backward", FAST(timed_backward),
      "timed_backward(original, state, compiler, fail): the engine call of every backward, timed for the "
      "thread's tracker (state.s)"},

@@ -9,7 +9,7 @@
 // (DataLoader workers), which are so attributed to it.
 //
 // Metric names are "<metric>|<device>" (device may be empty), interned once.
-#include "sampler.h"
+#include "record/sampler.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -28,7 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "recorder.h"
+#include "record/recorder.h"
 
 namespace stepscope {
 namespace {

@@ -1,0 +1,202 @@
+"""The layout is the architecture (docs/design.md, "Layers"): the core knows no
+framework, no integration and no analysis; each integration is an adapter over
+the core; analysis reads the on-disk format through the core's vocabulary, never
+an integration; the native code is laid out by part and includes only down.
+
+Every import counts: at module level or in a function, relative or absolute, and
+``sys.modules`` look-ups of stepscope modules (an import in all but name). No
+framework is needed: this runs wherever the tests run."""
+
+import ast
+import os
+import re
+
+from conftest import REPO
+
+FRAMEWORKS = {"torch", "tensorflow", "keras", "lightning", "pytorch_lightning", "transformers", "jax",
+              "accelerate", "pyspark"}
+# The Python folders as installed (pyproject.toml's wheel.packages) and what each may import.
+MAY_IMPORT = {
+    "core": {"core"},
+    "integrations": {"core", "integrations"},
+    "analysis": {"core", "analysis"},
+    "compat": {"core", "compat", "integrations", "analysis"},  # SageMaker's APIs, over the others
+    "cli": {"core", "analysis", "cli"},
+}
+# csrc/'s parts and the parts each may include (module.cc, the bindings, includes them all).
+MAY_INCLUDE = {
+    "common": {"common"},
+    "read": {"common", "read"},
+    "record": {"common", "record"},
+    "steps": {"common", "record", "steps"},
+    "torch": {"common", "record", "steps", "torch"},
+}
+
+
+def _python_files(folder):
+    for root, _, files in os.walk(os.path.join(REPO, folder)):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                yield os.path.join(root, f)
+
+
+def _package_of(path):
+    """The dotted package a source file is installed as (stepscope.<folder>...)."""
+    rel = os.path.relpath(path, REPO)[:-3].split(os.sep)
+    if rel[-1] == "__init__":
+        rel = rel[:-1]
+    return "stepscope." + ".".join(rel)
+
+
+def imports(path):
+    """(line, dotted name) of everything the file imports, sys.modules look-ups included."""
+    tree = ast.parse(open(path).read(), path)
+    here = _package_of(path).split(".")
+    if not path.endswith("__init__.py"):
+        here = here[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            yield node.lineno, base
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def _sys_modules_names(path):
+    """Names looked up in sys.modules: sys.modules.get("x") and sys.modules["x"]."""
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target, args = node.func.value, node.args
+        elif isinstance(node, ast.Subscript):
+            target, args = node.value, [node.slice]
+        if (target is not None and isinstance(target, ast.Attribute) and target.attr == "modules"
+                and isinstance(target.value, ast.Name) and target.value.id == "sys" and args
+                and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str)):
+            yield node.lineno, args[0].value
+
+
+def _edges(folder):
+    for path in _python_files(folder):
+        rel = os.path.relpath(path, REPO)
+        for line, name in imports(path):
+            yield rel, line, name
+        for line, name in _sys_modules_names(path):
+            yield rel, line, name
+
+
+def test_each_python_folder_imports_only_what_its_layer_may():
+    bad = []
+    for folder, allowed in MAY_IMPORT.items():
+        for rel, line, name in _edges(folder):
+            parts = name.split(".")
+            if parts[0] in FRAMEWORKS and folder in ("core", "analysis", "cli"):
+                bad.append(f"{rel}:{line}: imports the framework {name}")
+            if parts[0] != "stepscope":
+                continue
+            if len(parts) == 1 or parts[1] not in MAY_IMPORT:  # the package's front file (or a name of it)
+                if folder not in ("cli", "compat"):  # the two layers above the front file
+                    bad.append(f"{rel}:{line}: imports the package front ({name}), which sits above every layer")
+            elif parts[1] not in allowed:
+                bad.append(f"{rel}:{line}: {folder} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_sys_modules_reach_ins_are_seen_as_imports():
+    """The import graph above counts them: a reach-in of the Keras integration into
+    the torch one is an edge like any import (and private names stay private)."""
+    names = {name for folder in MAY_IMPORT for _, _, name in _edges(folder)}
+    looked_up = {name for path in _python_files("integrations") for _, name in _sys_modules_names(path)}
+    assert looked_up and looked_up <= names
+
+
+def test_no_integration_touches_another_integrations_private_names():
+    root = os.path.join(REPO, "integrations")
+    integrations = [d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("_")]
+    bad = []
+    for own in integrations:
+        for path in _python_files(os.path.join("integrations", own)):
+            tree = ast.parse(open(path).read(), path)
+            rel = os.path.relpath(path, REPO)
+            aliases = {}  # local name -> the sibling integration it is
+            for line, name in list(imports(path)) + list(_sys_modules_names(path)):
+                other = name.split(".")
+                if other[:2] != ["stepscope", "integrations"] or len(other) < 3 or other[2] == own \
+                        or other[2] not in integrations:
+                    continue
+                if any(part.startswith("_") for part in other[3:]):
+                    bad.append(f"{rel}:{line}: imports {name}")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "stepscope.integrations":
+                    for alias in node.names:
+                        if alias.name in integrations and alias.name != own:
+                            aliases[alias.asname or alias.name] = alias.name
+                elif isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                        isinstance(node.targets[0], ast.Name):
+                    for _, name in _sys_modules_names_of(node.value):
+                        other = name.split(".")
+                        if other[:2] == ["stepscope", "integrations"] and len(other) == 3 and other[2] != own:
+                            aliases[node.targets[0].id] = other[2]
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                        and node.value.id in aliases and node.attr.startswith("_")):
+                    bad.append(f"{rel}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def _sys_modules_names_of(expr):
+    for node in ast.walk(expr):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "modules"
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            yield node.lineno, node.args[0].value
+
+
+def _includes(path):
+    for line_no, line in enumerate(open(path), 1):
+        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+        if m:
+            yield line_no, m.group(1)
+
+
+def test_native_parts_include_only_down():
+    csrc = os.path.join(REPO, "csrc")
+    bad, seen = [], set()
+    for root, _, files in os.walk(csrc):
+        for f in sorted(files):
+            if not f.endswith((".cc", ".h")):
+                continue
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, csrc)
+            part = rel.split(os.sep)[0] if os.sep in rel else None
+            if part is not None:
+                seen.add(part)
+                assert part in MAY_INCLUDE, f"csrc/{rel}: a part the layout does not know ({part})"
+            elif f != "module.cc":
+                bad.append(f"csrc/{rel}: outside every part")
+            for line, name in _includes(path):
+                target = os.path.join(csrc, name)
+                if not os.path.isfile(target):
+                    bad.append(f"csrc/{rel}:{line}: includes {name}, which is no file under csrc/")
+                    continue
+                other = name.split("/")[0]
+                if part is not None and other not in MAY_INCLUDE[part]:
+                    bad.append(f"csrc/{rel}:{line}: {part} includes {name}")
+    assert seen == set(MAY_INCLUDE), seen
+    assert not bad, "\n".join(bad)
+
+
+def test_the_core_knows_no_framework_by_name():
+    """Nothing in core/ or csrc/'s framework-free parts names torch's or TensorFlow's
+    modules in code (strings in docs aside): the one torch-only part is csrc/torch/."""
+    bad = []
+    for rel, line, name in _edges("core"):
+        if name.split(".")[0] in FRAMEWORKS:
+            bad.append(f"{rel}:{line}: {name}")
+    assert not bad, bad

@@ -200,3 +200,13 @@ def test_the_core_knows_no_framework_by_name():
         if name.split(".")[0] in FRAMEWORKS:
             bad.append(f"{rel}:{line}: {name}")
     assert not bad, bad
+
+
+def test_the_contract_in_docs_is_the_contract():
+    """Comments cite "SPEC §N": docs/SPEC.md is that contract, word for word the one the
+    project is held to (../shared/SPEC.md beside a development checkout)."""
+    ours = open(os.path.join(REPO, "docs", "SPEC.md")).read()
+    assert ours.startswith("# stepscope product contract") and "## 3." in ours
+    shared = os.path.join(REPO, os.pardir, "shared", "SPEC.md")
+    if os.path.isfile(shared):
+        assert open(shared).read() == ours, "docs/SPEC.md differs from ../shared/SPEC.md: copy it again"

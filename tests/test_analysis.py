@@ -133,8 +133,6 @@ def test_rules_doc_is_current():
 def test_export_chrome_perfetto_parquet(tmp_path):
     import gzip
 
-    import pandas as pd
-
     path = _small_run(tmp_path, "exp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     outs = {}

@@ -5,7 +5,6 @@ the CRC, wrong-shaped metadata."""
 import ctypes
 import json
 import os
-import struct
 import subprocess
 import sys
 import threading

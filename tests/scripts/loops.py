@@ -1,5 +1,7 @@
 """Unmodified PyTorch training loops (no stepscope in here): python loops.py KIND [N]."""
-import sys, torch, torch.nn as nn
+import sys
+import torch
+import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 

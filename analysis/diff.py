@@ -93,7 +93,8 @@ def format_diff(d: dict) -> str:
     for side, message in d.get("ending_warnings", {}).items():
         lines.append(f"warning: run {side.upper()} ({d[side]}): {message}")
     for r in d["rows"]:
-        fmt = (lambda v: "-" if v is None else (f"{100 * v:.1f}%" if r["unit"] == "ratio" else f"{v:,.2f}"))
+        def fmt(v):
+            return "-" if v is None else (f"{100 * v:.1f}%" if r["unit"] == "ratio" else f"{v:,.2f}")
         change = "" if r["change_percent"] is None else f"{r['change_percent']:+.0f}%"
         lines.append(f"{r['metric']:32} {fmt(r['a']):>22} {fmt(r['b']):>22} {change:>10}")
     f = d["findings"]

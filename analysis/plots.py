@@ -51,7 +51,9 @@ PLOT_LOADER = """(function () {
     (0, eval)(text);  // plotly.js's UMD wrapper sets window.Plotly
   })();
   ready.catch(function (e) {
-    plots.forEach(function (d) { d.textContent = "This browser cannot inflate the plots (" + e + "); the timeline and tables still work."; });
+    plots.forEach(function (d) {
+      d.textContent = "This browser cannot inflate the plots (" + e + "); the timeline and tables still work.";
+    });
   });
   var draw = function (div) {
     if (div.dataset.drawn) return;

@@ -194,9 +194,11 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-w
 h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 table{border-collapse:collapse}th{text-align:left;padding:.2em 1em .2em 0;color:#555;vertical-align:top}
 td{padding:.2em 0}table.grid td,table.grid th{padding:.15em .8em .15em 0;border-bottom:1px solid #eee}
-table.grid td{text-align:right}table.grid td:first-child,table.rules td,table.sysstats td:nth-child(-n+3){text-align:left}
+table.grid td{text-align:right}
+table.grid td:first-child,table.rules td,table.sysstats td:nth-child(-n+3){text-align:left}
 tr.rule.triggered td:nth-child(2){color:#c0392b;font-weight:bold}tr.rule.passed td:nth-child(2){color:#2a7a2a}
-.params{font-family:monospace;font-size:.85em}.finding{border-left:4px solid #e45756;padding:.2em 1em;margin:1em 0;background:#fdf3f3}
+.params{font-family:monospace;font-size:.85em}
+.finding{border-left:4px solid #e45756;padding:.2em 1em;margin:1em 0;background:#fdf3f3}
 .finding.info{border-color:#4c78a8;background:#f3f6fb}
 .finding.loop-note{border-color:#f58518;background:#fff7ec}.finding h3{margin:.3em 0}.rec{color:#333;font-style:italic}
 .ok{color:#2a7a2a;font-weight:bold}.muted{color:#777;font-size:.9em}pre{white-space:pre-wrap;font-size:.85em}

@@ -197,7 +197,8 @@ def box_trace(label_values: list, name: str, digits: int = 3, **style):
     import plotly.graph_objects as go
 
     stats = [five_numbers(v) for _, v in label_values]
-    fields = {k: [round(s[k], digits) for s in stats] for k in ("lowerfence", "q1", "median", "q3", "upperfence", "mean")}
+    fields = {k: [round(s[k], digits) for s in stats]
+              for k in ("lowerfence", "q1", "median", "q3", "upperfence", "mean")}
     return go.Box(x=[str(label) for label, _ in label_values], name=name, boxpoints=False, **fields, **style)
 
 

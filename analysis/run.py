@@ -67,7 +67,8 @@ def _names_folded(meta) -> int:
 
 class Run:
     """A recorded run: ``events``, ``steps``, ``phases``, ``system``, ``kernels``,
-    ``memcpy``, ``memset``, ``sync``, ``cuda_api``, ``processes`` as DataFrames; ``sql(query)`` over them; ``dropped_events``,
+    ``memcpy``, ``memset``, ``sync``, ``cuda_api``, ``processes`` as DataFrames;
+    ``sql(query)`` over them; ``dropped_events``,
     ``warnings`` (damage found while reading) and ``notes`` (what was not measured).
     """
 
@@ -666,10 +667,10 @@ def _link_dataset(root: str, out_dir: str) -> set:
         src = os.path.join(root, table)
         if not os.path.isdir(src):
             continue
-        for folder, _, files in os.walk(src):
+        for folder, _, names in os.walk(src):
             dest = os.path.join(out_dir, table, os.path.relpath(folder, src))
             os.makedirs(dest, exist_ok=True)
-            for f in files:
+            for f in names:
                 target = os.path.join(dest, f)
                 if os.path.exists(target):
                     os.remove(target)

@@ -26,8 +26,8 @@ import pandas as pd
 
 from stepscope.core.vocabulary import OTHER
 
-SAMPLE_COLUMNS = ["process", "pid", "rank", "tid", "thread", "time_ns", "interval_ns", "stack", "function", "file", "line",
-                  "step", "mode", "phase"]
+SAMPLE_COLUMNS = ["process", "pid", "rank", "tid", "thread", "time_ns", "interval_ns", "stack", "function", "file",
+                  "line", "step", "mode", "phase"]
 STACK_COLUMNS = ["stack", "parent", "depth", "function", "file", "line"]
 FUNCTION_COLUMNS = ["phase", "function", "file", "self_samples", "total_samples", "self_s", "total_s",
                     "self_share", "total_share"]
@@ -131,8 +131,8 @@ def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
         "line": np.array([ln for _, _, ln in st_leaf], dtype=np.int64)}, columns=STACK_COLUMNS)
     raw = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {c: pd.Series(dtype=t) for c, t in [("process", "object"), ("pid", "int64"), ("rank", "Int64"),
-                                             ("tid", "int64"), ("thread", "object"), ("time_ns", "int64"), ("interval_ns", "int64"),
-                                             ("stack", "int64")]})
+                                             ("tid", "int64"), ("thread", "object"), ("time_ns", "int64"),
+                                             ("interval_ns", "int64"), ("stack", "int64")]})
     raw["process"] = raw["process"].astype("category")
     raw["thread"] = raw["thread"].astype("category")
     return raw, stacks
@@ -172,7 +172,8 @@ def samples_frame(raw: pd.DataFrame, stacks: pd.DataFrame, steps: pd.DataFrame,
     stack = raw["stack"].to_numpy()
     out = pd.DataFrame({
         "process": raw["process"], "pid": raw["pid"].to_numpy(), "rank": raw["rank"],
-        "tid": raw["tid"].to_numpy(), "thread": raw["thread"] if "thread" in raw else "", "time_ns": raw["time_ns"].to_numpy(),
+        "tid": raw["tid"].to_numpy(), "thread": raw["thread"] if "thread" in raw else "",
+        "time_ns": raw["time_ns"].to_numpy(),
         "interval_ns": raw["interval_ns"].to_numpy(), "stack": stack,
         "function": pd.Categorical(stacks["function"].to_numpy()[stack]) if n else pd.Categorical([]),
         "file": pd.Categorical(stacks["file"].to_numpy()[stack]) if n else pd.Categorical([]),

@@ -42,7 +42,8 @@ GPU_GAUGES = {"gpu.util": ("gpu_util", 1), "gpu.mem_util": ("gpu_memory_util", 1
               "gpu.power_mw": ("gpu_power", 1e-3), "gpu.energy_mj": ("gpu_energy", 1e-3),
               "gpu.temp": ("gpu_temperature", 1), "gpu.sm_clock": ("gpu_sm_clock", 1),
               "gpu.throttle": ("gpu_throttle_reasons", 1), "gpu.util_sample": ("gpu_util_driver", 1)}
-GPU_COUNTERS = {"gpu.pcie_tx_bytes": ("gpu_pcie_tx_bytes_per_s", 1), "gpu.pcie_rx_bytes": ("gpu_pcie_rx_bytes_per_s", 1),
+GPU_COUNTERS = {"gpu.pcie_tx_bytes": ("gpu_pcie_tx_bytes_per_s", 1),
+                "gpu.pcie_rx_bytes": ("gpu_pcie_rx_bytes_per_s", 1),
                 "gpu.nvlink_tx_kib": ("gpu_nvlink_tx_bytes_per_s", 1024),
                 "gpu.nvlink_rx_kib": ("gpu_nvlink_rx_bytes_per_s", 1024)}
 

@@ -148,7 +148,8 @@ def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray, out: np.nd
 def _attribute_among(steps: pd.DataFrame, mine: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
     s_start = steps["start_ns"].to_numpy()[mine]
     order = np.argsort(s_start, kind="stable")  # sorted already: a cheap pass
-    s_start, s_end, labels = s_start[order], steps["end_ns"].to_numpy()[mine][order], steps.index.to_numpy()[mine][order]
+    s_start, s_end, labels = (s_start[order], steps["end_ns"].to_numpy()[mine][order],
+                              steps.index.to_numpy()[mine][order])
     where = np.searchsorted(s_start, starts, side="right")
     where -= 1
     before = where < 0

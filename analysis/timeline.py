@@ -113,7 +113,8 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
         by_process = np.argsort(pcode, kind="stable")
     else:
         by_process = None
-    bounds = np.searchsorted(pcode if by_process is None else pcode[by_process], np.arange(len(ev["process"].cat.categories) + 1))
+    bounds = np.searchsorted(pcode if by_process is None else pcode[by_process],
+                             np.arange(len(ev["process"].cat.categories) + 1))
 
     process_names = list(ev["process"].cat.categories)
     info = {p["process"]: p for _, p in procs.iterrows()}

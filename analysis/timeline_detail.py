@@ -183,7 +183,8 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
             continue
         bounds = np.unique(np.append(s["start_ns"].to_numpy(), s["end_ns"].max()))
         bucket[mask] = np.searchsorted(bounds, start[mask], side="right")  # 0: before the first step
-        ids = (s[["mode", "step"]].astype({"mode": str, "step": np.int64}).merge(wanted, how="left", on=["mode", "step"])
+        ids = (s[["mode", "step"]].astype({"mode": str, "step": np.int64})
+               .merge(wanted, how="left", on=["mode", "step"])
                ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
         picked = s[ids >= 0].assign(k=ids[ids >= 0]).sort_values("start_ns")
         ws, we, wk = picked["start_ns"].to_numpy(), picked["end_ns"].to_numpy(), picked["k"].to_numpy()

@@ -42,7 +42,8 @@ def main():
     t = time.perf_counter()
     notes = run_loop_notes(r)
     print(json.dumps({"run": path, "steps": len(steps), "phases": len(phases),
-                      "undelimited_steps_s": round(min(times), 3), "run_loop_notes_s": round(time.perf_counter() - t, 3),
+                      "undelimited_steps_s": round(min(times), 3),
+                      "run_loop_notes_s": round(time.perf_counter() - t, 3),
                       "found": found, "notes": [n["key"] for n in notes]}))
 
 

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from analysis_load import write_run  # noqa: E402
+from analysis_load import write_run
 
 
 def main():

@@ -66,7 +66,7 @@ def main() -> None:
         try:
             print(f"stepscope: could not start ({type(exc).__name__}: {exc}); "
                   "the program continues unprofiled", file=sys.stderr)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a broken stderr must not stop the program either
             pass
 
 

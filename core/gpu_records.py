@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from stepscope.core import _native
 from stepscope.core import vocabulary as _v
-from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
+from stepscope.core.vocabulary import CONTEXT_STREAM  # a sync record not about one stream
 
 KERNEL, MEMCPY, MEMSET, SYNC, RUNTIME, DRIVER = (_v.GPU_TYPES.index(t) for t in
                                                  ("kernel", "memcpy", "memset", "sync", "runtime", "driver"))

@@ -215,7 +215,7 @@ def framework_versions() -> dict:
         if module in sys.modules:
             try:
                 versions[module] = metadata.version(_DISTRIBUTIONS.get(module, module))
-            except Exception:
+            except Exception:  # noqa: BLE001 - any broken distribution metadata: the module's own version
                 versions[module] = getattr(sys.modules[module], "__version__", "unknown")
     return versions
 

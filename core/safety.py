@@ -25,14 +25,14 @@ def report_failure(what: str, exc: BaseException | None = None) -> None:
         from stepscope.core import session
 
         session.disable_after_failure()
-    except Exception:
+    except Exception:  # noqa: BLE001 - turning recording off must not fail into the program
         pass
     if first and not _native_reported():
         detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
         try:
             print(f"stepscope: {what}{detail}; profiling is turned off, the program continues unaffected",
                   file=sys.stderr, flush=True)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a broken stderr must not break the program
             pass
 
 
@@ -60,7 +60,7 @@ def warn_once(key: str, message: str) -> None:
         _warned.add(key)
     try:
         print(message, file=sys.stderr, flush=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken stderr must not break the program
         pass
 
 

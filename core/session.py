@@ -408,7 +408,7 @@ def disable_after_failure() -> None:
     if s is not None and s.active:
         try:
             s.stop()
-        except Exception:
+        except Exception:  # noqa: BLE001 - called on a failure already reported: the program goes on
             pass
 
 
@@ -457,7 +457,7 @@ def _register_exit_hooks() -> None:
 
         finalize_stop()
         util.register_after_fork(_session, finalize_stop)
-    except Exception:
+    except Exception:  # noqa: BLE001 - without these hooks a child's end goes unrecorded, nothing worse
         pass
 
 

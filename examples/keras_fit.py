@@ -13,13 +13,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
-import stepscope  # noqa: E402
-from stepscope.core.vocabulary import PHASES  # noqa: E402
-from stepscope.integrations.keras import StepscopeCallback  # noqa: E402
+import stepscope
+from stepscope.core.vocabulary import PHASES
+from stepscope.integrations.keras import StepscopeCallback
 
 
 def main():

@@ -13,9 +13,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-import stepscope  # noqa: E402
+import stepscope
 
 
 def main():

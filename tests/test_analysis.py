@@ -133,8 +133,6 @@ def test_rules_doc_is_current():
 def test_export_chrome_perfetto_parquet(tmp_path):
     import gzip
 
-    import pandas as pd
-
     path = _small_run(tmp_path, "exp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     outs = {}
@@ -162,7 +160,8 @@ def test_export_chrome_perfetto_parquet(tmp_path):
     run = stepscope.load(path, quiet=True)
     for table in ("events", "steps", "phases", "system"):
         file = os.path.join(outs["parquet"], f"{table}.parquet")
-        assert duckdb.connect().execute(f"select count(*) from '{file}'").fetchall()[0][0] == len(getattr(run, table)) > 0
+        rows = duckdb.connect().execute(f"select count(*) from '{file}'").fetchall()[0][0]
+        assert rows == len(getattr(run, table)) > 0
     bad = subprocess.run([sys.executable, "-m", "stepscope", "export", str(path), "--format", "svg"], cwd=tmp_path,
                          env=env, capture_output=True, text=True)
     assert bad.returncode == 2

@@ -4,7 +4,6 @@ instead of imports, public seams instead of private state, and nothing left on
 user objects that pickle, deepcopy, torch.save or TorchScript can see."""
 
 import copy
-import io
 import os
 import pickle
 import sys
@@ -52,7 +51,7 @@ def _snapshot():
 
 
 def test_second_instrument_warns_and_uninstrument_restores_every_attribute(run_dir):
-    import torch._dynamo  # noqa: F401 - its import rebinds torch.manual_seed: not ours to compare
+    import torch._dynamo  # its import rebinds torch.manual_seed: not ours to compare
     st_torch.uninstrument()
     before = _snapshot()
     assert st_torch.instrument()

@@ -7,11 +7,8 @@ few dozen cases, the slow one many more."""
 import json
 import os
 import random
-import shutil
-import struct
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from hypothesis import HealthCheck, given, settings

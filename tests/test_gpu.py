@@ -79,7 +79,8 @@ def test_gpu_records_round_trip(run_dir):
     rec.sync("stream_synchronize", t + 22_000, t + 30_000, 14, device=1, stream=13)
     s.stop()
     c = _native.read_trace(_trace(s))
-    assert c["version"] == (1, 4)  # 1.1 GPU chunks, 1.2 Python samples, 1.3 CRC over chunk headers, 1.4 interrupted marks
+    # 1.1 GPU chunks, 1.2 Python samples, 1.3 CRC over chunk headers, 1.4 interrupted marks
+    assert c["version"] == (1, 4)
     g = c["gpu"]
     names = c["names"]
     by_type = {int(ty): i for i, ty in enumerate(g["type"])}
@@ -132,7 +133,8 @@ def _synthetic_training(steps=3, latency_ns=3_000_000):
                 launches.append((corr, step, phase, t0))
                 time.sleep(0.004)
     stepscope.end_step()
-    names = {"Forward": "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<c10::BFloat16> >(int)",
+    names = {"Forward": "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<c10::BFloat16> >"
+                        "(int)",
              "Backward": "ampere_sgemm_128x64_tn", "Optimizer": "_Z25multi_tensor_apply_kernelIfEvPT_"}
     for corr, step, phase, t0 in launches:
         start = t0 + latency_ns
@@ -273,7 +275,8 @@ def test_runs_without_gpu_records_have_empty_gpu_tables(run_dir):
     ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32", "TF32"),
     ("ampere_sgemm_128x64_tn", "FP32"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::Half> >(int)", "FP16"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float> > >", "FP32"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float> > >",
+     "FP32"),
     ("sm89_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n", "FP8"),
     ("void cutlass::Kernel<cutlass_80_tensorop_i16832gemm_s8_256x128_64x3_tn_align16>(int8_t)", "INT8"),
     ("volta_dgemm_64x64_nn", "FP64"),

@@ -50,7 +50,8 @@ def test_kernels_have_names_launches_steps_and_phases(runs):
     assert k["name"].str.len().gt(0).all() and (k["duration_ns"] > 0).all()
     assert k["launch_api"].isin(["cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"]).all()
     assert (k["launch_latency_ns"] > 0).all() and (k["launch_latency_ns"] < 1_000_000_000).all()
-    assert k["phase"].astype(str).value_counts().to_dict() == {"Backward": 100, "Forward": 60, "Loss": 30, "Optimizer": 10}
+    assert k["phase"].astype(str).value_counts().to_dict() == {"Backward": 100, "Forward": 60, "Loss": 30,
+                                                                "Optimizer": 10}
     # launch configuration: CUPTI's own records (the fixture's window kernels predate reading
     # Kineto's metadata for it)
     gemm = k[k["name"].str.contains("gemm") & ~k["step"].isin([5, 6, 7])]

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 
-import stepscope  # noqa: E402
-from stepscope.core.vocabulary import COMPUTE_PHASES, KERAS_PROFILER_WINDOW, PHASES  # noqa: E402
+import stepscope
+from stepscope.core.vocabulary import COMPUTE_PHASES, KERAS_PROFILER_WINDOW, PHASES
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 PHASES = list(PHASES)

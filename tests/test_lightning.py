@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("lightning")
 
-import stepscope  # noqa: E402
-from stepscope.core.vocabulary import PHASES  # noqa: E402
+import stepscope
+from stepscope.core.vocabulary import PHASES
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lightning_fit.py")
 

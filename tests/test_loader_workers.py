@@ -55,5 +55,6 @@ def test_a_slow_worker_is_measured_and_named(tmp_path, context):
 
     # --fail-on sees a finding folded under the one that explains it (it still fired)
     gate = subprocess.run([sys.executable, "-m", "stepscope", "summary", str(tmp_path / "runs" / context),
-                           "--fail-on", "ERROR", "--param", "Dataloader.severity=error"], capture_output=True, text=True)
+                           "--fail-on", "ERROR", "--param", "Dataloader.severity=error"],
+                          capture_output=True, text=True)
     assert gate.returncode == 1 and "Dataloader" in gate.stderr, gate.stderr

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stepscope.core.vocabulary import REPORT_FILE  # noqa: E402
+from stepscope.core.vocabulary import REPORT_FILE
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "loop_jobs.py")
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-import stepscope  # noqa: E402
+import stepscope
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "multinode.py")
 SKEW_S = 5.0

@@ -531,8 +531,9 @@ HOTSPOT = textwrap.dedent("""
 
 def test_a_pure_python_hotspot_is_sampled_in_proportion(tmp_path):
     """Issue 45: a pure-Python helper that holds the GIL for 4 ms of each 12 ms step (a third)
-    is a third of the loop thread's samples (within 7 points: 3.5 standard errors). A sampler whose passes wait for the GIL (or run
-    at the thread's next GIL release) never lands inside it: 0 of 329 samples on main 345422a."""
+    is a third of the loop thread's samples (within 7 points: 3.5 standard errors). A sampler
+    whose passes wait for the GIL (or run at the thread's next GIL release) never lands inside
+    it: 0 of 329 samples on main 345422a."""
     steps = 500  # 6 s: ~600 samples at 100 Hz, a share's standard error ~2 points
     script = tmp_path / "hot.py"
     script.write_text(HOTSPOT)

@@ -5,7 +5,6 @@ the CRC, wrong-shaped metadata."""
 import ctypes
 import json
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -340,7 +339,8 @@ def test_wrong_shaped_run_json_falls_back_naming_file_and_field(small_run, tmp_p
     run, caught = _load(path)
     assert len(run.steps[run.steps["mode"] == "train"]) == 12
     assert [w for w in caught if "run.json" in w and field in w], caught
-    for args in (["summary", "--json"], ["report", "-o", str(tmp_path / "r.html")], ["diff", path], ["ls", str(tmp_path)]):
+    for args in (["summary", "--json"], ["report", "-o", str(tmp_path / "r.html")], ["diff", path],
+                 ["ls", str(tmp_path)]):
         r = subprocess.run([sys.executable, "-m", "stepscope", args[0], *([path] if args[0] not in ("ls",) else []),
                             *args[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=120)
         assert "Traceback" not in r.stderr, (args, r.stderr)
@@ -352,8 +352,8 @@ def test_bad_dataset_manifest_rebuilds_the_dataset(small_run, tmp_path, damage):
     path = _copy(small_run, tmp_path)
     first, _ = _load(path, dataset=True)
     assert len(first.steps) == 12
-    (manifest,) = [os.path.join(d, "manifest.json") for d in
-                   (os.path.join(path, ".stepscope-cache", x) for x in os.listdir(os.path.join(path, ".stepscope-cache")))
+    cache = os.path.join(path, ".stepscope-cache")
+    (manifest,) = [os.path.join(d, "manifest.json") for d in (os.path.join(cache, x) for x in os.listdir(cache))
                    if os.path.exists(os.path.join(d, "manifest.json"))]
     saved = json.load(open(manifest))
     if damage == "missing-key":

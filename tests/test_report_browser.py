@@ -144,10 +144,12 @@ def test_small_run_every_section_and_the_timeline(browser, small_report):
     box = tl.bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + 40)
     page.mouse.wheel(0, -400)
-    page.wait_for_function(f"window.stepscopeTimeline.view()[1] - window.stepscopeTimeline.view()[0] < {0.8 * (v[1] - v[0])}")
+    page.wait_for_function("window.stepscopeTimeline.view()[1] - window.stepscopeTimeline.view()[0]"
+                           f" < {0.8 * (v[1] - v[0])}")
     w1 = p.js("window.stepscopeTimeline.view()")
     page.keyboard.press("w")
-    page.wait_for_function(f"window.stepscopeTimeline.view()[1] - window.stepscopeTimeline.view()[0] < {0.9 * (w1[1] - w1[0])}")
+    page.wait_for_function("window.stepscopeTimeline.view()[1] - window.stepscopeTimeline.view()[0]"
+                           f" < {0.9 * (w1[1] - w1[0])}")
     w2 = p.js("window.stepscopeTimeline.view()")
     page.keyboard.press("d")
     page.wait_for_function(f"window.stepscopeTimeline.view()[0] > {w2[0]}")
@@ -188,7 +190,8 @@ def _large_run(path, spans):
         from stepscope.core.vocabulary import CATEGORIES, PHASES
         phase = CATEGORIES.index("phase")
         ids = [_native.intern(p) for p in PHASES]
-        durs = (np.random.default_rng(0).integers(20_000, 200_000, size=({spans} // 5, 5)) * tpn).astype(np.int64).tolist()
+        durs = (np.random.default_rng(0).integers(20_000, 200_000, size=({spans} // 5, 5)) * tpn)
+        durs = durs.astype(np.int64).tolist()
         t = _native.now()
         for d5 in durs:
             _native.begin_step("train", t)
@@ -350,7 +353,8 @@ def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, tmp_path):
     assert _ink(gpu.screenshot()) > 0.02
     meta = p.js("JSON.parse(document.getElementById('tl-data').textContent).meta")
     labels = [n["label"] for n in meta["nodes"]]
-    assert {"GPU 0", "stream 7", "context (all streams)", f"CUDA API, thread {threading.get_native_id()}"} <= set(labels)
+    assert {"GPU 0", "stream 7", "context (all streams)",
+            f"CUDA API, thread {threading.get_native_id()}"} <= set(labels)
     assert len(meta["flows"]) == 2 * n  # launch -> kernel and copy call -> memcpy
     assert p.js("window.stepscopeTimeline.zoomToStep(4)")
     i = p.js(f"window.stepscopeTimeline.findItem({XSS + 'kernel'!r})")

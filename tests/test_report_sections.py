@@ -96,7 +96,8 @@ def test_rules_table_lists_every_rule_with_its_trigger_count(cpu_run):
     changed = {r["rule"]: r for r in rs.rules_rows(summarize(run, {"GetNextBottleneck": {"threshold": 0.9}}))}
     assert changed["GetNextBottleneck"]["params"]["threshold"] == 0.9
     assert changed["GetNextBottleneck"]["status"] == "passed"
-    assert "threshold=0.9" in re.sub(r"\s+", " ", rs.rules_html(summarize(run, {"GetNextBottleneck": {"threshold": 0.9}}), str))
+    html = rs.rules_html(summarize(run, {"GetNextBottleneck": {"threshold": 0.9}}), str)
+    assert "threshold=0.9" in re.sub(r"\s+", " ", html)
 
 
 def test_system_statistics_per_node_match_pandas(cpu_run):
@@ -202,7 +203,8 @@ def test_gpu_shaped_run_has_box_plots_per_gpu(tmp_path):
     for trace, metric in zip(batch["data"], ("gpu_util", "gpu_memory_used_percent", "cpu_util")):
         assert trace["type"] == "box" and trace["x"] == ["gpu0", "gpu1"]
         for k, device in enumerate(trace["x"]):
-            v = s[(s["metric"] == metric) & (s["device"] == (device if metric != "cpu_util" else "all"))]["value"].dropna()
+            on = (s["metric"] == metric) & (s["device"] == (device if metric != "cpu_util" else "all"))
+            v = s[on]["value"].dropna()
             assert trace["median"][k] == pytest.approx(v.median(), abs=0.06)
             assert trace["q1"][k] == pytest.approx(v.quantile(.25), abs=0.06)
             assert trace["lowerfence"][k] == pytest.approx(v.min(), abs=0.06)

@@ -98,7 +98,8 @@ def test_a_run_without_steps_is_bounded_too(tmp_path):
 def _steps(durations_ms, mode="train"):
     start = np.concatenate([[0], np.cumsum(durations_ms)[:-1]]) * 1e6
     return pd.DataFrame({"process": "p", "mode": mode, "step": np.arange(len(durations_ms)),
-                         "start_ns": start.astype(np.int64), "end_ns": (start + np.array(durations_ms) * 1e6).astype(np.int64),
+                         "start_ns": start.astype(np.int64),
+                         "end_ns": (start + np.array(durations_ms) * 1e6).astype(np.int64),
                          "duration_ns": (np.array(durations_ms) * 1e6).astype(np.int64)})
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stepscope.analysis.rules import ParamError, debugger, parse_params  # noqa: E402
+from stepscope.analysis.rules import ParamError, debugger, parse_params
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "rule_jobs.py")
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")

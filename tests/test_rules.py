@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stepscope.analysis.rules import RULES, ParamError, Rule, parse_params  # noqa: E402
-from stepscope.analysis.rules.base import Finding  # noqa: E402
+from stepscope.analysis.rules import RULES, ParamError, Rule, parse_params
+from stepscope.analysis.rules.base import Finding
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "rule_jobs.py")
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-import stepscope  # noqa: E402
+import stepscope
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "tfdata_loops.py")
 

@@ -282,7 +282,8 @@ def test_window_cost_stays_small_on_a_longer_run(tmp_path):
     median = float(np.median(d.to_numpy()))
     extra = float((d.loc[sampled] - median).clip(lower=0).sum()) + float(windows["duration_ns"].sum())
     share = extra / (t1 - t0)
-    print(f"windows {len(windows)}, sampled steps {len(sampled)}, cost {extra / 1e6:.1f} ms, {100 * share:.2f}% of the run")
+    print(f"windows {len(windows)}, sampled steps {len(sampled)}, cost {extra / 1e6:.1f} ms, "
+          f"{100 * share:.2f}% of the run")
     assert share < 0.02
 
 
@@ -321,7 +322,8 @@ def profiled_steps():
     marks = [e.time_range for e in events if e.name == "STEP"]
     aten = [e for e in events if e.name.startswith("aten::")]
     per_step = [sum(e.self_cpu_time_total for e in aten if m.start <= e.time_range.start < m.end) for m in marks]
-    counts = {n: sum(1 for e in aten if e.name == n) // 30 for n in ("aten::addmm", "aten::mm", "aten::relu", "aten::add_")}
+    counts = {n: sum(1 for e in aten if e.name == n) // 30
+              for n in ("aten::addmm", "aten::mm", "aten::relu", "aten::add_")}
     return min(per_step), counts
 for i in range(10):
     step()

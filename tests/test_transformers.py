@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-import stepscope  # noqa: E402
+import stepscope
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "hf_trainer.py")
 

@@ -89,7 +89,8 @@ class LoadBalancing(Rule):
             recommendation=(f"Even out the work: look at what rank {slow} does that the others do not (extra "
                             "logging or evaluation on one rank, uneven batch sizes or sequence lengths, a slower "
                             "device or host, data loading on a busy node)."),
-            evidence={"slow_rank": slow, "extra_ms_per_step": round(extra / 1e6, 3), "step_ms_median": round(step_ms, 3),
+            evidence={"slow_rank": slow, "extra_ms_per_step": round(extra / 1e6, 3),
+                      "step_ms_median": round(step_ms, 3),
                       "work_outside_backward_ms": {str(r): round(v[0] / 1e6, 3) for r, v in sorted(per_rank.items())}},
             cost_ms_per_step=extra / 1e6)]
 

@@ -17,14 +17,17 @@ class KernelLaunchBound(Rule):
                "step's median, `most_launched` counts the kernels of every train step (warm-up included), and a "
                "`max_gap_ms` other than the default aggregates the kernels again from `run.kernels`.")
     params = {
-        "max_busy_ratio": Param(0.5, "ratio", "fire when kernel busy time / step time is below this (the GPU idles more than it works)..."),
-        "min_kernels_per_step": Param(50, "kernels", "...with at least this many kernels per step (median; a small model's eager step launches hundreds, a few large GEMMs are not launch bound)..."),
+        "max_busy_ratio": Param(0.5, "ratio", "fire when kernel busy time / step time is below this "
+                                              "(the GPU idles more than it works)..."),
+        "min_kernels_per_step": Param(50, "kernels", "...with at least this many kernels per step (median; a small "
+                                                     "model's eager step launches hundreds, a few large GEMMs are "
+                                                     "not launch bound)..."),
         "max_kernel_ms": Param(0.05, "ms", "...whose median duration is below this (a PyTorch eager op costs "
                                            "the host some 10-50 us to launch: shorter kernels cannot be fed)..."),
-        "max_gap_ms": Param(LAUNCH_GAP_NS / 1e6, "ms", "an idle gap between two kernels of a step is a launch gap when it is "
-                                       "shorter than this (a few launch overheads; longer gaps are host work, "
-                                       "not launching) and the second kernel was launched after the GPU went "
-                                       "idle..."),
+        "max_gap_ms": Param(LAUNCH_GAP_NS / 1e6, "ms", "an idle gap between two kernels of a step is a launch gap "
+                                       "when it is shorter than this (a few launch overheads; longer gaps are "
+                                       "host work, not launching) and the second kernel was launched after the "
+                                       "GPU went idle..."),
         "min_launch_share": Param(0.5, "ratio", "...and fire when launch gaps are at least this share of the "
                                                 "step time the GPU spends idle between its kernels (most of it)"),
         "warmup_steps": Param(2, "steps", "first train steps of each process left out"),
@@ -89,8 +92,10 @@ class KernelLaunchBound(Rule):
                           "busy_ratio": round(busy_ratio, 4), "kernels_per_step": kernels_per_step,
                           "kernel_us_median": round(1000 * kernel_ms, 2),
                           "launch_gap_share": round(launch_share, 4),
-                          "launch_gap_us_median": round(float(gap_median.median()) / 1e3, 2) if len(gap_median) else None,
-                          "launch_latency_us_median": round(float(latency.median()) / 1e3, 2) if len(latency) else None,
+                          "launch_gap_us_median":
+                              round(float(gap_median.median()) / 1e3, 2) if len(gap_median) else None,
+                          "launch_latency_us_median":
+                              round(float(latency.median()) / 1e3, 2) if len(latency) else None,
                           "step_ms_mean": round(step_ns / len(s) / 1e6, 3),
                           "launch_gap_ms_per_step_by_phase": by_phase,
                           "most_launched": {str(n): int(c) for n, c in top.items()}},

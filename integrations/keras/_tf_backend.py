@@ -95,7 +95,7 @@ def _yield_to_user_profiler(original):
 
     def before(*args, **kwargs):
         try:
-            from stepscope.integrations.keras import _window  # noqa: F811
+            from stepscope.integrations.keras import _window
 
             for sampler in _window.Sampler.live():
                 sampler.abandon()

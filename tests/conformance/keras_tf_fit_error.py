@@ -10,8 +10,8 @@ import traceback
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 
 class StopAtBatch(keras.callbacks.Callback):

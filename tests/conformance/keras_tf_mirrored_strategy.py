@@ -11,9 +11,9 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
 keras.utils.set_random_seed(0)
 callbacks = []

@@ -9,8 +9,8 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 keras.utils.set_random_seed(0)
 callbacks = []

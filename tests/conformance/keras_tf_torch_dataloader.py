@@ -11,10 +11,10 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import keras
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 assert keras.backend.backend() == "tensorflow"
 keras.utils.set_random_seed(0)

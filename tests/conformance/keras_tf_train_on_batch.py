@@ -6,8 +6,8 @@ import os
 
 os.environ["KERAS_BACKEND"] = "tensorflow"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 keras.utils.set_random_seed(0)
 rng = np.random.default_rng(0)

@@ -10,8 +10,8 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "torch"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 assert keras.backend.backend() == "torch"
 keras.utils.set_random_seed(0)

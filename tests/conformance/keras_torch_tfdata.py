@@ -8,9 +8,9 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "torch"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import numpy as np
+import tensorflow as tf
 
 assert keras.backend.backend() == "torch"
 keras.utils.set_random_seed(0)

@@ -1,6 +1,7 @@
 """TensorFlow's "training loop from scratch" pattern, eager: a train step
 with a GradientTape, and after each epoch a validation loop over another
-dataset calling an eager test step (no gradient, no tf.function: the second dataset after the training one ran out) (2 epochs x 6 train batches, 3
+dataset calling an eager test step (no gradient, no tf.function: the second
+dataset after the training one ran out) (2 epochs x 6 train batches, 3
 validation batches each). The validation batches are eval steps (issue 47)."""
 # expect: {"train": 12, "eval": 6, "phases": {"train": ["GetNext"], "eval": ["GetNext"]},
 # expect:  "every": {"train": ["GetNext"], "eval": ["GetNext"]}, "note": "tf.data"}
@@ -8,8 +9,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
 tf.random.set_seed(0)
 rng = np.random.default_rng(0)

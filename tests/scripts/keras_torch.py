@@ -9,10 +9,10 @@ import sys
 
 os.environ["KERAS_BACKEND"] = "torch"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import keras
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 if __name__ == "__main__":
     assert keras.backend.backend() == "torch"

@@ -1,5 +1,7 @@
 """Unmodified PyTorch training loops (no stepscope in here): python loops.py KIND [N]."""
-import sys, torch, torch.nn as nn
+import sys
+import torch
+import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 
@@ -33,49 +35,67 @@ def main():
             for micro in range(4):
                 loss = nn.functional.mse_loss(model(x), y) / 4
                 loss.backward()
-            opt.step(); opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
     elif kind in ("gan", "gan_mixed"):  # gan_mixed: optimizers of two classes (each told by its range)
-        G = nn.Sequential(nn.Linear(8, 16)); D = nn.Sequential(nn.Linear(16, 1))
+        G = nn.Sequential(nn.Linear(8, 16))
+        D = nn.Sequential(nn.Linear(16, 1))
         oG = torch.optim.Adam(G.parameters())
         oD = torch.optim.Adam(D.parameters()) if kind == "gan" else torch.optim.SGD(D.parameters(), lr=0.01)
         bce = nn.BCEWithLogitsLoss()
         for i in range(N):
-            z = torch.randn(32, 8); real = torch.randn(32, 16)
+            z = torch.randn(32, 8)
+            real = torch.randn(32, 16)
             oD.zero_grad()
             d_loss = bce(D(real), torch.ones(32, 1)) + bce(D(G(z).detach()), torch.zeros(32, 1))
-            d_loss.backward(); oD.step()
+            d_loss.backward()
+            oD.step()
             oG.zero_grad()
             g_loss = bce(D(G(z)), torch.ones(32, 1))
-            g_loss.backward(); oG.step()
+            g_loss.backward()
+            oG.step()
     elif kind == "ckpt":
         class M(nn.Module):
             def __init__(s):
-                super().__init__(); s.a = nn.Sequential(nn.Linear(16, 64), nn.ReLU()); s.b = nn.Linear(64, 1)
+                super().__init__()
+                s.a = nn.Sequential(nn.Linear(16, 64), nn.ReLU())
+                s.b = nn.Linear(64, 1)
             def forward(s, x):
                 return s.b(checkpoint(s.a, x, use_reentrant=False))
-        m = M(); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        m = M()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
         for i in range(N):
-            opt.zero_grad(); nn.functional.mse_loss(m(x), y).backward(); opt.step()
+            opt.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
     elif kind in ("compile", "mcompile"):
         if kind == "compile":
             m = torch.compile(model, backend=sys.argv[3])
         else:
-            model.compile(backend=sys.argv[3]); m = model
+            model.compile(backend=sys.argv[3])
+            m = model
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for i in range(N):
-            opt.zero_grad(); nn.functional.mse_loss(m(x), y).backward(); opt.step()
+            opt.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
         from torch._dynamo.utils import counters
         print("GRAPH_BREAKS", dict(counters["graph_break"]))
     elif kind == "fullgraph":  # eager steps first (the model and loss are roots), then compiled in one graph
-        opt = torch.optim.SGD(model.parameters(), lr=0.01); loss_fn = nn.MSELoss()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loss_fn = nn.MSELoss()
         def forward_loss(x, y):
             return loss_fn(model(x), y)
         for i in range(N // 2):
-            opt.zero_grad(); forward_loss(x, y).backward(); opt.step()
+            opt.zero_grad()
+            forward_loss(x, y).backward()
+            opt.step()
         step = torch.compile(forward_loss, fullgraph=True, backend=sys.argv[3])  # any graph break raises
         whole = torch.compile(model, fullgraph=True, backend=sys.argv[3])
         for i in range(N - N // 2):
-            opt.zero_grad(); step(x, y).backward(); opt.step()
+            opt.zero_grad()
+            step(x, y).backward()
+            opt.step()
         with torch.no_grad():
             print("LOSS", round(float(loss_fn(whole(x), y)), 6))
     elif kind == "evalonly":

@@ -8,7 +8,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 if __name__ == "__main__":
     if sys.argv[1] == "api":

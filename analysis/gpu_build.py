@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, gpu_raw
-from stepscope.core import _native
+from stepscope.core import decoding
 
 
 def _used(values: pd.Categorical) -> pd.Categorical:
@@ -34,7 +34,7 @@ def _used(values: pd.Categorical) -> pd.Categorical:
 def _names_and_precision(mangled: pd.Categorical):
     """(demangled name, precision) of each kernel (``mangled``: its categories all used),
     both categorical: demangled and classified once per distinct name."""
-    plain_codes, plain_names = pd.factorize(pd.Index(_native.demangle(list(map(str, mangled.categories))),
+    plain_codes, plain_names = pd.factorize(pd.Index(decoding.demangle(list(map(str, mangled.categories))),
                                                      dtype=object))
     to_plain = np.append(plain_codes, -1)  # (a code of -1 stays -1)
     name_codes = to_plain[np.asarray(mangled.codes, dtype=np.int64)]

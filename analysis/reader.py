@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.samples import lost_samples
-from stepscope.core import _native, metadata
+from stepscope.core import decoding, metadata
 from stepscope.core.vocabulary import (CATEGORIES, DEFAULT_DIR, EVENT_KINDS, MAX_CATEGORIES, PROCESS_JSON,
                                        TRACE_FILE)
 
@@ -88,7 +88,7 @@ def read_process(folder: str, part: int = 0, parts: int = 1, part_bytes: int = 0
         notes.append(f"{meta_path}: missing; using the trace header")
     trace = os.path.join(folder, meta.get("trace", TRACE_FILE))
     try:
-        cols = _native.read_trace(trace, part, parts, part_bytes, events=events, gpu=gpu)
+        cols = decoding.read_trace(trace, part, parts, part_bytes, events=events, gpu=gpu)
     except (ValueError, OSError) as exc:
         notes.append(str(exc))
         return ProcessTrace(folder, meta, None, notes)

@@ -1,0 +1,28 @@
+"""The native decoder, for readers of a run (``stepscope.analysis``, tools).
+
+Readers reach the compiled core only through these names (the recording side
+uses ``stepscope.core.recording``).
+
+``read_trace(path, part=0, parts=1, part_bytes=0, events=True, gpu=True)``
+    Decodes one ``trace.bin`` (docs/format.md) into a dict of NumPy columns
+    and notes (``warnings``; ``valid_end``: the offset after the last
+    complete chunk). ``parts`` > 1 decodes the ``part``-th group of its
+    chunks, ``part_bytes`` > 0 the chunks that start in the ``part``-th
+    ``part_bytes`` of the file (chunks are independent: readers decode one
+    file on several threads); ``events``/``gpu`` False leave those chunks
+    undecoded. A damaged chunk is skipped and named in ``warnings``; a file
+    that cannot be read raises ``OSError``/``ValueError`` naming it.
+``demangle(names)``
+    C++ symbol names (kernels) as people read them; names that are not
+    mangled come back unchanged.
+"""
+
+from __future__ import annotations
+
+from stepscope.core import _native
+
+read_trace = _native.read_trace
+demangle = _native.demangle
+FORMAT_VERSION = _native.FORMAT_VERSION
+
+__all__ = ["FORMAT_VERSION", "demangle", "read_trace"]

@@ -42,18 +42,19 @@ import threading
 from typing import Optional
 
 import stepscope
-from stepscope.core import _native, safety
+from stepscope.core import recording, safety
 from stepscope.core import session as _sessions
-from stepscope.core.vocabulary import CATEGORIES, PHASES
+from stepscope.core.recording import INTERNAL, PHASE
+from stepscope.core.vocabulary import PHASES
 
 __all__ = ["Config", "SMProfiler", "annotate", "annotation_begin", "annotation_end"]
 
 STEP_NAME = re.compile(r"^step[_:\-]?\d+$", re.IGNORECASE)  # step_12, Step-3, step12
 PHASE_OF = {p.lower(): p for p in PHASES}  # forward -> Forward
-PHASE_CATEGORY = CATEGORIES.index("phase")
+PHASE_CATEGORY = PHASE
 # an internal span per start/stop_profiling window (internal: no step holds it, so it stays
 # out of the tables that expect spans inside steps, such as the smdebug frames)
-WINDOW_CATEGORY = CATEGORIES.index("internal")
+WINDOW_CATEGORY = INTERNAL
 WINDOW_SPAN = "smppy.profiling"
 # integration module -> the phases it records itself when instrumented
 RECORDED_BY = {"stepscope.integrations.torch": set(PHASES), "stepscope.integrations.tfdata": {"GetNext"}}
@@ -81,12 +82,12 @@ class _Steps:
 
     @safety.guarded("smppy: marking a step failed")
     def ended(self) -> None:
-        self.last_exit = _native.now()
+        self.last_exit = recording.now()
 
     @safety.guarded("smppy: ending the last step failed")
     def close(self) -> None:
         if self.last_exit:
-            _native.end_step(self.last_exit)
+            recording.end_step(self.last_exit)
             self.last_exit = 0
 
 
@@ -107,8 +108,8 @@ def _span(name: str):
     """The native span for an annotation of this name (not yet entered)."""
     phase = PHASE_OF.get(name.lower()) if isinstance(name, str) else None
     if phase is not None and not _recorded_elsewhere(phase):
-        return _native.annotate(phase, PHASE_CATEGORY)
-    return _native.annotate(name)
+        return recording.annotate(phase, PHASE_CATEGORY)
+    return recording.annotate(name)
 
 
 class _StepAnnotation:
@@ -120,7 +121,7 @@ class _StepAnnotation:
 
     def __enter__(self):
         _steps.begin()
-        self._span = _native.annotate(self.name)
+        self._span = recording.annotate(self.name)
         self._span.__enter__()
         return self
 
@@ -150,7 +151,7 @@ def annotate(name, *args):
             return _StepAnnotation(name)
         if name.lower() in PHASE_OF:
             return _span(name)
-    return _native.annotate(name, *args)
+    return recording.annotate(name, *args)
 
 
 def annotation_begin(name: str):
@@ -162,7 +163,7 @@ def annotation_begin(name: str):
         handle = _span(name)
         handle.__enter__()
     else:
-        handle = _native.annotation_begin(name)
+        handle = recording.annotation_begin(name)
     stack = getattr(_open, "stack", None)
     if stack is None:
         stack = _open.stack = []
@@ -174,7 +175,7 @@ def _close(handle) -> None:
     if isinstance(handle, _StepAnnotation):
         handle.__exit__(None, None, None)
     else:
-        _native.annotation_end(handle)
+        recording.annotation_end(handle)
 
 
 def annotation_end(name_or_handle) -> None:
@@ -186,7 +187,7 @@ def annotation_end(name_or_handle) -> None:
             del stack[i]
             _close(handle)
             return
-    if isinstance(name_or_handle, (_native.Span, _StepAnnotation)):  # begun on another thread
+    if isinstance(name_or_handle, (recording.Span, _StepAnnotation)):  # begun on another thread
         _close(name_or_handle)
 
 
@@ -240,14 +241,14 @@ class SMProfiler:
                 _instrument_frameworks()
         else:
             self._resume_detail()
-        self._window = _native.now()
+        self._window = recording.now()
 
     def stop_profiling(self) -> None:
         """Ends the session start_profiling() started; in a session it did not start
         (``STEPSCOPE=1``), closes the window of detailed recording and nothing else."""
         _steps.close()
         if self._window and stepscope.current() is not None:
-            _native.span(WINDOW_CATEGORY, _native.intern(WINDOW_SPAN), self._window, _native.now())
+            recording.span(WINDOW_CATEGORY, recording.intern(WINDOW_SPAN), self._window, recording.now())
         self._window = 0
         if self._own is not None:
             self._own.stop()

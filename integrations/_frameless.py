@@ -2,7 +2,7 @@
 
 A Python wrapper's frame shows in every traceback that passes through it (and
 Keras's traceback filter keeps it, dropping the frame that raised: issue 47).
-``frameless`` builds the wrapper in C (``_native.around``, csrc/common/around.cc):
+``frameless`` builds the wrapper in C (``recording.around``, csrc/common/around.cc):
 
 * ``before(*args, **kwargs)`` returns None (call the original as is) or
   ``(args, kwargs, token)``: the original is called with those, then
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from stepscope.core import _native, safety
+from stepscope.core import safety
+from stepscope.core.recording import around
 
 
 def _nothing_after(token, exc) -> None:
@@ -27,4 +28,4 @@ def frameless(original: Callable, before: Callable, after: Optional[Callable] = 
     def fail(exc: BaseException) -> None:
         safety.report_failure(what, exc)
 
-    return _native.around(original, before, after or _nothing_after, fail)
+    return around(original, before, after or _nothing_after, fail)

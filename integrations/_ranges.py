@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import threading
 
-from stepscope.core import _native
-from stepscope.core.annotations import CATEGORY
-
-ANNOTATION = CATEGORY["annotation"]
+from stepscope.core.recording import ANNOTATION, annotation_begin, annotation_end, enabled, instant, intern
 
 
 class _ThreadStacks(threading.local):
@@ -37,29 +34,29 @@ class Ranges:
     def push(self, name, key=None) -> None:
         """Opens a nested range on this thread; key tells apart the stacks of NVTX
         domains, or the context manager that opened it."""
-        self._stack().append((key, _native.annotation_begin(_text(name), ANNOTATION)))
+        self._stack().append((key, annotation_begin(_text(name), ANNOTATION)))
 
     def pop(self, key=None) -> None:
         """Closes this thread's innermost open range of key (none open: nothing)."""
         stack = self._stack()
         for i in range(len(stack) - 1, -1, -1):
             if stack[i][0] == key:
-                _native.annotation_end(stack.pop(i)[1])
+                annotation_end(stack.pop(i)[1])
                 return
 
     def start(self, name, range_id) -> None:
         if range_id is not None:
-            self._started[_hashable(range_id)] = _native.annotation_begin(_text(name), ANNOTATION)
+            self._started[_hashable(range_id)] = annotation_begin(_text(name), ANNOTATION)
 
     def end(self, range_id) -> None:
         handle = self._started.pop(_hashable(range_id), None) if range_id is not None else None
         if handle is not None:
-            _native.annotation_end(handle)
+            annotation_end(handle)
 
     @staticmethod
     def mark(name) -> None:
-        if _native.enabled():  # names are interned only while something records
-            _native.instant(ANNOTATION, _native.intern(_text(name)))
+        if enabled():  # names are interned only while something records
+            instant(ANNOTATION, intern(_text(name)))
 
     def clear(self) -> None:
         """Forgets open ranges (uninstrument; a forked child: its parent's ranges are not its own)."""

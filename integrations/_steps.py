@@ -43,16 +43,16 @@ failures that way).
 
 from __future__ import annotations
 
-from stepscope.core import _native
 from stepscope.core import annotations as user_marks
+from stepscope.core import recording
+from stepscope.core.recording import PHASE  # noqa: F401 - kept: integrations imported it from here
 
-PHASE = _native.CATEGORIES.index("phase")
-GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER, RECOMPUTE = (_native.intern(p) for p in _native.PHASES)
+GETNEXT, FORWARD, LOSS, BACKWARD, OPTIMIZER, RECOMPUTE = (recording.intern(p) for p in recording.PHASES)
 
-_native.StepTracker.configure(vars(user_marks))  # where by_hand (the program marks its own steps) is read
+recording.StepTracker.configure(vars(user_marks))  # where by_hand (the program marks its own steps) is read
 
 
-class StepTracker(_native.StepTracker):
+class StepTracker(recording.StepTracker):
     """StepTracker(on_new_step=None, may_begin=None).
 
     * ``on_new_step(previous_had_forward)``: called where a step begins after
@@ -85,7 +85,7 @@ class StepTracker(_native.StepTracker):
 
     A train step that ends (at the next step, a loop's end or ``close``) without its
     optimizer step (with no optimizer, its backward) once a train step of the thread
-    completed is flagged interrupted (``_native.interrupt_step``): an exception or
+    completed is flagged interrupted (``recording.interrupt_step``): an exception or
     Ctrl-C inside the iteration. Readers give it the mode ``interrupted``.
     """
 

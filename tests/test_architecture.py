@@ -158,6 +158,27 @@ def _sys_modules_names_of(expr):
             yield node.lineno, node.args[0].value
 
 
+# The native module is the core's own (docs/design.md, "The native module is a guest"): every
+# other layer records through stepscope.core.recording and reads through stepscope.core.decoding.
+# The one exception is the torch integration's single caller of the torch-only native submodule.
+NATIVE = "stepscope.core._native"
+MAY_IMPORT_NATIVE = {"integrations/torch/_native_hooks.py"}
+# TEMPORARY (issue 42): the torch files still import the native module until their migration to
+# recording + _native_hooks.py merges; remove this set then.
+NATIVE_NOT_YET_MIGRATED = {f"integrations/torch/{name}.py" for name in (
+    "__init__", "_amp", "_annotations", "_compile", "_fetch", "_instrumentor", "_loops", "_ops", "_roots",
+    "_workers")}
+
+
+def test_only_the_core_imports_the_native_module():
+    allowed = MAY_IMPORT_NATIVE | NATIVE_NOT_YET_MIGRATED
+    bad = [f"{rel}:{line}: imports {name} (record through stepscope.core.recording)"
+           for folder in MAY_IMPORT if folder != "core"
+           for rel, line, name in _edges(folder)
+           if (name == NATIVE or name.startswith(NATIVE + ".")) and rel.replace(os.sep, "/") not in allowed]
+    assert not bad, "\n".join(bad)
+
+
 def _includes(path):
     for line_no, line in enumerate(open(path), 1):
         m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)

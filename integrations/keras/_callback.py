@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from stepscope.core import _native, safety
+from stepscope.core import safety
+from stepscope.core.recording import FRAMEWORK, begin_step, end_step, intern, interrupt_step, now, span
+from stepscope.integrations._late_class import late_class
 from stepscope.integrations.keras._instrumentors import backend_hooks
 from stepscope.integrations.keras._tf_backend import _fetching_in_python, _has_strategy
 from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends, _torch_tracker
 
 MODES = {"train": "train", "test": "eval", "predict": "predict"}
-FRAMEWORK = _native.CATEGORIES.index("framework")
 # The moments of a fit between its epochs' steps (SPEC §3), as framework spans (docs/design.md):
 # from the epoch's last train step to its first validation batch, and from the epoch's last
 # step (validation's, or training's) to the next epoch's first batch (or the loop's end).
@@ -18,13 +19,13 @@ VALIDATION_START = "keras.validation_start"
 EPOCH_END = "keras.epoch_end"
 BETWEEN_EPOCHS = (VALIDATION_START, EPOCH_END)
 FIT = "keras.fit"  # a fit's loop, on_train_begin to on_train_end: what its steps and intervals cover
-_class = None
 
 
 def _backend(keras) -> str:
     return keras.backend.backend()
 
 
+@late_class("stepscope.integrations.keras", "StepscopeCallback")
 def _build_class(keras):
     class StepscopeCallback(keras.callbacks.Callback):
         """Steps, GetNext and sampled phases of ``fit``/``evaluate``/``predict``.
@@ -72,7 +73,7 @@ def _build_class(keras):
             if kind == "test" and self._in_fit() and backend == "tensorflow":
                 self._boundary_begins(VALIDATION_START)
             if kind == "train":
-                self._fit_begin = _native.now()
+                self._fit_begin = now()
             if backend == "tensorflow":
                 restore = self._begin_tf(kind)
             elif backend == "torch":
@@ -131,10 +132,10 @@ def _build_class(keras):
             if kind == "test" and self._in_fit() and backend == "tensorflow":
                 self._boundary_begins(EPOCH_END)
             elif kind == "train":
-                end = _native.now()
+                end = now()
                 self._boundary_ends(end)
                 if self._fit_begin:
-                    _native.span(FRAMEWORK, _native.intern(FIT), self._fit_begin, end)
+                    span(FRAMEWORK, intern(FIT), self._fit_begin, end)
                     self._fit_begin = 0
             if backend == "tensorflow":
                 from stepscope.integrations import tfdata
@@ -153,7 +154,7 @@ def _build_class(keras):
 
         def _end_step(self) -> int:
             """Ends the open step where its work ended; returns that tick."""
-            end = _native.now()
+            end = now()
             if self._open:
                 if self._step_begin < self._work_end < end:
                     end = self._work_end
@@ -161,7 +162,7 @@ def _build_class(keras):
                     steps = (self.params or {}).get("steps")
                     first = self._execution[1]
                     self._fill_execution(min(self._per_execution(), steps - first) if steps else 1, end)
-                _native.end_step(end)
+                end_step(end)
                 self._open = False
                 self._last_end = end
             return end
@@ -170,7 +171,7 @@ def _build_class(keras):
             """The open step's compiled call raised (not the data's end): a train step
             whose optimizer step never ran is flagged interrupted (SPEC §3), not counted."""
             if self._open and self._loops and self._loops[-1][0] == "train" and self._execution is None:
-                _native.interrupt_step(self._work_end)
+                interrupt_step(self._work_end)
 
         # --- between epochs ----------------------------------------------------------
         def _in_fit(self) -> bool:
@@ -194,7 +195,7 @@ def _build_class(keras):
                 name, start = self._boundary
                 self._boundary = None
                 if at > start:
-                    _native.span(FRAMEWORK, _native.intern(name), start, at)
+                    span(FRAMEWORK, intern(name), start, at)
 
         def _per_execution(self) -> int:
             try:
@@ -210,7 +211,7 @@ def _build_class(keras):
             window = self._sampler.window if self._sampler is not None and mode == "train" else None
             for k in range(1, count):
                 at = self._step_begin + (end - self._step_begin) * k // count
-                _native.begin_step(mode, at)
+                begin_step(mode, at)
                 if window is not None:
                     window.step_begins.append(at)
 
@@ -223,7 +224,7 @@ def _build_class(keras):
         def _step(self, kind: str, batch: int) -> None:
             if self._off or not self._loops:
                 return
-            t = _native.now()
+            t = now()
             self._boundary_ends(t)  # on torch the step began at its fetch, a little before: analysis clips
             if _backend(keras) == "torch":
                 return  # on torch the PyTorch step tracker marks steps from its fetches
@@ -232,7 +233,7 @@ def _build_class(keras):
                 self._fill_execution(batch - self._execution[1], t)
             if sampler is not None and sampler.window_ends_before(batch):
                 self._close_window()
-            number = _native.begin_step(MODES[kind], t)
+            number = begin_step(MODES[kind], t)
             self._open = True
             self._step_begin = t
             per_execution = self._per_execution()
@@ -285,7 +286,6 @@ def _build_class(keras):
         def on_predict_batch_begin(self, batch, logs=None):
             self._step("predict", batch)
 
-    StepscopeCallback.__module__ = "stepscope.integrations.keras"
     return StepscopeCallback
 
 
@@ -298,9 +298,6 @@ def _tfdata_loop(begins: bool) -> None:
 
 
 def _callback_class():
-    global _class
-    if _class is None:
-        import keras
+    import keras
 
-        _class = _build_class(keras)
-    return _class
+    return _build_class(keras)

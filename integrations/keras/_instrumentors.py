@@ -83,9 +83,9 @@ def _callback_class():
 def _has_ours(callbacks) -> bool:
     from stepscope.integrations.keras import _callback
 
-    cls = _callback._class
+    classes = _callback._build_class.made()
     items = getattr(callbacks, "callbacks", callbacks) or []
-    return cls is not None and any(isinstance(cb, cls) for cb in items)
+    return bool(classes) and any(isinstance(cb, classes) for cb in items)
 
 
 def _on_tensorflow() -> bool:

@@ -10,10 +10,10 @@ mode. On TensorFlow the compiled step is not sampled: the step and a
 
 from __future__ import annotations
 
-from stepscope.core import _native, safety, session
+from stepscope.core import safety, session
+from stepscope.core.recording import FRAMEWORK, begin_step, end_step, intern, now, span
 from stepscope.integrations._frameless import frameless
 
-FRAMEWORK = _native.CATEGORIES.index("framework")
 MODES = {"train_on_batch": "train", "test_on_batch": "eval", "predict_on_batch": "predict"}
 _open = {"step": False, "last_end": 0}
 _noted: set = set()
@@ -22,7 +22,7 @@ _noted: set = set()
 def wrap(method_name: str):
     """A frameless wrapper (``integrations._frameless``): errors inside keep their traceback."""
     mode = MODES[method_name]
-    span_name = _native.intern(f"keras.{method_name}")
+    span_name = intern(f"keras.{method_name}")
 
     def before(*args, **kwargs):
         import keras
@@ -33,9 +33,9 @@ def wrap(method_name: str):
             forced = st_torch.forced_mode(mode)
             forced.__enter__()
             return args, kwargs, forced
-        t0 = _native.now()
+        t0 = now()
         try:
-            _native.begin_step(mode, t0)
+            begin_step(mode, t0)
             _open["step"] = True
             if method_name not in _noted:
                 _noted.add(method_name)
@@ -50,8 +50,8 @@ def wrap(method_name: str):
         if not isinstance(token, int):
             token.__exit__(None, None, None)
             return
-        t1 = _native.now()
-        _native.span(FRAMEWORK, span_name, token, t1)
+        t1 = now()
+        span(FRAMEWORK, span_name, token, t1)
         _open["last_end"] = t1
 
     return lambda original: frameless(original, before, after, "the Keras integration failed")
@@ -60,4 +60,4 @@ def wrap(method_name: str):
 def _close() -> None:
     if _open["step"]:
         _open["step"] = False
-        _native.end_step(_open["last_end"])
+        end_step(_open["last_end"])

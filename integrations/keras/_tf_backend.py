@@ -7,7 +7,8 @@ import contextlib
 import itertools
 import sys
 
-from stepscope.core import _native, safety
+from stepscope.core import safety
+from stepscope.core.recording import now
 from stepscope.integrations._frameless import frameless
 
 
@@ -45,7 +46,7 @@ def _fetching_in_python(function, callback):
         return (iterator,), None, callback
 
     def after(callback, exc):
-        callback._work_end = _native.now()
+        callback._work_end = now()
         if exc is not None and not isinstance(exc, (out_of_range, StopIteration)):  # not the data's end
             callback._step_failed()
 

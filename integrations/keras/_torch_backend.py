@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from stepscope.core import _native, safety
+from stepscope.core import safety
+from stepscope.core.recording import now
 from stepscope.integrations._frameless import frameless
 
 
@@ -91,7 +92,7 @@ def _wrap_optimizer_apply(original):
 
     def before(optimizer, *args, **kwargs):
         tracker = _torch_tracker() if depth[0] == 0 else None
-        t0 = _native.now()
+        t0 = now()
         depth[0] += 1
         try:
             if tracker is not None:
@@ -105,6 +106,6 @@ def _wrap_optimizer_apply(original):
         tracker, key, t0 = token
         depth[0] -= 1
         if tracker is not None:
-            tracker.optimizer_ended(key, t0, _native.now())
+            tracker.optimizer_ended(key, t0, now())
 
     return frameless(original, before, after, "the Keras optimizer hook failed")

@@ -39,10 +39,10 @@ import threading
 import weakref
 from typing import List, Optional, Tuple
 
-from stepscope.core import _native, safety
+from stepscope.core import safety
 from stepscope.core.quiet import native_logs_dropped
+from stepscope.core.recording import FRAMEWORK, OP, PHASE, clock_info, intern, now, span
 from stepscope.core.vocabulary import OTHER, pack_op_arg
-from stepscope.integrations._steps import PHASE
 from stepscope.integrations.keras import _xspace
 
 # What TensorFlow's C++ profiler logs on its own when a window opens and closes:
@@ -51,10 +51,8 @@ TF_PROFILER_LOGS = re.compile(
     rb"^(?:[IWE]\d{4} [^\]]*\] .*(?:[Pp]rofiler session|expects an i value|Collecting XSpace|cuInit)"
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called)")
 
-FRAMEWORK = _native.CATEGORIES.index("framework")
-OP = _native.CATEGORIES.index("op")
-WINDOW_NAME = _native.intern("stepscope.profiler_window")
-PHASE_IDS = {name: _native.intern(name) for name in ("GetNext", *_xspace.ORDER)}
+WINDOW_NAME = intern("stepscope.profiler_window")
+PHASE_IDS = {name: intern(name) for name in ("GetNext", *_xspace.ORDER)}
 YIELD_MESSAGE = ("stepscope: TensorFlow's profiler is in use (TensorBoard profile_batch?); stepscope yields and "
                  "samples no phases while it runs, the program continues unaffected")
 
@@ -81,10 +79,10 @@ class Window:
         # value"); its defaults are the levels wanted (host 2, python 0, device 1).
         with native_logs_dropped(TF_PROFILER_LOGS):
             self.session.start(self.logdir, {})
-        self.opened = _native.now()
-        t_a = _native.now()
+        self.opened = now()
+        t_a = now()
         _pywrap_traceme.TraceMe(_xspace.SYNC_NAME).Stop()
-        t_b = _native.now()
+        t_b = now()
         self.sync_ticks = (t_a + t_b) / 2
         self.step_begins: List[int] = []
 
@@ -116,7 +114,7 @@ class Window:
             return
         x0, x1 = trace.sync[0]
         x_mid = (x0 + x1) / 2
-        ticks_per_ns = _native.clock_info()["ticks_per_ns"]
+        ticks_per_ns = clock_info()["ticks_per_ns"]
 
         def to_x(tick):
             return x_mid + (tick - self.sync_ticks) / ticks_per_ns
@@ -129,10 +127,10 @@ class Window:
             for phase, s0, s1 in _xspace.split_step(trace, to_x(b0), to_x(b1)):
                 t0, t1 = max(to_tick(s0), b0), min(to_tick(s1), b1)
                 if t1 > t0:
-                    _native.span(PHASE, PHASE_IDS[phase], t0, t1)
+                    span(PHASE, PHASE_IDS[phase], t0, t1)
         write_ops(trace.ops, to_tick, bounds[0], end)
         write_pipeline(trace.data, to_tick, bounds[0], end)
-        _native.span(FRAMEWORK, WINDOW_NAME, self.opened)  # open to parsed: what the window cost
+        span(FRAMEWORK, WINDOW_NAME, self.opened)  # open to parsed: what the window cost
 
 
 def write_ops(ops: List[_xspace.Op], to_tick, first: int, end: int) -> None:
@@ -170,7 +168,6 @@ _names: dict = {}
 
 
 def _write_line(spans) -> None:
-    span, intern = _native.span, _native.intern
     for cat, name, t0, t1, phase in spans:
         nid = _names.get(name)
         if nid is None:
@@ -266,7 +263,7 @@ class Sampler:
             window, sampler.window = sampler.window, None
             if window is not None:
                 try:
-                    window.close(_native.now())
+                    window.close(now())
                 except Exception:  # noqa: BLE001 - a profiler torn down first: the window is lost
                     window.abandon()
 

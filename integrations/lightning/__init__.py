@@ -20,14 +20,14 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from stepscope.core import _native, safety
+from stepscope.core import safety
+from stepscope.core.recording import FRAMEWORK, annotate, intern, now, span
 from stepscope.integrations._base import Instrumentor, version_supported
+from stepscope.integrations._late_class import late_class
 
 __all__ = ["StepscopeCallback", "instrument", "uninstrument", "is_instrumented", "instrumentor"]
 
-FRAMEWORK = _native.CATEGORIES.index("framework")
 _NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
-_classes: dict = {}
 
 
 def _namespace(preferred: Optional[str] = None):
@@ -77,7 +77,7 @@ class _ProfilerTap:
         return _ProfilerTap, (self.profiler, self.passthrough)
 
     def start(self, action_name: str) -> None:
-        self.open[action_name] = _native.now()
+        self.open[action_name] = now()
         if _OURS not in action_name:
             self._start(self.profiler, action_name)
 
@@ -86,21 +86,20 @@ class _ProfilerTap:
         if _OURS not in action_name or t0 is None:  # (ours begun before the tap: balance it)
             self._stop(self.profiler, action_name)
         if t0 is not None:
-            _native.span(FRAMEWORK, _native.intern(action_name), t0)
+            span(FRAMEWORK, intern(action_name), t0)
 
     @staticmethod
     def profile(action_name: str):
         # ~30 actions per batch: a C span instead of the generator-based context manager
-        return _native.annotate(action_name, FRAMEWORK)
+        return annotate(action_name, FRAMEWORK)
 
 
 _OURS = "StepscopeCallback"
 
 
+@late_class(__name__, "StepscopeCallback")  # one class per namespace (lightning.pytorch, pytorch_lightning)
 def _callback_class(pl):
-    if pl.__name__ in _classes:
-        return _classes[pl.__name__]
-    class _StepscopeCallback(pl.Callback):
+    class StepscopeCallback(pl.Callback):
         def __init__(self, **start_kwargs):
             super().__init__()
             self._start_kwargs = start_kwargs
@@ -142,11 +141,11 @@ def _callback_class(pl):
         # the summary, not a last step's Other (StepOutlier saw every epoch's last step).
         @safety.guarded("the Lightning callback failed")
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self._batch_end = _native.now()
+            self._batch_end = now()
 
         @safety.guarded("the Lightning callback failed")
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-            self._batch_end = _native.now()
+            self._batch_end = now()
 
         @safety.guarded("the Lightning callback failed")
         def on_validation_start(self, trainer, pl_module):
@@ -193,10 +192,7 @@ def _callback_class(pl):
                 self._started.stop()
                 self._started = None
 
-    _StepscopeCallback.__name__ = _StepscopeCallback.__qualname__ = "StepscopeCallback"
-    _StepscopeCallback.__module__ = __name__
-    _classes[pl.__name__] = _StepscopeCallback
-    return _StepscopeCallback
+    return StepscopeCallback
 
 
 def StepscopeCallback(namespace: Optional[str] = None, **start_kwargs):

@@ -33,10 +33,11 @@ import contextlib
 import threading
 from typing import Optional
 
-from stepscope.core import _native, session
+from stepscope.core import session
+from stepscope.core.recording import PHASE, now, span
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._frameless import frameless
-from stepscope.integrations._steps import GETNEXT, PHASE, StepTracker
+from stepscope.integrations._steps import GETNEXT, StepTracker
 from stepscope.integrations.tfdata import _modes
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "keras_loop_begins",
@@ -73,13 +74,13 @@ class TfDataInstrumentor(Instrumentor):
             if not executing_eagerly() or getattr(fetching, "on", False):
                 return None
             fetching.on = True
-            return (iterator, *args), kwargs, (_native.now(), iterator)
+            return (iterator, *args), kwargs, (now(), iterator)
 
         def after(token, exc):
             fetching.on = False
             t0, iterator = token
             if exc is None:
-                inst.record(t0, _native.now(), getattr(iterator, "_dataset", None))
+                inst.record(t0, now(), getattr(iterator, "_dataset", None))
             elif isinstance(exc, out_of_range):
                 inst.record(t0, None)
 
@@ -141,7 +142,7 @@ class TfDataInstrumentor(Instrumentor):
         try:
             if self.external_loops:
                 if t1 is not None:
-                    _native.span(PHASE, GETNEXT, t0, t1)
+                    span(PHASE, GETNEXT, t0, t1)
             elif t1 is None:
                 self.tracker.exhausted(t0)
                 self.modes.exhausted()

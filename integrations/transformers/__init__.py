@@ -22,18 +22,13 @@ from __future__ import annotations
 
 from stepscope.core import safety
 from stepscope.integrations._base import Instrumentor
+from stepscope.integrations._late_class import late_class
 
 __all__ = ["StepscopeCallback", "instrument", "uninstrument", "is_instrumented", "instrumentor"]
 
-_class = None
 
-
-def _callback_class():
-    global _class
-    if _class is not None:
-        return _class
-    import transformers
-
+@late_class(__name__, "StepscopeCallback")
+def _build_class(transformers):
     class StepscopeCallback(transformers.TrainerCallback):
         """Profiles ``Trainer.train()`` (and the evaluations inside it)."""
 
@@ -52,10 +47,13 @@ def _callback_class():
             if session.current() is None:
                 self._started = session.start(**self._start_kwargs)
 
+    return StepscopeCallback
 
-    StepscopeCallback.__module__ = __name__
-    _class = StepscopeCallback
-    return _class
+
+def _callback_class():
+    import transformers
+
+    return _build_class(transformers)
 
 
 def __getattr__(name):  # built (and transformers imported) on first use

@@ -280,16 +280,9 @@ class SMProfiler:
 def _instrument_frameworks() -> None:
     """What zero-edit start does: each registered instrumentor turns on now if its framework
     is imported, else right after the script imports it."""
-    from importlib.metadata import entry_points
+    from stepscope.core import plugins
 
-    from stepscope.core import importhook
-
-    try:
-        eps = list(entry_points(group="stepscope_instrumentor"))
-    except TypeError:  # Python 3.9: entry_points() is a dict of groups
-        eps = list(entry_points().get("stepscope_instrumentor", ()))
-    for ep in eps:
-        importhook.when_imported(ep.name, lambda module, ep=ep: ep.load().on_import(module))
+    plugins.instrument_when_imported()
 
 
 def install_import_alias() -> None:

@@ -4,8 +4,8 @@ Imported at interpreter start by the ``stepscope.pth`` file that the wheel
 installs (and by the ``sitecustomize`` that ``stepscope run`` puts on
 PYTHONPATH), only when ``STEPSCOPE`` is set. Runs once per process however
 often it is imported. Frameworks are instrumented right after the script
-imports them (the ``stepscope_instrumentor`` entry points), never imported
-here. Bad settings or any failure print one
+imports them (the ``stepscope.instrumentors`` entry points, core/plugins.py),
+never imported here. Bad settings or any failure print one
 warning; the program always runs.
 """
 
@@ -19,31 +19,18 @@ def _enabled(value: str) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
-INSTRUMENTORS = "stepscope_instrumentor"  # entry-point group: module name -> instrumentor object
-STARTUP = "stepscope_startup"  # entry-point group: callables run once at zero-edit start
-
-
-def _entry_points(group: str):
-    from importlib.metadata import entry_points
-
-    try:
-        return list(entry_points(group=group))
-    except TypeError:  # Python 3.9: entry_points() is a dict of groups
-        return list(entry_points().get(group, ()))
-
-
 def _instrument_frameworks_when_imported() -> None:
-    """Each registered instrumentor is loaded and turned on right after the
-    module it names is imported (never before: `import stepscope` stays light)."""
-    from stepscope.core import importhook, safety
+    """The startup plugins run now; each registered instrumentor is loaded and
+    turned on right after the module it names is imported (never before:
+    `import stepscope` stays light)."""
+    from stepscope.core import plugins, safety
 
-    for ep in _entry_points(STARTUP):
+    for ep, set_up in plugins.load_group(plugins.STARTUP):
         try:
-            ep.load()()
+            set_up()
         except Exception as exc:  # noqa: BLE001
             safety.warn_once(f"startup:{ep.name}", f"stepscope: {ep.name} was not set up ({exc})")
-    for ep in _entry_points(INSTRUMENTORS):
-        importhook.when_imported(ep.name, lambda module, ep=ep: ep.load().on_import(module))
+    plugins.instrument_when_imported()
 
 
 def main() -> None:

@@ -15,14 +15,14 @@ import sys
 import time
 from typing import Optional
 
-from stepscope.core import files
+from stepscope.core import files, frameworks
 from stepscope.core.config import run_name_problem, shown
 from stepscope.core.safety import warn_once
 
-FRAMEWORKS = ("torch", "lightning", "pytorch_lightning", "tensorflow", "keras", "jax",
-              "numpy", "pandas", "pynvml", "cupti")
-# import name -> distribution name, where they differ
-_DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "cupti": "cupti-python", "pytorch_lightning": "pytorch-lightning"}
+# the libraries besides the frameworks (core/frameworks.py) whose versions run.json records:
+# import name -> distribution name
+LIBRARIES = {"numpy": "numpy", "pandas": "pandas", "pynvml": "nvidia-ml-py", "cupti": "cupti-python"}
+_DISTRIBUTIONS = {**{f.module: f.distribution for f in frameworks.FRAMEWORKS}, **LIBRARIES}
 
 
 def hostname() -> str:
@@ -211,10 +211,10 @@ def framework_versions() -> dict:
     from importlib import metadata
 
     versions = {"python": platform.python_version()}
-    for module in FRAMEWORKS:
+    for module, distribution in _DISTRIBUTIONS.items():
         if module in sys.modules:
             try:
-                versions[module] = metadata.version(_DISTRIBUTIONS.get(module, module))
+                versions[module] = metadata.version(distribution)
             except Exception:  # noqa: BLE001 - any broken distribution metadata: the module's own version
                 versions[module] = getattr(sys.modules[module], "__version__", "unknown")
     return versions

@@ -15,10 +15,10 @@ instrumentors):
 * A failure inside ``_instrument`` undoes the patches made so far and turns
   stepscope off for the process with one line (never break the job).
 
-Zero-edit start finds instrumentors through the ``stepscope_instrumentor``
-entry-point group (name: the module whose import triggers it; value: the
-instrumentor object), so a third-party package can add one without editing
-stepscope.
+Zero-edit start finds instrumentors through the ``stepscope.instrumentors``
+entry-point group (core/plugins.py; name: the module whose import triggers it;
+value: the instrumentor object), so a third-party package can add one without
+editing stepscope. integrations/_template/ is one to copy.
 """
 
 from __future__ import annotations

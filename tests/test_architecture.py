@@ -11,10 +11,14 @@ import ast
 import os
 import re
 
+import pytest
 from conftest import REPO
 
-FRAMEWORKS = {"torch", "tensorflow", "keras", "lightning", "pytorch_lightning", "transformers", "jax",
-              "accelerate", "pyspark"}
+from stepscope.core import frameworks, plugins
+
+# The frameworks stepscope knows (core/frameworks.py), and other heavy libraries no layer below
+# the integrations may import.
+FRAMEWORKS = {f.module for f in frameworks.FRAMEWORKS} | {"pyspark"}
 # The Python folders as installed (pyproject.toml's wheel.packages) and what each may import.
 MAY_IMPORT = {
     "core": {"core"},
@@ -177,6 +181,22 @@ def test_only_the_core_imports_the_native_module():
            for rel, line, name in _edges(folder)
            if (name == NATIVE or name.startswith(NATIVE + ".")) and rel.replace(os.sep, "/") not in allowed]
     assert not bad, "\n".join(bad)
+
+
+def test_the_framework_registry_is_what_zero_edit_start_registers():
+    """pyproject.toml's instrumentor entry points are core/frameworks.py's integrations, each
+    under the module whose import turns it on; every integration folder (not the private
+    helpers, not the _template to copy) handles a framework of the registry."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        groups = tomllib.load(f)["project"]["entry-points"]
+    assert not set(groups) & {old for names in plugins.LEGACY_NAMES.values() for old in names}
+    expected = {f.instrument_on: f"stepscope.integrations.{f.integration}:instrumentor"
+                for f in frameworks.FRAMEWORKS if f.integration}
+    assert groups[plugins.INSTRUMENTORS] == expected
+    root = os.path.join(REPO, "integrations")
+    folders = {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("_")}
+    assert folders - {"__pycache__"} == {f.integration for f in frameworks.FRAMEWORKS if f.integration}
 
 
 def _includes(path):

@@ -22,8 +22,8 @@ from stepscope.integrations import torch as st_torch  # noqa: E402
 def test_registered_instrumentors_load_without_their_frameworks():
     r = run_python("""
         import sys
-        from importlib.metadata import entry_points
-        eps = {ep.name: ep.load() for ep in entry_points(group="stepscope_instrumentor")}
+        from stepscope.core import plugins
+        eps = {ep.name: ep.load() for ep in plugins.entry_points(plugins.INSTRUMENTORS)}
         print(sorted(eps))
         print(all(callable(getattr(i, "on_import", None)) for i in eps.values()))
         print([m for m in ("torch", "tensorflow", "keras", "lightning") if m in sys.modules])

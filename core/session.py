@@ -1,12 +1,10 @@
 """The profiling session: one per process, writing one trace into a run folder.
 
-    <dir>/<run>/run.json            written by the process that created the run
-    <dir>/<run>/<host>-rank<N>/     a rank's process folder (torchrun, MPI, SLURM)
-    <dir>/<run>/<host>-pid<P>/      any other process: a script, a forked worker
-        process.json                who the process is, its clock anchor, stats
-        trace.ssc                   the native core's events (docs/format.md)
-
-Forked and spawned children (DataLoader workers) join with folders of their own.
+Its parts: this module starts and stops the session (and its samplers), and
+makes a forked child's session; core/run_folder.py lays out the run's folders
+and writes their metadata; core/parent_run.py tells a spawned child which run
+to join. Forked and spawned children (DataLoader workers) join with process
+folders of their own.
 """
 
 from __future__ import annotations
@@ -20,18 +18,12 @@ import threading
 import time
 from typing import Optional
 
-from stepscope.core import _native, annotations, files, gpu, runinfo, safety
-from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE
-from stepscope.core.config import Config, resolve, run_name_problem, shown
+from stepscope.core import _native, annotations, files, gpu, parent_run, run_folder, runinfo, safety
+from stepscope.core.config import Config, resolve
 from stepscope.core.sampling import start_sampling
+from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE
 
 __all__ = ["Session", "start", "stop", "current", "profile"]
-
-# Exported to child processes so that spawned children join the same run.
-_ACTIVE_RUN_VAR = "STEPSCOPE_ACTIVE_RUN"
-_PARENT_RANK_VAR = "STEPSCOPE_PARENT_RANK"
-_PARENT_PROCESS_VAR = "STEPSCOPE_PARENT_PROCESS"  # the process folder of the parent: a spawned helper's owner
-_OWNER_VAR = "STEPSCOPE_ACTIVE_OWNER"  # runinfo.process_token() of the process recording the active run
 
 _lock = threading.RLock()
 _session: Optional["Session"] = None
@@ -106,9 +98,7 @@ class Session:
             self.active = False
             if _session is self:
                 _session = None
-                if os.environ.get(_ACTIVE_RUN_VAR) == self.run_dir:
-                    del os.environ[_ACTIVE_RUN_VAR]
-                    os.environ.pop(_OWNER_VAR, None)
+                parent_run.unexport(self.run_dir)
         try:
             _native.stop_sampler()
             _native.pysampler_stop()  # joins with the GIL released
@@ -135,14 +125,18 @@ class Session:
         try:
             _native.close()
             self.stats = _native.stats()
-            if not self.stats.get("written") and not self.stats.get("dropped") and self._has_siblings():
+            if (not self.stats.get("written") and not self.stats.get("dropped")
+                    and run_folder.has_siblings(self.run_dir, self.process_dir)):
                 # A process that recorded nothing (most DataLoader workers, a torchrun
                 # agent) leaves no folder beside the ones that did.
                 shutil.rmtree(self.process_dir, ignore_errors=True)
                 if self.created_run:
-                    self._finish_run_json(time.time(), runinfo.framework_versions())
+                    run_folder.finish_run_json(self.run_dir, self._start_wall, time.time(),
+                                               runinfo.framework_versions())
                 return
-            self._finish_metadata()
+            meta = run_folder.finish_process_json(self.run_dir, self.process_dir, self.origin, self.stats)
+            if self.created_run:
+                run_folder.finish_run_json(self.run_dir, self._start_wall, meta["end_time"], meta["versions"])
         except Exception as exc:  # noqa: BLE001
             safety.report_failure(f"finishing the run in {self.process_dir} failed", exc)
 
@@ -151,106 +145,6 @@ class Session:
         if _loader is None:  # (stepscope/__init__.py sets it: core itself knows no analysis)
             raise RuntimeError("no run loader: call stepscope.load(path)")
         return _loader(self.run_dir)
-
-    # --- metadata -----------------------------------------------------------------
-    def _process_json(self) -> dict:
-        rank, world_size = runinfo.current_rank()
-        return {
-            "pid": os.getpid(),
-            "ppid": os.getppid(),
-            "host": runinfo.hostname(),
-            "rank": rank if self.origin == "main" else None,
-            "parent_rank": rank,
-            "local_rank": _int_env("LOCAL_RANK"),
-            "world_size": world_size,
-            "origin": self.origin,
-            "parent": self.parent,
-            "argv": list(sys.argv),
-            "start_time": self._start_wall,
-            "process_start_time": runinfo.process_start_time(),
-            "clock": {**runinfo.clock_anchor(), **_native.clock_info()},
-            "trace": TRACE_FILE,
-        }
-
-    def _finish_metadata(self) -> None:
-        path = os.path.join(self.process_dir, PROCESS_JSON)
-        meta = runinfo.read_json(path)
-        meta["end_time"] = time.time()
-        if self.origin == "main" and meta.get("rank") is None:  # learnt since the start
-            meta["rank"], meta["world_size"] = runinfo.current_rank()
-        elif meta.get("rank") is None:
-            # A spawned child that joined a process group itself (torch.multiprocessing.spawn
-            # with no RANK in the environment) is a rank, not a helper.
-            found = runinfo.rank_from_providers()
-            if found is not None:
-                meta["rank"], meta["world_size"] = found
-        if self.origin == "main" or meta.get("rank") is not None:
-            runinfo.record_process(os.path.join(self.run_dir, RUN_JSON), meta["host"], meta.get("rank"),
-                                   meta.get("world_size"))
-        meta["threads"] = {str(t.native_id): t.name for t in threading.enumerate()
-                           if t.native_id is not None}
-        meta["stats"] = {k: self.stats.get(k) for k in ("written", "dropped", "bytes", "names_folded", "error")}
-        meta["versions"] = runinfo.framework_versions()
-        runinfo.write_json_atomic(path, meta)
-        if self.created_run:
-            self._finish_run_json(meta["end_time"], meta["versions"])
-
-    def _finish_run_json(self, end_time: float, versions: dict) -> None:
-        def update(info):
-            info["end_time"] = end_time
-            info["duration_s"] = round(end_time - self._start_wall, 6)
-            info.setdefault("versions", {}).update(versions)
-
-        runinfo.update_json_locked(os.path.join(self.run_dir, RUN_JSON), update)
-
-    def _has_siblings(self) -> bool:
-        try:
-            return any(os.path.isdir(os.path.join(self.run_dir, d)) and d != os.path.basename(self.process_dir)
-                       for d in os.listdir(self.run_dir))
-        except OSError:
-            return False
-
-
-def _int_env(var: str) -> Optional[int]:
-    v = os.environ.get(var, "").strip()
-    return int(v) if v.isdigit() else None
-
-
-def _make_process_dir(run_dir: str, origin: str) -> str:
-    host = runinfo.hostname()
-    rank = runinfo.current_rank()[0] if origin == "main" else None
-    candidates = [f"{host}-rank{rank}"] if rank is not None else []
-    candidates.append(f"{host}-pid{os.getpid()}")
-    for i, name in enumerate(candidates):
-        path = os.path.join(run_dir, name)
-        try:
-            files.make_dir(path)
-            return path
-        except FileExistsError:
-            if i == len(candidates) - 1:  # our pid folder exists: an earlier session of ours
-                for n in range(1, 1000):
-                    alt = f"{path}.{n}"
-                    try:
-                        files.make_dir(alt)
-                        return alt
-                    except FileExistsError:
-                        continue
-                raise
-    raise RuntimeError("unreachable")
-
-
-def _write_run_json(run_dir: str, config: Config) -> None:
-    runinfo.write_json_atomic(os.path.join(run_dir, RUN_JSON), {
-        "format": "stepscope-run",
-        "version": 1,
-        "name": os.path.basename(run_dir),
-        "command": list(sys.argv),
-        "cwd": os.getcwd(),
-        "start_time": time.time(),
-        "host": runinfo.hostname(),
-        "world_size": runinfo.world_size_from_env(),
-        "config": config.as_dict(),
-    })
 
 
 def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> Session:
@@ -265,10 +159,10 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
     process_dir = None
     try:
         if created:
-            _write_run_json(run_dir, config)
-        process_dir = _make_process_dir(run_dir, origin)
+            run_folder.write_run_json(run_dir, config)
+        process_dir = run_folder.make_process_dir(run_dir, origin)
         session = Session(config, run_dir, process_dir, created, origin, parent)
-        meta = session._process_json()
+        meta = run_folder.process_json(origin, parent, session._start_wall)
         runinfo.write_json_atomic(os.path.join(process_dir, PROCESS_JSON), meta)
         if origin == "main":  # a rank killed before its end is still counted (world size, ranks)
             runinfo.record_process(os.path.join(run_dir, RUN_JSON), meta["host"], meta["rank"], meta["world_size"])
@@ -280,7 +174,7 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
         if err:
             raise OSError(err)
     except BaseException:
-        _remove_unstarted(run_dir if created else None, process_dir)  # a failed start leaves nothing
+        run_folder.remove_unstarted(run_dir if created else None, process_dir)  # a failed start leaves nothing
         raise
     session.active = True
     start_sampling(session, config, origin)
@@ -296,24 +190,6 @@ def _reads_frames() -> bool:
         return _native.pysampler_status()["method"] == "frames"
     except Exception:  # noqa: BLE001
         return False
-
-
-def _remove_unstarted(created_run: Optional[str], process_dir: Optional[str]) -> None:
-    """Removes the process folder of a session that could not start, and the run folder
-    it created if no other process has joined it since."""
-    if process_dir is not None:
-        shutil.rmtree(process_dir, ignore_errors=True)
-    if created_run is None:
-        return
-    try:
-        leftovers = os.listdir(created_run)
-        if any(not (f == RUN_JSON or f.startswith(f"{RUN_JSON}.tmp")) for f in leftovers):
-            return  # another process has joined the run: it keeps run.json
-        for f in leftovers:
-            os.unlink(os.path.join(created_run, f))
-        os.rmdir(created_run)
-    except OSError:
-        pass
 
 
 def _start_pysampler(hz: int) -> None:
@@ -343,33 +219,16 @@ def start(**kwargs) -> Optional[Session]:
             return _session
         try:
             config = resolve(**explicit)
-            _session = _open(config, _run_folder(config), "main", None)
+            _session = _open(config, run_folder.run_folder(config), "main", None)
             annotations.by_hand = False  # a new session: who marks steps is learnt again
         except Exception as exc:  # noqa: BLE001
             safety.report_failure("could not start profiling", exc)
             return None
         # Children (spawned workers, subprocesses) that import stepscope join this run.
-        _export_active_run(_session)
-        rank = runinfo.rank_from_env()
-        os.environ[_PARENT_RANK_VAR] = "" if rank is None else str(rank)
+        parent_run.export(_session.run_dir, _session.process_dir)
+        parent_run.export_rank()
         os.environ["STEPSCOPE_RUN"] = _session.name
         return _session
-
-
-def _run_folder(config: Config) -> str:
-    """The run's folder: always one folder inside the runs folder, whatever the name's source."""
-    root = os.path.abspath(config.dir)
-    name = config.name or runinfo.derive_run_name()
-    run_dir = os.path.join(root, name)
-    problem = run_name_problem(name)
-    if problem or os.path.dirname(run_dir) != root:
-        raise ValueError(f"the run name {shown(name)} cannot be a folder in {shown(root)} "
-                         f"({problem or 'not one folder inside it'})")
-    try:
-        run_dir.encode("utf-8")
-    except UnicodeEncodeError:  # a relative STEPSCOPE_DIR in a working directory with such a name
-        raise ValueError(f"the run folder {shown(run_dir)} is not valid UTF-8") from None
-    return run_dir
 
 
 def stop() -> None:
@@ -419,7 +278,7 @@ def _join(run_dir: str, origin: str, parent: Optional[str]) -> None:
     try:
         config = resolve()
         _session = _open(config, run_dir, origin, parent)
-        _export_active_run(_session)
+        parent_run.export(_session.run_dir, _session.process_dir)
         _register_exit_hooks()
     except Exception as exc:  # noqa: BLE001
         safety.report_failure(f"could not profile child process {os.getpid()}", exc)
@@ -461,58 +320,12 @@ def _register_exit_hooks() -> None:
         pass
 
 
-def _export_active_run(session: Session) -> None:
-    """What a child needs to join this run, and to tell that it is still being recorded."""
-    os.environ[_ACTIVE_RUN_VAR] = session.run_dir
-    os.environ[_OWNER_VAR] = runinfo.process_token()
-    os.environ[_PARENT_PROCESS_VAR] = os.path.basename(session.process_dir)
-
-
-def _parent_run_problem(run_dir: str) -> Optional[str]:
-    """Why STEPSCOPE_ACTIVE_RUN is not a run that an ancestor of this process records
-    now (a value left in a shell, a stopped session), or None. The owner token must
-    name a live ancestor, and the process folder it exported must be that process's,
-    with no end time yet (docs/design.md, "Runs, processes and children")."""
-    token = os.environ.get(_OWNER_VAR, "")
-    folder = os.environ.get(_PARENT_PROCESS_VAR, "")
-    if not os.path.isabs(run_dir) or not os.path.isdir(run_dir):
-        return "no such run folder"
-    if not token:
-        return "no process that records it is named"
-    problem = runinfo.token_problem(token)
-    if problem:
-        return problem
-    if run_name_problem(folder):
-        return "no process folder is named"
-    meta = runinfo.read_json(os.path.join(run_dir, folder, PROCESS_JSON))
-    if str(meta.get("pid")) != token.partition(":")[0]:
-        return f"{folder} is not the folder of process {token.partition(':')[0]}"
-    if meta.get("end_time") is not None:
-        return "that process stopped recording it"
-    return None
-
-
-def _forget_parent_run(run_dir: str, problem: str) -> None:
-    """A stale STEPSCOPE_ACTIVE_RUN: not joined, not passed on; one line only under STEPSCOPE=1."""
-    for var in (_ACTIVE_RUN_VAR, _OWNER_VAR, _PARENT_PROCESS_VAR, _PARENT_RANK_VAR):
-        os.environ.pop(var, None)
-    if os.environ.get("STEPSCOPE", "").strip().lower() not in ("", "0", "false", "no", "off"):
-        safety.warn_once("stale-run", f"stepscope: ignoring {_ACTIVE_RUN_VAR}={shown(run_dir)} ({problem}); "
-                         "this process records a run of its own")
-
-
 def join_parent_run_if_any() -> None:
     """On import in a spawned child: join the run the parent process is writing."""
-    run_dir = os.environ.get(_ACTIVE_RUN_VAR)
-    if run_dir and _session is None:
-        problem = _parent_run_problem(run_dir)
-        if problem:
-            _forget_parent_run(run_dir, problem)
-            return
-        # A child with a rank of its own (a launcher's worker) is a rank, not a helper.
-        rank = runinfo.rank_from_env()
-        own_rank = rank is not None and str(rank) != os.environ.get(_PARENT_RANK_VAR, "")
-        _join(run_dir, "main" if own_rank else "spawn", None if own_rank else os.environ.get(_PARENT_PROCESS_VAR))
+    if _session is None:
+        found = parent_run.to_join()
+        if found is not None:
+            _join(*found)
 
 
 atexit.register(stop)

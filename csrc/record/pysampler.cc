@@ -22,6 +22,11 @@
 // makes code as it runs (exec, generated lambdas) sees its newer code as one
 // frame, kOtherCode, under its callers, and a stack past the bound is dropped
 // and counted; memory stays within a few MiB whatever the program runs.
+//
+// This file: the sampler thread (its schedule, quiet passes, fork, start and stop).
+// The GIL walk, the frame reader, the interning, the Python API and the chunks the
+// writer takes are in pysampler_gilwalk.cc, pysampler_framereader.cc,
+// pysampler_tables.h, pysampler_python.cc and pysampler_encode.cc.
 #include <Python.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h>  // PyFrame_GetBack: Python.h declares it only from 3.11
@@ -38,7 +43,7 @@
 #include <cstring>
 #include <new>
 
-#include "record/pysampler_tables.h"
+#include "record/pysampler_state.h"
 #include "record/recorder.h"
 
 namespace stepscope {

@@ -7,6 +7,8 @@
 
 namespace stepscope {
 namespace pysampler {
+// Internal linkage, as when they were one file's statics: each walk's file inlines its copy.
+namespace {
 
 inline uint32_t string_id(const char* s, size_t n) {
   std::string key(s, n);
@@ -90,5 +92,6 @@ inline int64_t stack_of(const uint32_t* ids, int depth) {
   return stack;
 }
 
+}  // namespace
 }  // namespace pysampler
 }  // namespace stepscope

@@ -11,12 +11,9 @@ warning; the program always runs.
 
 from __future__ import annotations
 
-import os
 import sys
 
 
-def _enabled(value: str) -> bool:
-    return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _instrument_frameworks_when_imported() -> None:
@@ -35,9 +32,11 @@ def _instrument_frameworks_when_imported() -> None:
 
 def main() -> None:
     try:
-        if not _enabled(os.environ.get("STEPSCOPE", "")):
+        from stepscope.core import config
+
+        if not config.flag("STEPSCOPE"):
             return
-        from stepscope.core import config, safety, session
+        from stepscope.core import safety, session
 
         session.join_parent_run_if_any()  # a child of a profiled process joins its run here
         if session.current() is None:

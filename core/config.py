@@ -1,7 +1,10 @@
 """Configuration: keyword arguments over ``STEPSCOPE_*`` variables over defaults.
 
 Every value is validated here, once, with an error that names the setting and
-the values it allows (SPEC §2).
+the values it allows (SPEC §2). ``VARIABLES`` is the one registry of every
+``STEPSCOPE_*`` variable: what it means, who sets it (the user, or stepscope
+handing a value to its child processes), how it is parsed. Nothing else parses
+them: the native core gets its values from here (``native_settings``).
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Mapping, Optional, Tuple
+import sys
+from typing import Callable, Mapping, Optional, Tuple
 
 from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES
 
@@ -203,3 +207,132 @@ def resolve(env: Optional[Mapping[str, str]] = None, **kwargs) -> Config:
         elif env.get(var) is not None:
             values[key] = parse(var, env[var])
     return Config(**values)
+
+
+# ------------------------------------------------------------ the registry
+
+#: What turns a boolean variable off (any other non-empty value turns it on): the
+#: same words everywhere, package/_stepscope_autostart.py's copy included.
+OFF_WORDS = ("0", "false", "no", "off")
+
+
+def parse_flag(label: str, value) -> bool:
+    """The one boolean parser: an off word (any case, spaces around) -> False, anything
+    else -> True. Never raises: a switch is never what stops a job. (Empty is unset:
+    setting() gives the variable's default.)"""
+    return str(value).strip().lower() not in OFF_WORDS
+
+
+def _choice(*allowed: str):
+    def parse(label: str, value) -> str:
+        v = str(value).strip().lower()
+        if v not in allowed:
+            raise ConfigError(f"{label}={shown(value)} is not valid; allowed: {', '.join(allowed)}")
+        return v
+    return parse
+
+
+def _text(label: str, value) -> str:
+    return str(value)
+
+
+USER, TUNING, HANDOVER, TEST = "user", "tuning", "hand-over", "test"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    name: str
+    kind: str  # USER (SPEC §2 and the documented extras), TUNING (developers, tests), HANDOVER, TEST
+    meaning: str
+    default: object = None  # when unset or empty
+    parse: Callable = _text  # (label, value) -> value; raises ConfigError naming label and the allowed values
+    field: Optional[str] = None  # the Config keyword it sets
+
+
+_FIELD_MEANINGS = {
+    "dir": "root folder for runs",
+    "name": "run name; every process of one job writes into the same run",
+    "interval_ms": f"system-metric sampling interval, {INTERVAL_MIN_MS} to {INTERVAL_MAX_MS} ms",
+    "gpu": "auto, off, metrics (NVML only) or trace (NVML + CUPTI activity)",
+    "steps": "train steps traced in detail (ops, kernels), e.g. 10-20",
+    "flush_interval_ms": "the writer's flush interval: what a killed process may lose",
+    "buffer_mb": "the per-process event buffer pool",
+    "pysample_hz": "Python stack samples per second (0: none)",
+    "disk_floor_mb": "free space left to the job on the run's file system (MiB)",
+    "disk_floor_pct": "free space left to the job on the run's file system (percent)",
+}
+
+VARIABLES = {v.name: v for v in [
+    Variable("STEPSCOPE", USER, "1 turns on auto-instrumentation of every Python process (and its children)",
+             False, parse_flag),
+    *(Variable(var, USER, _FIELD_MEANINGS[key], getattr(Config(), key), parse, key)
+      for key, (var, parse) in _FIELDS.items()),
+    Variable("STEPSCOPE_OPS", TUNING, "0 turns the PyTorch op windows (torch.profiler on a few steps) off",
+             True, parse_flag),
+    Variable("STEPSCOPE_CLOCK", TUNING, "monotonic: CLOCK_MONOTONIC ticks even where the TSC is trusted "
+             "(chosen once, at import)", "auto", _choice("auto", "monotonic")),
+    Variable("STEPSCOPE_PYSAMPLE_METHOD", TUNING, "gil: the Python sampler walks frames with the GIL instead of "
+             "reading them without it (each session's start)", "auto", _choice("auto", "frames", "gil")),
+    Variable("STEPSCOPE_PYSAMPLE_RT", TUNING, "0: the frame reader's thread keeps its normal priority "
+             "(each session's start)", True, parse_flag),
+    Variable("STEPSCOPE_PROC_ROOT", TUNING, "a folder standing in for /proc, for tests (each session's start)",
+             ""),
+    Variable("STEPSCOPE_ACTIVE_RUN", HANDOVER, "the run folder a parent records: its children join it"),
+    Variable("STEPSCOPE_ACTIVE_OWNER", HANDOVER, "the process token of the process recording the active run"),
+    Variable("STEPSCOPE_PARENT_PROCESS", HANDOVER, "the parent's process folder: a spawned helper's owner"),
+    Variable("STEPSCOPE_PARENT_RANK", HANDOVER, "the parent's rank: a child of another rank is a rank itself"),
+    Variable("STEPSCOPE_WATCH_RUN", HANDOVER, "`stepscope watch --exec`: the run a finding is about"),
+    Variable("STEPSCOPE_FINDING_RULE", HANDOVER, "`stepscope watch --exec`: the rule of the finding"),
+    Variable("STEPSCOPE_CHROMIUM", TEST, "tests/test_report_browser.py: the browser to drive", "/usr/bin/chromium"),
+    Variable("STEPSCOPE_REQUIRE_BROWSER", TEST, "1: the browser tests fail rather than skip without one"),
+    Variable("STEPSCOPE_REQUIRE_SPARK", TEST, "1: the Spark tests fail rather than skip without Spark"),
+]}
+
+
+def setting(name: str, env: Optional[Mapping[str, str]] = None):
+    """The parsed value of a registered variable, its default when unset or empty.
+
+    Raises ConfigError (naming the variable and the allowed values) for a bad value,
+    KeyError for a name the registry does not know."""
+    var = VARIABLES[name]
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None or not str(raw).strip():
+        return var.default
+    return (var.parse if var.parse is parse_flag else _checked_text(var.parse))(name, raw)
+
+
+def flag(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
+    """A boolean variable: ``flag("STEPSCOPE_OPS")``."""
+    return bool(setting(name, env))
+
+
+_warned: set = set()
+
+
+def _lenient(name: str, env: Optional[Mapping[str, str]]):
+    """setting(), for what is read where an error would stop the job: a bad value
+    is one stderr line (once) and the default."""
+    try:
+        return setting(name, env)
+    except ConfigError as exc:
+        if str(exc) not in _warned:
+            _warned.add(str(exc))
+            try:
+                sys.stderr.write(f"stepscope: {exc}; using {VARIABLES[name].default!r}\n")
+            except Exception:  # noqa: BLE001 - a closed stderr
+                pass
+        return VARIABLES[name].default
+
+
+def native_settings(env: Optional[Mapping[str, str]] = None, clock: bool = True) -> dict:
+    """Keywords for ``_native.configure``: the native core reads no environment.
+
+    Called right after the native module's import (the clock is chosen then, once)
+    and at each session's start with clock=False (the samplers read theirs at each
+    start). Never raises."""
+    out = {"pysample_method": "gil" if _lenient("STEPSCOPE_PYSAMPLE_METHOD", env) == "gil" else "auto",
+           "pysample_rt": bool(_lenient("STEPSCOPE_PYSAMPLE_RT", env)),
+           "proc_root": _lenient("STEPSCOPE_PROC_ROOT", env)}
+    if clock:
+        out["clock"] = _lenient("STEPSCOPE_CLOCK", env)
+    return out

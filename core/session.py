@@ -19,7 +19,7 @@ import time
 from typing import Optional
 
 from stepscope.core import _native, annotations, files, gpu, parent_run, run_folder, runinfo, safety
-from stepscope.core.config import Config, resolve
+from stepscope.core.config import Config, native_settings, resolve
 from stepscope.core.sampling import start_sampling
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON, TRACE_FILE
 
@@ -177,6 +177,7 @@ def _open(config: Config, run_dir: str, origin: str, parent: Optional[str]) -> S
         run_folder.remove_unstarted(run_dir if created else None, process_dir)  # a failed start leaves nothing
         raise
     session.active = True
+    _native.configure(**native_settings(clock=False))  # the samplers' variables, read at each start
     start_sampling(session, config, origin)
     if config.pysample_hz and (origin == "main" or _reads_frames()):
         # helpers (DataLoader workers) only with the frame reader: the GIL walk would make them wait

@@ -24,6 +24,7 @@
 #include "common/pyint.h"
 #include "record/recorder.h"
 #include "record/sampler.h"
+#include "record/settings.h"
 #include "steps/steps.h"
 
 namespace nb = nanobind;
@@ -464,6 +465,7 @@ NB_MODULE(_native, m) {
       !add_roots(m.ptr()) ||
       !add_optimizer_hooks(m.ptr()) || !add_passes(m.ptr()))
     throw nb::python_error();
+  if (!add_settings(m.ptr())) throw nb::python_error();
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");

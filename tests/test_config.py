@@ -58,3 +58,96 @@ def test_run_name_of_255_bytes_is_kept():
     assert resolve(env={"STEPSCOPE_RUN": "é" * 127 + "r"}).name == "é" * 127 + "r"  # 255 bytes
     with pytest.raises(ConfigError, match="longer than 255 bytes"):
         resolve(env={"STEPSCOPE_RUN": "é" * 128})
+
+
+def test_every_stepscope_variable_in_the_tree_is_in_the_registry():
+    """One registry (core/config.py VARIABLES) knows every STEPSCOPE_* name the
+    project's files mention; the C preprocessor's own STEPSCOPE_* macros aside."""
+    import os
+    import re
+    import subprocess
+
+    from stepscope.core.config import VARIABLES
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    listed = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True)
+    files = listed.stdout.split() if listed.returncode == 0 else [
+        os.path.relpath(os.path.join(root, f), repo) for root, _, names in os.walk(repo) for f in names]
+    word = re.compile(r"\bSTEPSCOPE(?:_[A-Z0-9]+)*\b")
+    seen, macros = {}, set()
+    for rel in files:
+        if not rel.endswith((".py", ".cc", ".h", ".md", ".toml", ".ini", ".pth", ".start", ".sh", ".txt")):
+            continue
+        try:
+            with open(os.path.join(repo, rel), encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        macros.update(re.findall(r"#\s*define\s+(STEPSCOPE_\w+)", text))
+        for name in word.findall(text):
+            seen.setdefault(name, rel)
+    unknown = {n: where for n, where in seen.items() if n not in VARIABLES and n not in macros}
+    assert not unknown, f"STEPSCOPE_* names the registry does not know (name: first file): {unknown}"
+    assert "STEPSCOPE_DIR" in seen and "STEPSCOPE_CLOCK" in seen  # the scan found the tree
+
+
+def test_no_environment_is_read_in_csrc():
+    import os
+    import re
+
+    csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    readers = []
+    for root, _, names in os.walk(csrc):
+        for f in names:
+            with open(os.path.join(root, f), encoding="utf-8") as fh:
+                if re.search(r"\b(secure_)?getenv\s*\(|\benviron\b", fh.read()):
+                    readers.append(f)
+    assert not readers, f"the native core takes its settings from core/config.py: {readers}"
+
+
+def test_the_registry_says_who_sets_each_variable():
+    from stepscope.core.config import ENV_VARIABLES, HANDOVER, TEST, TUNING, USER, VARIABLES
+
+    assert {v.kind for v in VARIABLES.values()} == {USER, TUNING, HANDOVER, TEST}
+    assert all(v.meaning for v in VARIABLES.values())
+    assert set(ENV_VARIABLES) <= {n for n, v in VARIABLES.items() if v.kind == USER}
+    for spec in ("STEPSCOPE", "STEPSCOPE_DIR", "STEPSCOPE_RUN", "STEPSCOPE_INTERVAL_MS", "STEPSCOPE_GPU",
+                 "STEPSCOPE_STEPS"):
+        assert VARIABLES[spec].kind == USER
+
+
+@pytest.mark.parametrize("value,on", [("", True), ("1", True), ("yes", True), ("2", True),
+                                      ("0", False), (" Off ", False), ("false", False), ("NO", False)])
+def test_one_boolean_parser(value, on):
+    from stepscope.core.config import flag
+
+    assert flag("STEPSCOPE_OPS", env={"STEPSCOPE_OPS": value}) is on  # empty: the default, on
+    assert flag("STEPSCOPE", env={"STEPSCOPE": value}) is (on and value != "")  # empty: off
+
+
+def test_the_native_settings_and_their_errors(capsys):
+    from stepscope.core.config import native_settings, setting
+
+    assert native_settings(env={}) == {"clock": "auto", "pysample_method": "auto", "pysample_rt": True,
+                                       "proc_root": ""}
+    env = {"STEPSCOPE_CLOCK": "Monotonic", "STEPSCOPE_PYSAMPLE_METHOD": "gil", "STEPSCOPE_PYSAMPLE_RT": "0",
+           "STEPSCOPE_PROC_ROOT": "/tmp/proc"}
+    assert native_settings(env=env) == {"clock": "monotonic", "pysample_method": "gil", "pysample_rt": False,
+                                        "proc_root": "/tmp/proc"}
+    assert "clock" not in native_settings(env=env, clock=False)
+    with pytest.raises(ConfigError, match="STEPSCOPE_CLOCK='tsc' is not valid; allowed: auto, monotonic"):
+        setting("STEPSCOPE_CLOCK", env={"STEPSCOPE_CLOCK": "tsc"})
+    # where an error would stop the job: one line, and the default
+    assert native_settings(env={"STEPSCOPE_PYSAMPLE_METHOD": "fast"})["pysample_method"] == "auto"
+    assert "STEPSCOPE_PYSAMPLE_METHOD='fast' is not valid; allowed: auto, frames, gil" in capsys.readouterr().err
+
+
+def test_the_autostart_files_off_words_are_the_registrys():
+    import os
+
+    from stepscope.core.config import OFF_WORDS
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(repo, "package", "_stepscope_autostart.py"), encoding="utf-8") as f:
+        words = "(" + ", ".join(f'"{w}"' for w in ("",) + OFF_WORDS) + ")"
+        assert words in f.read()  # it runs before stepscope may be imported: its own copy

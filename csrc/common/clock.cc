@@ -1,18 +1,19 @@
 #include "common/clock.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <string>
 
 namespace stepscope {
 
 bool g_use_tsc = false;
+static bool g_monotonic_forced = false;  // STEPSCOPE_CLOCK=monotonic, from the settings (core/config.py)
+
+void force_monotonic(bool forced) { g_monotonic_forced = forced; }
+bool monotonic_forced() { return g_monotonic_forced; }
 
 static bool tsc_trusted() {
 #ifdef STEPSCOPE_HAVE_TSC
-  const char* forced = std::getenv("STEPSCOPE_CLOCK");
-  if (forced && std::strcmp(forced, "monotonic") == 0) return false;
+  if (g_monotonic_forced) return false;
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line)) {

@@ -28,6 +28,9 @@ inline int64_t real_ns() {
 }
 
 extern bool g_use_tsc;
+// STEPSCOPE_CLOCK=monotonic: the next TickConverter::init() takes CLOCK_MONOTONIC, trusted TSC or not.
+void force_monotonic(bool forced);
+bool monotonic_forced();
 
 inline uint64_t ticks() {
 #ifdef STEPSCOPE_HAVE_TSC

@@ -1,3 +1,5 @@
+// The trace reader: maps the file, checks its header and chunk framing, picks the
+// part's chunks and hands each to its decoder (decoders.cc) or reads it in place.
 #include "read/reader.h"
 
 #include <fcntl.h>
@@ -6,12 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <map>
 
 #include "common/encoding.h"
 #include "common/format.h"
+#include "read/decoders.h"
 
 namespace stepscope {
 namespace {
@@ -73,214 +75,6 @@ size_t resync(const uint8_t* d, size_t from, size_t size) {
     if (load32(d + i) == kChunkMagic) return i;
   return size;
 }
-
-void decode_events(Columns& c, const uint8_t* p, uint32_t len, const std::string& path,
-                   size_t offset) {
-  Cursor cur{p, p + len};
-  const int64_t track = int64_t(cur.varint());
-  const uint64_t n = cur.varint();
-  int64_t prev_end = unzigzag(cur.varint());
-  int64_t prev_step = unzigzag(cur.varint());
-  if (!cur.ok || n > len) {
-    c.warnings.push_back(path + ": malformed events chunk at offset " + std::to_string(offset) +
-                         ", skipped");
-    return;
-  }
-  const size_t base = c.kind.size();
-  c.kind.resize(base + n);
-  c.cat.resize(base + n);
-  c.name.resize(base + n);
-  c.track.resize(base + n);
-  c.start.resize(base + n);
-  c.end.resize(base + n);
-  c.arg.resize(base + n);
-  c.step.resize(base + n);
-  c.value.resize(base + n);
-  uint64_t i = 0;
-  for (; i < n && cur.ok; ++i) {
-    const uint8_t b0 = cur.byte();
-    const uint8_t kind = b0 & 3;
-    const size_t j = base + i;
-    if (kind > kCounter) {  // kind 3 is no event: damage the CRC did not catch (or a 1.0-1.2 file)
-      cur.ok = false;
-      continue;
-    }
-    c.kind[j] = kind;
-    c.cat[j] = (b0 >> 2) & 15;
-    c.name[j] = uint32_t(cur.varint());
-    const int64_t start = prev_end + unzigzag(cur.varint());
-    const int64_t end = kind == kSpan ? start + int64_t(cur.varint()) : start;
-    prev_end = end;
-    c.start[j] = start;
-    c.end[j] = end;
-    prev_step += unzigzag(cur.varint());
-    c.step[j] = int32_t(prev_step);
-    c.arg[j] = (b0 & kHasArg) ? int64_t(cur.varint()) : -1;
-    c.track[j] = track;
-    if (kind == kCounter) {
-      c.value[j] = (b0 & kIntValue) ? double(unzigzag(cur.varint())) : cur.f64();
-    } else {
-      c.value[j] = NAN;
-    }
-  }
-  if (!cur.ok) {
-    // The CRC matched, so this is a writer bug or an unknown encoding: keep
-    // the events decoded before the damage.
-    c.warnings.push_back(path + ": undecodable event in chunk at offset " +
-                         std::to_string(offset) + ", rest of chunk skipped");
-    const size_t keep = base + (i > 0 ? i - 1 : 0);
-    for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(keep);
-    c.kind.resize(keep);
-    c.cat.resize(keep);
-    c.name.resize(keep);
-    c.step.resize(keep);
-    c.value.resize(keep);
-  }
-}
-
-void decode_gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& path, size_t offset) {
-  Cursor cur{p, p + len};
-  GpuColumns& g = c.gpu;
-  const int64_t track = int64_t(cur.varint());
-  const uint32_t device = uint32_t(cur.varint());
-  const uint32_t stream = uint32_t(cur.varint());
-  const uint64_t n = cur.varint();
-  int64_t prev_end = unzigzag(cur.varint());
-  int64_t prev_corr = int64_t(cur.varint());
-  if (!cur.ok || n > len) {
-    c.warnings.push_back(path + ": malformed GPU chunk at offset " + std::to_string(offset) + ", skipped");
-    return;
-  }
-  uint64_t i = 0;
-  for (; i < n; ++i) {
-    const uint8_t b0 = cur.byte();
-    const uint8_t type = b0 & 7;
-    const int64_t start = prev_end + unzigzag(cur.varint());
-    const int64_t end = start + int64_t(cur.varint());
-    const int64_t corr = prev_corr + unzigzag(cur.varint());
-    uint32_t name = 0, config = 0, thread = 0;
-    uint8_t sub2 = 0;
-    int64_t bytes = 0;
-    switch (type) {
-      case 0: name = uint32_t(cur.varint()); config = uint32_t(cur.varint()); break;  // kernel
-      case 1: sub2 = cur.byte(); bytes = int64_t(cur.varint()); break;               // memcpy
-      case 2: bytes = int64_t(cur.varint()); break;                                   // memset
-      case 3: break;                                                                  // sync
-      case 4: case 5: name = uint32_t(cur.varint()); thread = uint32_t(cur.varint()); break;
-      default: cur.ok = false;  // a newer record type: its length is unknown
-    }
-    if (!cur.ok) break;
-    prev_end = end;
-    prev_corr = corr;
-    g.type.push_back(type);
-    g.sub.push_back(b0 >> 3);
-    g.sub2.push_back(sub2);
-    g.device.push_back(device);
-    g.stream.push_back(stream);
-    g.name.push_back(name);
-    g.config.push_back(config);
-    g.correlation.push_back(uint32_t(corr));
-    g.thread.push_back(thread);
-    g.start.push_back(start);
-    g.end.push_back(end);
-    g.bytes.push_back(bytes);
-    g.track.push_back(track);
-  }
-  if (i < n)
-    c.warnings.push_back(path + ": undecodable GPU record in chunk at offset " + std::to_string(offset) +
-                         ", rest of chunk skipped");
-}
-
-// Ids of interned tables (names, launch configs, Python strings, frames, stacks) are
-// dense from 0, so a table is a vector indexed by id. An id far beyond the entries
-// defined so far (counted as read, not as the table's size, which gaps inflate) is
-// damage: refusing it keeps a table's memory within a constant factor of what the
-// file defines, whatever the id.
-constexpr uint64_t kIdSlack = 1u << 16;
-bool within_reach(uint64_t id, uint64_t& defined) {
-  if (id >= 2 * defined + kIdSlack) return false;
-  ++defined;
-  return true;
-}
-
-// Entries each table has been given so far (within_reach's measure).
-struct Defined {
-  uint64_t names = 0, configs = 0, strings = 0, frames = 0, stacks = 0;
-};
-
-// A table grows to hold `id`; the entries skipped (defined by a lost chunk) get `fill`.
-template <typename T>
-T& at_id(std::vector<T>& v, uint64_t id, const T& fill = T()) {
-  if (v.size() <= id) v.resize(id + 1, fill);
-  return v[id];
-}
-
-// Python stack tables' "never defined" marks: a sample whose stack leads to one is lost.
-constexpr uint32_t kUndefined = 0xFFFFFFFFu;
-constexpr int32_t kUndefinedParent = -2;
-
-// Each part's entries run from a `first` id; one out of reach ends the chunk (the ids
-// after it would be as wrong).
-void decode_pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset, Defined& defined) {
-  PyColumns& py = c.py;
-  bool reach = true;
-  uint64_t first = cur.varint(), n = cur.varint();
-  for (uint64_t i = 0; i < n && cur.ok && (reach = within_reach(first + i, defined.strings)); ++i) {
-    std::string s = cur.bytes(size_t(cur.varint()));
-    if (cur.ok) at_id(py.strings, first + i) = std::move(s);
-  }
-  if (reach) {
-    first = cur.varint();
-    n = cur.varint();
-  }
-  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, defined.frames)); ++i) {
-    const uint32_t func = uint32_t(cur.varint()), file = uint32_t(cur.varint());
-    const int32_t line = int32_t(unzigzag(cur.varint()));
-    if (!cur.ok) break;
-    at_id(py.frame_func, first + i, kUndefined) = func;
-    at_id(py.frame_file, first + i, kUndefined) = file;
-    at_id(py.frame_line, first + i) = line;
-  }
-  if (reach) {
-    first = cur.varint();
-    n = cur.varint();
-  }
-  for (uint64_t i = 0; reach && i < n && cur.ok && (reach = within_reach(first + i, defined.stacks)); ++i) {
-    const int32_t parent = int32_t(int64_t(cur.varint()) - 1);
-    const uint32_t frame = uint32_t(cur.varint());
-    if (!cur.ok) break;
-    at_id(py.stack_parent, first + i, kUndefinedParent) = parent;
-    at_id(py.stack_frame, first + i, kUndefined) = frame;
-  }
-  if (!cur.ok || !reach)
-    c.warnings.push_back(path + ": malformed Python stacks chunk at offset " + std::to_string(offset) +
-                         ", rest of chunk skipped");
-}
-
-void decode_pysamples(Columns& c, Cursor& cur, const std::string& path, size_t offset) {
-  PyColumns& py = c.py;
-  py.interval_ns = int64_t(cur.varint());
-  const uint64_t n = cur.varint(), nthreads = cur.varint();
-  std::vector<int64_t> tids;
-  for (uint64_t i = 0; i < nthreads && cur.ok && i < (1u << 20); ++i) tids.push_back(int64_t(cur.varint()));
-  int64_t prev = unzigzag(cur.varint());
-  for (uint64_t i = 0; i < n && cur.ok; ++i) {
-    prev += unzigzag(cur.varint());
-    const uint64_t thread = cur.varint();
-    const uint32_t stack = uint32_t(cur.varint());
-    if (!cur.ok || thread >= tids.size()) {
-      cur.ok = false;
-      break;
-    }
-    py.time.push_back(prev);
-    py.tid.push_back(tids[thread]);
-    py.stack.push_back(stack);
-  }
-  if (!cur.ok)
-    c.warnings.push_back(path + ": malformed Python samples chunk at offset " + std::to_string(offset) +
-                         ", rest of chunk skipped");
-}
-
 // One warning per unknown chunk type: its count and first offset.
 void warn_unknown_chunks(Columns& c, const std::map<uint8_t, std::vector<size_t>>& unknown, const std::string& path) {
   for (const auto& [type, offsets] : unknown)
@@ -392,7 +186,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
 
   // Pass 2: decode.
   std::map<uint8_t, std::vector<size_t>> unknown;  // type -> offsets of the chunks skipped
-  Defined defined;
+  decode::Defined defined;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (!mine[i]) continue;
     const ChunkRef& ch = chunks[i];
@@ -400,7 +194,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
     Cursor cur{p, p + ch.len};
     switch (ch.type) {
       case kChunkEvents:
-        decode_events(c, p, ch.len, path, ch.offset - kChunkHeader);
+        decode::events(c, p, ch.len, path, ch.offset - kChunkHeader);
         break;
       case kChunkNames: {
         uint64_t n = cur.varint();
@@ -408,12 +202,12 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
           uint64_t id = cur.varint();
           uint64_t slen = cur.varint();
           std::string s = cur.bytes(size_t(slen));
-          if (!cur.ok || !within_reach(id, defined.names)) {
+          if (!cur.ok || !decode::within_reach(id, defined.names)) {
             c.warnings.push_back(path + ": malformed names chunk at offset " +
                                  std::to_string(ch.offset - kChunkHeader) + ", rest of chunk skipped");
             break;
           }
-          at_id(c.names, id) = std::move(s);
+          decode::at_id(c.names, id) = std::move(s);
         }
         break;
       }
@@ -431,7 +225,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
         break;
       }
       case kChunkGpu:
-        decode_gpu(c, p, ch.len, path, ch.offset - kChunkHeader);
+        decode::gpu(c, p, ch.len, path, ch.offset - kChunkHeader);
         break;
       case kChunkLaunchConfigs: {
         uint64_t n = cur.varint();
@@ -439,17 +233,17 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
           uint64_t id = cur.varint();
           uint32_t v[9];
           for (uint32_t& x : v) x = uint32_t(cur.varint());
-          if (!cur.ok || !within_reach(id, defined.configs)) break;
+          if (!cur.ok || !decode::within_reach(id, defined.configs)) break;
           if (c.gpu.configs.size() < (id + 1) * 9) c.gpu.configs.resize((id + 1) * 9);
           std::copy(v, v + 9, c.gpu.configs.begin() + long(id * 9));
         }
         break;
       }
       case kChunkPyStacks:
-        decode_pystacks(c, cur, path, ch.offset - kChunkHeader, defined);
+        decode::pystacks(c, cur, path, ch.offset - kChunkHeader, defined);
         break;
       case kChunkPySamples:
-        decode_pysamples(c, cur, path, ch.offset - kChunkHeader);
+        decode::pysamples(c, cur, path, ch.offset - kChunkHeader);
         break;
       case kChunkStats:
       case kChunkEnd: {

@@ -15,5 +15,7 @@ PyMethodDef* pysampler_methods();
 void encode_pysamples(std::string& out);
 // Stops and joins the sampler thread; the caller must not hold the GIL.
 void stop_pysampler();
+// STEPSCOPE_PYSAMPLE_METHOD=gil (gil_walk) and STEPSCOPE_PYSAMPLE_RT (realtime), for the next start.
+void set_pysampler_options(bool gil_walk, bool realtime);
 
 }  // namespace stepscope

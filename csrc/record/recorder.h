@@ -146,5 +146,8 @@ struct WriterStats {
 WriterStats writer_stats();
 const TickConverter& converter();
 void init_clock();
+// STEPSCOPE_CLOCK=monotonic (true) or auto: chooses the tick source again unless a trace
+// is open. The settings call it right after the module's import, before any tick is kept.
+void choose_clock(bool monotonic);
 
 }  // namespace stepscope

@@ -28,40 +28,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "record/procfs.h"
 #include "record/recorder.h"
 
 namespace stepscope {
 namespace {
 
-// A /proc file kept open and re-read from offset 0 each sample.
-struct ProcFile {
-  int fd = -1;
-  std::string path;
-  bool open_file(const std::string& p) {
-    path = p;
-    fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    return fd >= 0;
-  }
-  // Reads the whole file into buf; false if it cannot be read.
-  bool read(std::string& buf) {
-    if (fd < 0) return false;
-    buf.resize(buf.capacity() < 8192 ? 8192 : buf.capacity());
-    size_t used = 0;
-    for (;;) {
-      ssize_t n = ::pread(fd, &buf[used], buf.size() - used, off_t(used));
-      if (n < 0) return false;
-      used += size_t(n);
-      if (n == 0 || used < buf.size()) break;
-      buf.resize(buf.size() * 2);
-    }
-    buf.resize(used);
-    return true;
-  }
-  void close_file() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
+using procfs::ProcFile;
+using procfs::fields;
+using procfs::for_lines;
+using procfs::num;
 
 struct State {
   std::thread thread;
@@ -78,7 +54,7 @@ struct State {
   std::vector<std::string> disks;  // whole disks from /sys/block
   std::unordered_map<std::string, uint32_t> ids;
   std::string buf;
-  std::string proc = "/proc";  // STEPSCOPE_PROC_ROOT: a stand-in tree, for tests
+  std::string proc = "/proc";  // or STEPSCOPE_PROC_ROOT: a stand-in tree, for tests
   uint64_t sample_tick = 0;
   long page_size = 4096;
 } g_s;
@@ -99,31 +75,6 @@ inline void emit(const char* metric, const std::string& device, double value) {
   uint64_t bits;
   std::memcpy(&bits, &value, 8);
   push(kCounter, kCatSystem, metric_id(metric, device), g_s.sample_tick, bits, 0, 0);
-}
-
-// Splits a line into whitespace-separated fields (no allocation beyond the vector).
-void fields(const char* p, const char* end, std::vector<std::pair<const char*, size_t>>& out) {
-  out.clear();
-  while (p < end) {
-    while (p < end && (*p == ' ' || *p == '\t')) ++p;
-    const char* s = p;
-    while (p < end && *p != ' ' && *p != '\t') ++p;
-    if (p > s) out.emplace_back(s, size_t(p - s));
-  }
-}
-
-double num(const std::pair<const char*, size_t>& f) { return std::strtod(f.first, nullptr); }
-
-template <typename F>
-void for_lines(const std::string& text, F&& fn) {
-  const char* p = text.data();
-  const char* end = p + text.size();
-  while (p < end) {
-    const char* nl = static_cast<const char*>(std::memchr(p, '\n', size_t(end - p)));
-    const char* e = nl ? nl : end;
-    fn(p, e);
-    p = e + 1;
-  }
 }
 
 void sample_stat() {
@@ -328,7 +279,12 @@ std::vector<std::string> whole_disks() {
   return out;
 }
 
+// STEPSCOPE_PROC_ROOT, from the settings (core/config.py): read at each start.
+std::string g_proc_root;
+
 }  // namespace
+
+void set_proc_root(const std::string& root) { g_proc_root = root; }
 
 std::vector<std::string> start_sampler(int interval_ms, bool node, bool processes) {
   std::vector<std::string> notes;
@@ -340,8 +296,7 @@ std::vector<std::string> start_sampler(int interval_ms, bool node, bool processe
   g_s.refresh_in = 0;
   g_s.stop = false;
   g_s.page_size = sysconf(_SC_PAGESIZE);
-  const char* root = std::getenv("STEPSCOPE_PROC_ROOT");
-  g_s.proc = root && *root ? root : "/proc";
+  g_s.proc = g_proc_root.empty() ? "/proc" : g_proc_root;
   auto need = [&](ProcFile& f, const char* rel, const char* what) {
     const std::string path = g_s.proc + rel;
     if (!f.open_file(path)) notes.push_back(std::string(what) + " not measured: cannot read " + path);

@@ -12,5 +12,7 @@ std::vector<std::string> start_sampler(int interval_ms, bool node, bool processe
 void stop_sampler();
 void sampler_after_fork_child();
 double sampler_pass_ns(int passes);
+// The /proc tree the next start reads (STEPSCOPE_PROC_ROOT; empty: /proc).
+void set_proc_root(const std::string& root);
 
 }  // namespace stepscope

@@ -14,8 +14,6 @@ from __future__ import annotations
 import sys
 
 
-
-
 def _instrument_frameworks_when_imported() -> None:
     """The startup plugins run now; each registered instrumentor is loaded and
     turned on right after the module it names is imported (never before:

@@ -30,18 +30,14 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES, STACK_COLUMNS
+
 PARTITION = "process"
 COLUMNS_KEY = b"stepscope.columns"
 ROW_GROUP = 1 << 20  # rows gathered before a file is written (tables with few rows a part)
 # Rows per Parquet row group: a time window's read skips the groups outside it by their
 # statistics, so smaller groups read less of a large trace (DuckDB writes 122,880)
 ROW_GROUP_ROWS = 1 << 17
-DERIVED = ("steps", "phases", "system", "kernels", "memcpy", "memset", "sync", "cuda_api",
-           # analysis/kernel_steps.py: what the GPU rules read instead of the kernels
-           "kernel_steps", "kernel_phases", "kernel_names")
-# Python stack samples (analysis/samples.py) as recorded: each process's stack ids are its own
-PY_TABLES = ("pysamples", "pystacks")
-TABLES = ("events", *DERIVED, *PY_TABLES)
 # Columns that are categorical in the in-memory tables (kept categorical on read).
 _CATEGORICAL_PROCESS = {"events", "steps", "phases"}
 PARALLEL_BYTES = 32 << 20  # processes are built in parallel above this much trace data
@@ -243,8 +239,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     out.update(kernel_steps.combine(aggregates))
     out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else samples.raw_frames([])
     del py_raw
-    for table in TABLES[1:]:
-        if table in gpu.TABLES:
+    for table in DATASET_TABLES[1:]:
+        if table in GPU_TABLES:
             entry["rows"].setdefault(table, 0)
             continue
         frame = out.pop(table)
@@ -543,7 +539,7 @@ def duckdb_views(con, root: str) -> Dict[str, str]:
     """Creates one DuckDB view per table over the dataset (nothing is loaded); returns
     {table: view SQL}."""
     out = {}
-    for table in TABLES:
+    for table in DATASET_TABLES:
         d = os.path.join(root, table)
         if not os.path.isdir(d) or not any(True for _ in os.scandir(d)):
             continue
@@ -688,7 +684,7 @@ class Dataset:
             "stack": np.arange(len(rows), dtype=np.int64), "parent": np.array([r[0] for r in rows], dtype=np.int64),
             "depth": np.array(depth, dtype=np.int64), "function": [r[1] for r in rows],
             "file": [r[2] for r in rows], "line": np.array([r[3] for r in rows], dtype=np.int64)},
-            columns=samples.STACK_COLUMNS)
+            columns=STACK_COLUMNS)
         raw = pd.concat(parts, ignore_index=True)
         raw["process"] = raw["process"].astype(str).astype("category")
         if "thread" in raw:  # categorical, as analysis/samples.py builds it in memory

@@ -24,6 +24,7 @@ import pandas as pd
 
 from stepscope.analysis import gpu_raw
 from stepscope.analysis.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
+from stepscope.analysis.store.schema import GPU_TABLES
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 
@@ -33,21 +34,6 @@ COPY_KINDS = dict(enumerate(_v.COPY_KINDS))
 MEMORY_KINDS = dict(enumerate(_v.MEMORY_KINDS))
 SYNC_TYPES = dict(enumerate(_v.SYNC_TYPES))
 
-TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")
-_ATTRIBUTION = ["launch_api", "launch_start_ns", "mode", "step", "phase"]
-KERNEL_COLUMNS = ["process", "rank", "device", "stream", "name", "start_ns", "end_ns", "duration_ns",
-                  "correlation", "step", "pid", "mode", "phase", "precision", "grid_x", "grid_y", "grid_z",
-                  "block_x", "block_y", "block_z", "registers", "static_smem", "dynamic_smem", "launch_api",
-                  "launch_start_ns", "launch_latency_ns", "mangled"]
-MEMCPY_COLUMNS = ["process", "rank", "pid", "device", "stream", "kind", "bytes", "src_memory", "dst_memory",
-                  "pinned", "start_ns", "end_ns", "duration_ns", "bytes_per_s", "correlation", *_ATTRIBUTION,
-                  "launch_latency_ns"]
-MEMSET_COLUMNS = ["process", "rank", "pid", "device", "stream", "bytes", "memory", "start_ns", "end_ns",
-                  "duration_ns", "correlation", *_ATTRIBUTION, "launch_latency_ns"]
-SYNC_COLUMNS = ["process", "rank", "pid", "device", "stream", "kind", "start_ns", "end_ns", "duration_ns",
-                "correlation", *_ATTRIBUTION, "gpu_idle_after_ns"]
-API_COLUMNS = ["process", "rank", "pid", "api", "thread", "name", "start_ns", "end_ns", "duration_ns",
-               "correlation", "mode", "step", "phase"]
 
 
 # --- precision ----------------------------------------------------------------------
@@ -277,4 +263,4 @@ def gpu_tables(raw, steps: pd.DataFrame, phases: pd.DataFrame, other_api: Option
         return parts[0]
     from stepscope.analysis.dataset import _concat
 
-    return {table: _concat([p[table] for p in parts]) for table in TABLES}
+    return {table: _concat([p[table] for p in parts]) for table in GPU_TABLES}

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, gpu_raw
+from stepscope.analysis.store.schema import API_COLUMNS, KERNEL_COLUMNS, MEMCPY_COLUMNS, MEMSET_COLUMNS, SYNC_COLUMNS
 from stepscope.core import decoding
 
 
@@ -110,15 +111,15 @@ class _Builder:
         out["step"] = step
 
     def kernels(self, rows: np.ndarray) -> pd.DataFrame:
-        out = self._common(rows, gpu.KERNEL_COLUMNS)
+        out = self._common(rows, KERNEL_COLUMNS)
         self._launch(out, rows, categorical=True)
         out["mangled"] = _used(self.cols["name"].take(rows))
         out["name"], out["precision"] = _names_and_precision(out["mangled"])
         out.update(zip(gpu_raw.CONFIG_FIELDS, gpu_raw.config_values(self.cols, rows)))
-        return pd.DataFrame(out, columns=gpu.KERNEL_COLUMNS, copy=False)  # (no copy into 2-D blocks)
+        return pd.DataFrame(out, columns=KERNEL_COLUMNS, copy=False)  # (no copy into 2-D blocks)
 
     def memcpy(self, rows: np.ndarray) -> pd.DataFrame:
-        out = self._common(rows, gpu.MEMCPY_COLUMNS)
+        out = self._common(rows, MEMCPY_COLUMNS)
         self._launch(out, rows, categorical=False)
         m = pd.DataFrame(out)
         sub, sub2 = pd.Series(self.cols["sub"][rows]), pd.Series(self.cols["sub2"][rows])
@@ -133,27 +134,27 @@ class _Builder:
         dur = m["duration_ns"].to_numpy(dtype=float)
         m["bytes_per_s"] = np.where(dur > 0, m["bytes"].to_numpy(dtype=float) / np.where(dur > 0, dur, 1) * 1e9,
                                     np.nan)
-        return m[gpu.MEMCPY_COLUMNS]
+        return m[MEMCPY_COLUMNS]
 
     def memset(self, rows: np.ndarray) -> pd.DataFrame:
-        out = self._common(rows, gpu.MEMSET_COLUMNS)
+        out = self._common(rows, MEMSET_COLUMNS)
         self._launch(out, rows, categorical=False)
         out["memory"] = pd.Series(self.cols["sub"][rows]).map(gpu.MEMORY_KINDS).fillna("unknown") \
             .to_numpy(dtype=object)
-        return pd.DataFrame(out)[gpu.MEMSET_COLUMNS]
+        return pd.DataFrame(out)[MEMSET_COLUMNS]
 
     def sync(self, rows: np.ndarray, kernels: pd.DataFrame) -> pd.DataFrame:
-        out = self._common(rows, gpu.SYNC_COLUMNS)
+        out = self._common(rows, SYNC_COLUMNS)
         self._launch(out, rows, categorical=False, own_time=True)
         out["kind"] = pd.Series(self.cols["sub"][rows]).map(gpu.SYNC_TYPES).fillna("unknown").to_numpy(dtype=object)
         out["stream"] = np.where(out["stream"] != gpu.CONTEXT_STREAM, out["stream"], -1)
         y = pd.DataFrame(out)
         y["gpu_idle_after_ns"] = gpu.idle_after(y, kernels)
-        return y[gpu.SYNC_COLUMNS]
+        return y[SYNC_COLUMNS]
 
     def cuda_api(self, rows: np.ndarray) -> pd.DataFrame:
-        out = self._common(rows, gpu.API_COLUMNS)
+        out = self._common(rows, API_COLUMNS)
         out["api"] = pd.Categorical.from_codes((self.cols["type"][rows] != 4).astype(np.int8), ["runtime", "driver"])
         out["name"] = _used(self.cols["name"].take(rows))
         self._attribute(out, out["start_ns"], categorical=True)
-        return pd.DataFrame(out, columns=gpu.API_COLUMNS, copy=False)
+        return pd.DataFrame(out, columns=API_COLUMNS, copy=False)

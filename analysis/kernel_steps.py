@@ -25,17 +25,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.schema import KERNEL_NAME_COLUMNS, KERNEL_PHASE_COLUMNS, KERNEL_STEP_COLUMNS
+
 # An idle gap is a launch gap when the kernel after it was launched once the GPU had run dry
 # (give or take the few microseconds a launch takes to reach the GPU) and the gap is short.
 LAUNCH_GAP_NS = 200_000
 LAUNCH_SLACK_NS = 20_000
 
-TABLES = ("kernel_steps", "kernel_phases", "kernel_names")
-_KEY = ["process", "rank", "device", "mode", "step"]
-STEP_COLUMNS = [*_KEY, "kernels", "kernel_ns", "kernel_ns_median", "busy_ns", "gap_ns", "launch_gaps",
-                "launch_gap_ns", "launch_gap_ns_median", "launch_latency_ns_median"]
-PHASE_COLUMNS = [*_KEY, "phase", "kernels", "kernel_ns", "busy_ns", "launch_gap_ns"]
-NAME_COLUMNS = ["process", "rank", "device", "mode", "name", "precision", "kernels", "kernel_ns"]
+STEP_COLUMNS, PHASE_COLUMNS, NAME_COLUMNS = KERNEL_STEP_COLUMNS, KERNEL_PHASE_COLUMNS, KERNEL_NAME_COLUMNS
+_KEY = STEP_COLUMNS[:5]  # process, rank, device, mode, step
 
 
 def is_compute(names: pd.Series) -> np.ndarray:

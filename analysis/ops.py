@@ -23,10 +23,9 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, tables
+from stepscope.analysis.store.schema import OP_COLUMNS
 from stepscope.core.vocabulary import OP_INDEX_MASK, OP_PHASES, OTHER, PHASES
 
-OP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "phase", "name", "start_ns", "end_ns",
-              "duration_ns", "self_ns", "shapes", "sequence_nr"]
 SUMMARY_COLUMNS = ["phase", "name", "count", "self_ns", "total_ns", "self_ns_per_step", "share", "steps"]
 
 

@@ -26,8 +26,6 @@ KINDS = EVENT_KINDS
 # Categories 0-15 exist on disk; names beyond the known ones keep their number.
 _CATEGORY_NAMES = list(CATEGORIES) + [f"cat{i}" for i in range(len(CATEGORIES), MAX_CATEGORIES)]
 
-EVENT_COLUMNS = ["process", "pid", "host", "rank", "tid", "kind", "category", "name",
-                 "start_ns", "end_ns", "duration_ns", "step", "arg", "value"]
 
 
 class RunFormatError(ValueError):

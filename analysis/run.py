@@ -25,21 +25,14 @@ import pandas as pd
 from stepscope.analysis import gpu, samples as pysamples, tables
 from stepscope.analysis.reader import (ProcessTrace, RunFormatError, events_frame, read_processes,
                                        resolve_run_path)
+from stepscope.analysis.store.schema import CACHE_VERSION, DATASET_TABLES, GPU_TABLES, RUN_TABLES  # noqa: F401 - GPU_TABLES: the run's API
 from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, RUN_JSON, TRACE_FILE
 
 LIVE_DIR = "live"  # under the run's cache folder: finished parts of traces still being written
-CACHE_VERSION = 6  # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
-# 5: kernels aggregated per step (analysis/kernel_steps.py), syncs' GPU idle time after them;
-# 6: the large GPU tables' strings categorical
 # Traces larger than this (about 8 M events) are read through the run's Parquet dataset, a process
 # and a part at a time (analysis/dataset.py): the first load decodes into it, later ones only read it
 LARGE_BYTES = 64 << 20
-GPU_TABLES = gpu.TABLES
-TABLES = ("events", "steps", "phases", "system", *GPU_TABLES)
-TABLES = (*TABLES, "ops")  # operator windows (analysis/ops.py)
-TABLES = (*TABLES, "samples", "stacks")  # Python stack samples (analysis/samples.py)
-TABLES = (*TABLES, "kernel_steps", "kernel_phases", "kernel_names")  # analysis/kernel_steps.py
 PY_CACHE = ("pysamples.parquet", "pystacks.parquet")
 # What the in-memory cache's manifest keeps per process (the dataset's manifest keeps more)
 CACHE_ENTRY_FIELDS = {k: metadata.MANIFEST_ENTRY_FIELDS[k] for k in ("folder", "meta", "warnings", "events", "dropped")}
@@ -365,14 +358,14 @@ class Run:
     # --- SQL ------------------------------------------------------------------------
     def sql(self, query: str) -> pd.DataFrame:
         """Runs a DuckDB query over the tables (events, steps, phases, system, kernels, ...:
-        every table of ``TABLES``, each built only when the query names it)."""
+        every table of ``RUN_TABLES``, each built only when the query names it)."""
         import duckdb
 
         if self._db is None:
             self._db = duckdb.connect()
             # a large run's tables are views over its dataset: DuckDB reads what the query needs
             self._views = dataset_views(self._db, self._data) if self._data is not None and self.large else set()
-        for name in TABLES:
+        for name in RUN_TABLES:
             if name.lower() in query.lower() and name not in self._views:
                 self._db.register(name, getattr(self, name))
         return self._db.execute(query).df()
@@ -648,7 +641,7 @@ def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:
     out_dir = out_dir or os.path.join(run.path, "parquet")
     files.make_dirs(out_dir)
     linked = _link_dataset(run._data.root, out_dir) if run.large else set()
-    for name in TABLES:
+    for name in RUN_TABLES:
         if name in linked:
             continue
         frame = getattr(run, name)
@@ -660,10 +653,9 @@ def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:
 
 def _link_dataset(root: str, out_dir: str) -> set:
     """Hard links (copies across file systems) of the dataset's table folders; returns the tables."""
-    from stepscope.analysis import dataset
 
     done = set()
-    for table in dataset.TABLES:
+    for table in DATASET_TABLES:
         src = os.path.join(root, table)
         if not os.path.isdir(src):
             continue

@@ -24,11 +24,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.schema import SAMPLE_COLUMNS, STACK_COLUMNS
 from stepscope.core.vocabulary import OTHER
 
-SAMPLE_COLUMNS = ["process", "pid", "rank", "tid", "thread", "time_ns", "interval_ns", "stack", "function", "file",
-                  "line", "step", "mode", "phase"]
-STACK_COLUMNS = ["stack", "parent", "depth", "function", "file", "line"]
 FUNCTION_COLUMNS = ["phase", "function", "file", "self_samples", "total_samples", "self_s", "total_s",
                     "self_share", "total_share"]
 

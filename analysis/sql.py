@@ -3,7 +3,7 @@ Parquet dataset (docs/format.md): the same text runs unchanged on DuckDB and on
 Spark SQL (tests/test_sql_engines.py checks both give the same results), so a
 run too large for one machine is summarised where the data lives.
 
-Each query reads the tables by name (``TABLES``): register them as views over ``<dataset>/<table>`` first
+Each query reads the tables by name (``QUERY_TABLES``): register them as views over ``<dataset>/<table>`` first
 (``duckdb_views`` here; in Spark, ``spark.read.parquet(path).createOrReplaceTempView(table)``).
 Only plain SQL: GROUP BY, SUM/COUNT/MIN/MAX/AVG, CASE; no dialect's percentile
 or window functions, so results agree exactly across engines.
@@ -17,7 +17,7 @@ import pandas as pd
 
 from stepscope.core.vocabulary import PHASES
 
-TABLES = ("steps", "phases", "kernels", "kernel_steps", "system")
+QUERY_TABLES = ("steps", "phases", "kernels", "kernel_steps", "system")  # the dataset tables the queries read
 _PHASE_SUMS = ", ".join(f"SUM({p}) AS {p.lower()}_ns" for p in PHASES)
 
 QUERIES: Dict[str, str] = {
@@ -62,7 +62,7 @@ QUERIES: Dict[str, str] = {
 def tables_of(query: str):
     """The dataset tables a query reads."""
     words = set(query.replace(",", " ").split())
-    return [t for t in TABLES if t in words]
+    return [t for t in QUERY_TABLES if t in words]
 
 
 def duckdb_views(con, root: str) -> None:

@@ -19,7 +19,9 @@ import os
 import numpy as np
 import pandas as pd
 
-COLUMNS = ["timestamp", "timestamp_ns", "node", "process", "metric", "device", "value", "unit"]
+from stepscope.analysis.store.schema import SYSTEM_COLUMNS
+
+COLUMNS = SYSTEM_COLUMNS
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # derived metric -> unit

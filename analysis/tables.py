@@ -16,12 +16,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import END_MARK, INTERRUPTED, OTHER, PHASES, TORCH_OP_WINDOW_SPANS
+from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COLUMNS
+from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
 
-STEP_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "start_ns", "end_ns", "duration_ns", *PHASES, OTHER]
-PHASE_COLUMNS = ["process", "pid", "rank", "tid", "mode", "step", "name", "start_ns", "end_ns", "duration_ns",
-                 "exclusive_ns"]
-from stepscope.analysis.gpu import KERNEL_COLUMNS  # noqa: F401,E402 - the kernels table's columns
 
 
 def _rows_of(events: pd.DataFrame, category: str, kind: str) -> np.ndarray:

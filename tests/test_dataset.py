@@ -16,12 +16,12 @@ torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
 from stepscope.analysis import dataset  # noqa: E402
-from stepscope.analysis.run import GPU_TABLES, Run  # noqa: E402
+from stepscope.analysis.run import Run  # noqa: E402
+from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES, RUN_TABLES  # noqa: E402
 from stepscope.analysis.summary import summarize  # noqa: E402
 from stepscope.core.vocabulary import CACHE_DIR, TRACE_FILE  # noqa: E402
 
-TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, "kernel_steps", "kernel_phases", "kernel_names", "ops",
-          "samples", "stacks")
+TABLES = RUN_TABLES
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
     kernel_files = os.listdir(os.path.join(parts._data.root, "kernels", os.listdir(
         os.path.join(parts._data.root, "kernels"))[0]))
     # each part's tables in a file of their own, and nothing else left behind
-    assert len(kernel_files) >= 3 and set(os.listdir(parts._data.root)) <= {*dataset.TABLES, "manifest.json"}
+    assert len(kernel_files) >= 3 and set(os.listdir(parts._data.root)) <= {*DATASET_TABLES, "manifest.json"}
     for table in GPU_TABLES:
         pd.testing.assert_frame_equal(getattr(memory, table), getattr(parts, table), check_categorical=False,
                                       obj=table)

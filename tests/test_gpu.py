@@ -261,7 +261,7 @@ def test_runs_without_gpu_records_have_empty_gpu_tables(run_dir):
     stepscope.end_step()
     s.stop()
     run = stepscope.load(s.path)
-    from stepscope.analysis.gpu import KERNEL_COLUMNS, MEMCPY_COLUMNS, SYNC_COLUMNS
+    from stepscope.analysis.store.schema import KERNEL_COLUMNS, MEMCPY_COLUMNS, SYNC_COLUMNS
 
     assert run.kernels.empty and list(run.kernels.columns) == KERNEL_COLUMNS
     assert run.memcpy.empty and list(run.memcpy.columns) == MEMCPY_COLUMNS

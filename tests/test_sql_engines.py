@@ -99,7 +99,7 @@ def test_spark_sql_gives_duckdbs_results(gpu_dataset):
     _, root = gpu_dataset
     spark = _spark()
     try:
-        for table in sql.TABLES:
+        for table in sql.QUERY_TABLES:
             spark.read.parquet(os.path.join(root, table)).createOrReplaceTempView(table)
         duck = sql.run_duckdb(root)
         for name, query in sql.QUERIES.items():

@@ -42,20 +42,13 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
+from stepscope.analysis.perfetto import write_perfetto
 from stepscope.analysis.run import Run, export_parquet
+from stepscope.analysis.trace_names import CPU_CATS, GPU_CATS, step_name
 from stepscope.core import files
 from stepscope.core.vocabulary import OTHER, PHASES, TRAIN
 
 FORMATS = ("chrome", "perfetto", "parquet", "speedscope", "collapsed")
-# stepscope categories as PyTorch's profiler names them
-CPU_CATS = {"phase": "user_annotation", "annotation": "user_annotation", "op": "cpu_op",
-            "module": "python_function", "framework": "cpu_op"}
-GPU_CATS = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset", "sync": "cuda_sync"}
-
-
-def step_name(mode: str, step: int) -> str:
-    """PyTorch's profiler names train steps ``ProfilerStep#N``; other modes follow suit."""
-    return f"ProfilerStep#{step}" if mode == TRAIN else f"{mode}Step#{step}"
 
 
 def _default_path(run: Run, fmt: str) -> str:
@@ -242,8 +235,6 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
     if fmt == "parquet":
         return export_parquet(run, out)
     if fmt == "perfetto" and not out.endswith(".json.gz"):
-        from stepscope.analysis.perfetto import write_perfetto
-
         return write_perfetto(run, out, progress)
     ev = run.events
     starts = [int(ev["start_ns"].min())] if len(ev) else []

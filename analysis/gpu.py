@@ -22,9 +22,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis import gpu_raw
 from stepscope.analysis.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
-from stepscope.analysis.store.schema import GPU_TABLES
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 
@@ -240,27 +238,3 @@ def idle_after(sync: pd.DataFrame, kernels: pd.DataFrame) -> np.ndarray:
         at = order[first]
         out[rows[at]] = np.clip(starts[nxt[at]] - ends[at], 0, None)
     return out
-
-
-def gpu_tables(raw, steps: pd.DataFrame, phases: pd.DataFrame, other_api: Optional[list] = None,
-               timeline: Optional[Timeline] = None) -> dict:
-    """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records
-    (``gpu_raw.raw_columns`` of one process, or ``raw_frame``'s DataFrame of any number).
-    ``other_api``: ``gpu_raw.api_keys`` of the parts of the same process's trace before
-    and after this one, where the launches of device records near its ends may be."""
-    from stepscope.analysis import gpu_build
-
-    cols = gpu_raw.columns_of(raw)
-    timeline = timeline or Timeline(steps, phases)
-    process = cols["process"]
-    codes = np.asarray(process.codes)
-    present = np.flatnonzero(np.bincount(codes, minlength=len(process.categories))) if len(codes) else []
-    if len(present) <= 1:
-        parts = [gpu_build.process_tables(cols, None, timeline, other_api)]
-    else:
-        parts = [gpu_build.process_tables(cols, np.flatnonzero(codes == c), timeline, None) for c in present]
-    if len(parts) == 1:
-        return parts[0]
-    from stepscope.analysis.dataset import _concat
-
-    return {table: _concat([p[table] for p in parts]) for table in GPU_TABLES}

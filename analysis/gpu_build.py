@@ -16,8 +16,30 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis import gpu, gpu_raw
-from stepscope.analysis.store.schema import API_COLUMNS, KERNEL_COLUMNS, MEMCPY_COLUMNS, MEMSET_COLUMNS, SYNC_COLUMNS
+from stepscope.analysis.store.frames import concat
+from stepscope.analysis.store.schema import (API_COLUMNS, GPU_TABLES, KERNEL_COLUMNS, MEMCPY_COLUMNS, MEMSET_COLUMNS,
+                                             SYNC_COLUMNS)
 from stepscope.core import decoding
+
+
+def gpu_tables(raw, steps: pd.DataFrame, phases: pd.DataFrame, other_api: Optional[list] = None,
+               timeline: Optional["gpu.Timeline"] = None) -> dict:
+    """{"kernels", "memcpy", "memset", "sync", "cuda_api"} from the raw GPU records
+    (``gpu_raw.raw_columns`` of one process, or ``raw_frame``'s DataFrame of any number).
+    ``other_api``: ``gpu_raw.api_keys`` of the parts of the same process's trace before
+    and after this one, where the launches of device records near its ends may be."""
+    cols = gpu_raw.columns_of(raw)
+    timeline = timeline or gpu.Timeline(steps, phases)
+    process = cols["process"]
+    codes = np.asarray(process.codes)
+    present = np.flatnonzero(np.bincount(codes, minlength=len(process.categories))) if len(codes) else []
+    if len(present) <= 1:
+        parts = [process_tables(cols, None, timeline, other_api)]
+    else:
+        parts = [process_tables(cols, np.flatnonzero(codes == c), timeline, None) for c in present]
+    if len(parts) == 1:
+        return parts[0]
+    return {table: concat([p[table] for p in parts]) for table in GPU_TABLES}
 
 
 def _used(values: pd.Categorical) -> pd.Categorical:

@@ -16,6 +16,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.reader import names_with_placeholders, wall_offset
+
 RAW_COLUMNS = ["process", "pid", "rank", "host", "type", "sub", "sub2", "device", "stream", "name", "correlation",
                "thread", "start_ns", "end_ns", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
                "block_z", "registers", "static_smem", "dynamic_smem"]
@@ -39,8 +41,6 @@ def unique_names(names: List[str]):
 def raw_columns(p) -> Optional[Dict[str, object]]:
     """One decoded process's GPU records as columns sorted by start (wall-clock ns, as
     events); None when it has none."""
-    from stepscope.analysis.reader import names_with_placeholders, wall_offset
-
     c = p.columns
     g = None if c is None else c.get("gpu")
     if g is None or len(g["type"]) == 0:

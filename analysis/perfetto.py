@@ -25,6 +25,8 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.gpu_activity import device_operations, host_launches
+from stepscope.analysis.trace_names import CPU_CATS, GPU_CATS, step_name
 from stepscope.core import files
 from stepscope.core.vocabulary import PROCESS_JSON
 
@@ -170,9 +172,6 @@ def _thread_names(run, process: str) -> dict:
 
 
 def _collect(run) -> _Tracks:
-    from stepscope.analysis.export import CPU_CATS, GPU_CATS, step_name
-    from stepscope.analysis.gpu_activity import device_operations, host_launches
-
     tracks = _Tracks()
     procs = run.processes
     ev = run.events

@@ -16,7 +16,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.samples import lost_samples
+from stepscope.analysis.store.stacks import lost_samples
 from stepscope.core import decoding, metadata
 from stepscope.core.vocabulary import (CATEGORIES, DEFAULT_DIR, EVENT_KINDS, MAX_CATEGORIES, PROCESS_JSON,
                                        TRACE_FILE)
@@ -191,7 +191,7 @@ def wall_offset(meta: dict) -> int:
             + int(meta.get("clock_correction_ns") or 0))
 
 
-def _start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Order by start time, longer spans first where starts are equal (parents before
     children). Files are nearly in start order already, where a stable sort is fast."""
     order = np.argsort(start, kind="stable")
@@ -218,7 +218,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
     stays near one copy of the run rather than three."""
     live = [p for p in procs if p.columns is not None and len(p.columns["start"])]
     if not live:
-        return _empty_events()
+        return empty_events()
     total = sum(len(p.columns["start"]) for p in live)
     out = {k: np.empty(total, dtype=t) for k, t in (
         ("process", np.int32), ("host", np.int32), ("pid", np.int32), ("rank", np.int32), ("rank_na", bool),
@@ -234,7 +234,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
         offset = wall_offset(p.meta)
         np.add(c["start"], offset, out=c["start"])
         np.add(c["end"], offset, out=c["end"])
-        order = _start_order(c["start"], c["end"])
+        order = start_order(c["start"], c["end"])
         # Map this process's name ids onto the run-wide name list.
         local, codes = names_with_placeholders(list(c["names"]), c.pop("name"))
         remap = np.array([name_ids.setdefault(nm, len(name_ids)) for nm in local], dtype=np.int32)
@@ -275,7 +275,7 @@ def events_frame(procs: List[ProcessTrace]) -> pd.DataFrame:
     }, copy=False)
 
 
-def _empty_events() -> pd.DataFrame:
+def empty_events() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in [
         ("process", "category"), ("pid", "int32"), ("host", "category"), ("rank", "Int32"),
         ("tid", "int64"), ("kind", "category"), ("category", "category"), ("name", "category"),

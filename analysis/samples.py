@@ -18,122 +18,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.store.schema import SAMPLE_COLUMNS, STACK_COLUMNS
+from stepscope.analysis.store.schema import SAMPLE_COLUMNS
+from stepscope.analysis.tables import attribute_to_steps
 from stepscope.core.vocabulary import OTHER
 
 FUNCTION_COLUMNS = ["phase", "function", "file", "self_samples", "total_samples", "self_s", "total_s",
                     "self_share", "total_share"]
-
-
-UNDEFINED = 0xFFFFFFFF  # the reader's mark for a frame or stack no chunk defined (a lost chunk)
-
-
-def stack_validity(py: dict) -> np.ndarray:
-    """Per stack id of one process: whether the whole stack can be read (every frame and
-    string it names is defined, its parents too). Damage that loses a PYSTACKS chunk
-    leaves stacks pointing at entries that were never defined."""
-    strings = len(py["strings"])
-    ff, fl = py["frame_func"].astype(np.int64), py["frame_file"].astype(np.int64)
-    parents, frames = py["stack_parent"].astype(np.int64), py["stack_frame"].astype(np.int64)
-    n = len(parents)
-    frame_ok = (ff < strings) & (fl < strings) & (ff >= 0) & (fl >= 0)
-    own = (frames >= 0) & (frames < len(ff))
-    own[own] = frame_ok[frames[own]]
-    # a parent is always interned before its child: anything else is damage
-    own &= (parents == -1) | ((parents >= 0) & (parents < np.arange(n)))
-    ok = own.copy()
-    has_parent = own & (parents >= 0)  # (own: the parent id is below the stack's own)
-    while True:  # a stack is readable when its parent is: settles within the deepest stack's depth
-        nxt = own.copy()
-        nxt[has_parent] &= ok[parents[has_parent]]
-        if np.array_equal(nxt, ok):
-            return ok
-        ok = nxt
-
-
-def readable_samples(py: dict, valid: np.ndarray = None) -> np.ndarray:
-    """Which samples of one process have a stack that can be read."""
-    stack = py["stack"].astype(np.int64)
-    valid = stack_validity(py) if valid is None else valid
-    keep = stack < len(valid)
-    keep[keep] = valid[stack[keep]]
-    return keep
-
-
-def lost_samples(py: Optional[dict]) -> int:
-    """How many samples of one process lost their stack to damage."""
-    if not py or not len(py["time"]):
-        return 0
-    return int((~readable_samples(py)).sum())
-
-
-def raw_frames(procs) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    """(raw samples, stacks) from decoded process traces (before their columns are released).
-    Each process's stack ids are mapped onto run-wide ones: same frames, same id."""
-    from stepscope.analysis.reader import wall_offset
-
-    ids: Dict[tuple, int] = {}
-    st_parent: List[int] = []
-    st_depth: List[int] = []
-    st_leaf: List[tuple] = []
-    parts = []
-    for p in procs:
-        py = (p.columns or {}).get("py")
-        if not py or not len(py["time"]):
-            continue
-        strings = list(py["strings"])
-        ff, fl, fline = py["frame_func"], py["frame_file"], py["frame_line"]
-        parents, frames = py["stack_parent"], py["stack_frame"]
-        local = np.full(len(parents), -1, dtype=np.int64)
-        valid = stack_validity(py)
-        for i in np.flatnonzero(valid):  # a parent is always interned before its children
-            fr = int(frames[i])
-            par = int(parents[i])
-            gpar = int(local[par]) if 0 <= par < i else -1
-            leaf = (strings[ff[fr]], strings[fl[fr]], int(fline[fr]))
-            key = (gpar, *leaf)
-            gid = ids.get(key)
-            if gid is None:
-                gid = ids[key] = len(ids)
-                st_parent.append(gpar)
-                st_depth.append(st_depth[gpar] + 1 if gpar >= 0 else 0)
-                st_leaf.append(leaf)
-            local[i] = gid
-        meta = p.meta
-        rank = meta.get("rank") if meta.get("rank") is not None else meta.get("parent_rank")
-        keep = readable_samples(py, valid)  # the samples whose stacks were lost are dropped (counted by the reader)
-        n = int(keep.sum())
-        if not n:
-            continue
-        tids = py["tid"].astype(np.int64)[keep]
-        names = {int(k): str(v) for k, v in (meta.get("threads") or {}).items() if str(k).isdigit()}
-        tid_set, where = np.unique(np.asarray(tids), return_inverse=True)
-        thread = np.array([names.get(int(t), "") for t in tid_set], dtype=object)[where]
-        parts.append(pd.DataFrame({
-            "process": os.path.basename(p.folder), "pid": int(meta.get("pid", -1)),
-            "rank": pd.array([rank] * n, dtype="Int64"),
-            "tid": tids, "thread": thread,
-            "time_ns": py["time"].astype(np.int64)[keep] + wall_offset(meta),
-            "interval_ns": np.int64(py["interval_ns"] or 10_000_000),
-            "stack": local[py["stack"].astype(np.int64)[keep]]}))
-    stacks = pd.DataFrame({
-        "stack": np.arange(len(st_parent), dtype=np.int64), "parent": np.array(st_parent, dtype=np.int64),
-        "depth": np.array(st_depth, dtype=np.int64),
-        "function": [f for f, _, _ in st_leaf], "file": [f for _, f, _ in st_leaf],
-        "line": np.array([ln for _, _, ln in st_leaf], dtype=np.int64)}, columns=STACK_COLUMNS)
-    raw = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        {c: pd.Series(dtype=t) for c, t in [("process", "object"), ("pid", "int64"), ("rank", "Int64"),
-                                             ("tid", "int64"), ("thread", "object"), ("time_ns", "int64"),
-                                             ("interval_ns", "int64"), ("stack", "int64")]})
-    raw["process"] = raw["process"].astype("category")
-    raw["thread"] = raw["thread"].astype("category")
-    return raw, stacks
 
 
 def _innermost(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -164,7 +59,6 @@ def _innermost(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.nd
 def samples_frame(raw: pd.DataFrame, stacks: pd.DataFrame, steps: pd.DataFrame,
                   phases: pd.DataFrame) -> pd.DataFrame:
     """The samples table: raw samples with their leaf frame, step, mode and phase."""
-    from stepscope.analysis.tables import _attribute
 
     n = len(raw)
     stack = raw["stack"].to_numpy()
@@ -186,7 +80,7 @@ def samples_frame(raw: pd.DataFrame, stacks: pd.DataFrame, steps: pd.DataFrame,
         for proc in np.unique(procs):
             mine = np.flatnonzero(procs == proc)
             sub = np.empty(len(mine), dtype=np.int64)
-            _attribute(steps, proc, times[mine], sub, tids[mine])
+            attribute_to_steps(steps, proc, times[mine], sub, tids[mine])
             labels[mine] = sub
         has = labels >= 0
         rows = steps.loc[labels[has]]

@@ -15,6 +15,7 @@ from typing import Dict
 
 import pandas as pd
 
+from stepscope.analysis.store import dataset_read
 from stepscope.core.vocabulary import PHASES
 
 QUERY_TABLES = ("steps", "phases", "kernels", "kernel_steps", "system")  # the dataset tables the queries read
@@ -67,9 +68,7 @@ def tables_of(query: str):
 
 def duckdb_views(con, root: str) -> None:
     """Views named after the tables over the dataset at ``root`` (nothing is loaded)."""
-    from stepscope.analysis import dataset
-
-    dataset.duckdb_views(con, root)
+    dataset_read.duckdb_views(con, root)
 
 
 def run_duckdb(root: str, names=None) -> Dict[str, pd.DataFrame]:

@@ -118,7 +118,7 @@ def exclusive_durations(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> 
     return out
 
 
-def _attribute(steps: pd.DataFrame, process: str, starts: np.ndarray, out: np.ndarray,
+def attribute_to_steps(steps: pd.DataFrame, process: str, starts: np.ndarray, out: np.ndarray,
                tids: Optional[np.ndarray] = None) -> None:
     """Writes into ``out`` the row labels of the steps (of one process) that contain each
     start time, or -1. In place: on large runs every temporary here is tens of MB.
@@ -182,7 +182,7 @@ def phases_frame(events: pd.DataFrame, steps: pd.DataFrame):
     excl = col["duration_ns"].copy()
     for code, mine in _process_blocks(processes.cat.codes.to_numpy()):
         start, end, tid = col["start_ns"][mine], col["end_ns"][mine], col["tid"][mine]
-        _attribute(steps, processes.cat.categories[code], start, labels[mine], tid)
+        attribute_to_steps(steps, processes.cat.categories[code], start, labels[mine], tid)
         counted = np.isin(codes[mine], counted_codes)
         if counted.all():  # the usual case: views, no copies
             excl[mine] = exclusive_durations(start, end, tid)

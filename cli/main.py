@@ -11,13 +11,10 @@ import subprocess
 import sys
 from typing import List, Optional
 
+from stepscope.cli.args import UsageError, rule_params
 from stepscope.core import config as _config
 from stepscope.core import metadata, runinfo
 from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES, RUN_JSON
-
-
-class UsageError(Exception):
-    pass
 
 
 def _run_command(args) -> int:
@@ -72,18 +69,6 @@ def _run_command(args) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _rule_params(args):
-    """Custom rules first (--rules module:Class), so --param can name them too."""
-    from stepscope.analysis.rules import ParamError, RuleLoadError, load_spec, parse_params
-
-    try:
-        for spec in getattr(args, "rules", None) or []:
-            load_spec(spec)
-        return parse_params(args.param)
-    except (ParamError, RuleLoadError) as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _fail_level(args):
     from stepscope.analysis.rules.base import fail_level
 
@@ -111,7 +96,7 @@ def _summary_command(args) -> int:
     from stepscope.analysis.summary import format_text, summarize
 
     level = _fail_level(args)
-    params = _rule_params(args)
+    params = rule_params(args)
     from stepscope.cli.merge import run_path
 
     with _run_errors(), run_path(args.run, UsageError) as path:
@@ -132,7 +117,7 @@ def _diff_command(args) -> int:
     level = _fail_level(args)
     if args.max_regression is not None and args.max_regression < 0:
         raise UsageError(f"--max-regression {args.max_regression:g}: expected a percentage >= 0")
-    params = _rule_params(args)
+    params = rule_params(args)
     with _run_errors():
         d = diff(args.run_a, args.run_b, params, max_regression=args.max_regression)
     print(json.dumps(d, indent=2) if args.json else format_diff(d))
@@ -148,7 +133,7 @@ def _report_command(args) -> int:
     from stepscope.analysis.report import write_report
     from stepscope.analysis.timeline_detail import parse_steps
 
-    params = _rule_params(args)
+    params = rule_params(args)
     try:
         steps = parse_steps(args.steps) if args.steps else None
     except ValueError:

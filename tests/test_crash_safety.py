@@ -72,7 +72,7 @@ def test_truncated_file_loads_the_prefix_with_a_warning(tmp_path):
 def test_corrupt_chunk_is_skipped_and_named(tmp_path, monkeypatch, in_parts):
     """Read at once, or through a dataset built a part at a time (each part checks the
     checksums of the chunks it decodes): the damaged chunk is named once, the rest kept."""
-    from stepscope.analysis import dataset
+    from stepscope.analysis.store import dataset_build
 
     path, trace = _write_run(tmp_path, "corrupt")
     size = os.path.getsize(trace)
@@ -82,7 +82,7 @@ def test_corrupt_chunk_is_skipped_and_named(tmp_path, monkeypatch, in_parts):
         f.seek(size // 2)
         f.write(bytes([b[0] ^ 0xFF]))
     if in_parts:
-        monkeypatch.setattr(dataset, "PART_BYTES", max(size // 5, 1024))
+        monkeypatch.setattr(dataset_build, "PART_BYTES", max(size // 5, 1024))
     with pytest.warns(UserWarning, match=r"trace\.ssc: (checksum mismatch|corrupt).*offset \d+") as caught:
         r = stepscope.load(path, dataset=in_parts)
     named = [w for w in caught if "checksum mismatch" in str(w.message) or "corrupt" in str(w.message)]

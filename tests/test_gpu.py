@@ -242,7 +242,7 @@ def test_gpu_tables_survive_the_parquet_cache(run_dir):
     for t in threading_enumerate_cache_writers():
         t.join()
     again = stepscope.load(s.path)
-    assert getattr(again, "_from_cache", False)
+    assert again._store.from_cache
     second = again.kernels
     assert len(second) == len(first) == len(launches) + 1
     assert (second["step"].to_numpy() == first["step"].to_numpy()).all()

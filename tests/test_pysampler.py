@@ -294,7 +294,7 @@ def test_samples_survive_the_parquet_cache(trained):
         if t.name == "stepscope-parquet-cache":
             t.join()
     cached = stepscope.load(run.path, quiet=True)
-    assert getattr(cached, "_from_cache", False)
+    assert cached._store.from_cache
     b = cached.samples
     assert len(b) == len(a) > 0
     assert (a["stack"].to_numpy() == b["stack"].to_numpy()).all() and (a["time_ns"] == b["time_ns"]).all()

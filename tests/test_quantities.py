@@ -26,14 +26,15 @@ def test_analysis_imports_nothing_from_the_command_line():
     assert not offenders, offenders
 
 
-def test_summary_and_diff_live_in_analysis_and_keep_their_old_names():
-    from stepscope.analysis import diff as analysis_diff
-    from stepscope.analysis import summary as analysis_summary
-    from stepscope.cli.diff import diff, format_diff
-    from stepscope.cli.summary import format_text, summarize
+def test_summary_and_diff_live_in_analysis_alone():
+    """One home each (issue 42): the command line has no copies or re-exports of them."""
+    import importlib.util
 
-    assert summarize is analysis_summary.summarize and format_text is analysis_summary.format_text
-    assert diff is analysis_diff.diff and format_diff is analysis_diff.format_diff
+    from stepscope.analysis.diff import diff, format_diff  # noqa: F401
+    from stepscope.analysis.summary import format_text, summarize  # noqa: F401
+
+    assert importlib.util.find_spec("stepscope.cli.diff") is None
+    assert importlib.util.find_spec("stepscope.cli.summary") is None
 
 
 # --- real runs ----------------------------------------------------------------------------

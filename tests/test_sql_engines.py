@@ -31,7 +31,7 @@ def gpu_dataset(tmp_path_factory):
     finally:
         os.environ.pop("STEPSCOPE_DIR", None)
     run = stepscope.load(s.path, dataset=True)
-    return run, run._data.root
+    return run, run._store.root
 
 
 def test_duckdb_results_are_the_summarys(gpu_dataset):

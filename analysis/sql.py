@@ -16,21 +16,23 @@ from typing import Dict
 import pandas as pd
 
 from stepscope.analysis.store import dataset_read
-from stepscope.core.vocabulary import PHASES
+from stepscope.analysis.quantities import OTHER, TRAIN, phase_sums_sql, phase_total_column
 
 QUERY_TABLES = ("steps", "phases", "kernels", "kernel_steps", "system")  # the dataset tables the queries read
-_PHASE_SUMS = ", ".join(f"SUM({p}) AS {p.lower()}_ns" for p in PHASES)
+_PHASE_SUMS = phase_sums_sql()
+_OTHER_SUM = f"SUM({OTHER}) AS {phase_total_column(OTHER)}"
 
 QUERIES: Dict[str, str] = {
     # The summary's step statistics per mode (count, total, mean, extremes).
     "steps_by_mode": """
         SELECT mode, COUNT(*) AS steps, SUM(duration_ns) AS total_ns, MIN(duration_ns) AS min_ns,
-               MAX(duration_ns) AS max_ns, SUM(Other) AS other_ns, """ + _PHASE_SUMS + """
+               MAX(duration_ns) AS max_ns, """ + _OTHER_SUM + ", " + _PHASE_SUMS + """
         FROM steps GROUP BY mode ORDER BY mode""",
-    # Phase shares of train step time (GetNextBottleneck's and the summary's figure), per process.
+    # Phase shares of train step time (GetNextBottleneck's and the summary's figure, quantities.phase_shares'
+    # sums over the train steps), per process.
     "train_phases_by_process": """
         SELECT process, COUNT(*) AS steps, SUM(duration_ns) AS total_ns, """ + _PHASE_SUMS + """
-        FROM steps WHERE mode = 'train' GROUP BY process ORDER BY process""",
+        FROM steps WHERE mode = '""" + TRAIN + """' GROUP BY process ORDER BY process""",
     # Steps per rank and mode (LoadBalancing across ranks, missing ranks).
     "steps_by_rank": """
         SELECT process, mode, COUNT(*) AS steps, MIN(start_ns) AS first_ns, MAX(end_ns) AS last_ns

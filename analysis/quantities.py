@@ -37,7 +37,7 @@ def phase_total_column(phase: str) -> str:
 
 def phase_sums_sql() -> str:
     """Portable SQL select items: each phase's time summed over the steps (``phase_shares``'
-    numerators), one ``phase_total_column`` each; analysis/sql.py runs them."""
+    numerators), one ``phase_total_column`` each; analysis/export/sql.py runs them."""
     return ", ".join(f"SUM({p}) AS {phase_total_column(p)}" for p in PHASES)
 
 

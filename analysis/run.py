@@ -14,8 +14,8 @@ from typing import Optional
 
 import pandas as pd
 
-from stepscope.analysis import ops, samples as pysamples
-from stepscope.analysis.reader import RunFormatError, resolve_run_path
+from stepscope.analysis.tables import ops, samples as pysamples
+from stepscope.analysis.store.reader import RunFormatError, resolve_run_path
 from stepscope.analysis.store.choose import open_store
 from stepscope.analysis.store.memory import overlapping_rows
 from stepscope.analysis.store.schema import GPU_TABLES, RUN_TABLES  # noqa: F401 - GPU_TABLES: the run's API
@@ -113,7 +113,7 @@ class Run:
 
     @property
     def ops(self) -> pd.DataFrame:
-        """Operator events of the sampled steps, with phase, self time, shapes (analysis/ops.py)."""
+        """Operator events of the sampled steps, with phase, self time, shapes (analysis/tables/ops.py)."""
         if "ops" not in self._derived:
             self._derived["ops"] = ops.ops_frame(self.select(categories=["op"]), self.steps, self.phases)
         return self._derived["ops"]
@@ -132,7 +132,7 @@ class Run:
     @property
     def kernel_steps(self) -> pd.DataFrame:
         """Compute kernels per (process, device, step): count, time, busy time, gaps and
-        launch gaps (analysis/kernel_steps.py). A large run reads it without its kernels."""
+        launch gaps (analysis/tables/kernel_steps.py). A large run reads it without its kernels."""
         return self._store.table("kernel_steps")
 
     @property
@@ -169,7 +169,7 @@ class Run:
 
     @property
     def kernels(self) -> pd.DataFrame:
-        """GPU kernels, each with its launch, step, phase and precision (analysis/gpu.py)."""
+        """GPU kernels, each with its launch, step, phase and precision (analysis/tables/gpu.py)."""
         return self._gpu("kernels")
 
     @property
@@ -190,7 +190,7 @@ class Run:
 
     @property
     def samples(self) -> pd.DataFrame:
-        """Python stack samples with their leaf frame, step, mode and phase (analysis/samples.py)."""
+        """Python stack samples with their leaf frame, step, mode and phase (analysis/tables/samples.py)."""
         if "samples" not in self._derived:
             raw = self._store.py_raw()
             self._derived["stacks"] = raw[1]

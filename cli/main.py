@@ -56,8 +56,8 @@ def _run_command(args) -> int:
     if os.path.isdir(run_dir):
         try:
             from stepscope.analysis import load
-            from stepscope.analysis.report import write_report
-            from stepscope.analysis.summary import format_text, summarize
+            from stepscope.analysis.report.page import write_report
+            from stepscope.analysis.report.summary import format_text, summarize
 
             run = load(run_dir, quiet=True)
             print(format_text(summarize(run)), file=sys.stderr)
@@ -93,7 +93,7 @@ def _run_errors():
 
 def _summary_command(args) -> int:
     from stepscope.analysis.rules.base import at_or_above
-    from stepscope.analysis.summary import format_text, summarize
+    from stepscope.analysis.report.summary import format_text, summarize
 
     level = _fail_level(args)
     params = rule_params(args)
@@ -112,7 +112,7 @@ def _summary_command(args) -> int:
 
 
 def _diff_command(args) -> int:
-    from stepscope.analysis.diff import diff, format_diff, gate
+    from stepscope.analysis.report.diff import diff, format_diff, gate
 
     level = _fail_level(args)
     if args.max_regression is not None and args.max_regression < 0:
@@ -130,8 +130,8 @@ def _diff_command(args) -> int:
 
 def _report_command(args) -> int:
     from stepscope.analysis import load
-    from stepscope.analysis.report import write_report
-    from stepscope.analysis.timeline_detail import parse_steps
+    from stepscope.analysis.report.page import write_report
+    from stepscope.analysis.report.timeline_detail import parse_steps
 
     params = rule_params(args)
     try:
@@ -150,8 +150,8 @@ def _report_command(args) -> int:
 
 def _export_command(args) -> int:
     from stepscope.analysis import load
-    from stepscope.analysis.export import export
-    from stepscope.analysis.timeline_detail import parse_steps
+    from stepscope.analysis.export.formats import export
+    from stepscope.analysis.report.timeline_detail import parse_steps
 
     with _run_errors():
         run = load(args.run, quiet=True)
@@ -175,7 +175,7 @@ def _export_command(args) -> int:
 
 
 def _ls_command(args) -> int:
-    from stepscope.analysis.reader import process_folders
+    from stepscope.analysis.store.reader import process_folders
 
     root = args.dir or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR
     if not os.path.isdir(root):

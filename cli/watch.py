@@ -103,7 +103,7 @@ def _handle(f: dict, args, path: str) -> None:
 
 
 def watch_command(args) -> int:
-    from stepscope.analysis.reader import RunFormatError, resolve_run_path
+    from stepscope.analysis.store.reader import RunFormatError, resolve_run_path
 
     try:
         timeout = parse_seconds(args.timeout, "--timeout") if args.timeout else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.tables import _attribute
+from stepscope.analysis.tables.stepping import _attribute
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, MODES
 
 MODE_KEYS = {mode: f"Step:ModeKeys.{mode.upper()}" for mode in MODES}  # train -> Step:ModeKeys.TRAIN

@@ -140,7 +140,7 @@ def _job(tmp_path, name, steps, pause, how, flush_ms=1000, wait=True):
 
 
 def _summary(path):
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -151,9 +151,9 @@ def _summary(path):
 def test_a_run_that_ended_without_closing_says_so_everywhere(tmp_path, how):
     """os._exit and SIGKILL after 12 steps (the last ones inside the last flush interval):
     the summary, its JSON, the report and diff say the run did not close and what is lost."""
-    from stepscope.analysis.diff import diff, format_diff
-    from stepscope.analysis.report import write_report
-    from stepscope.analysis.summary import format_text
+    from stepscope.analysis.report.diff import diff, format_diff
+    from stepscope.analysis.report.page import write_report
+    from stepscope.analysis.report.summary import format_text
 
     _, clean_path = _job(tmp_path, "clean", 12, 0.1, "end")
     _, path = _job(tmp_path, "hard", 12, 0.1, how)

@@ -18,7 +18,7 @@ import stepscope  # noqa: E402
 from stepscope.analysis.store import dataset_build, dataset_read  # noqa: E402
 from stepscope.analysis.run import Run  # noqa: E402
 from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES, RUN_TABLES  # noqa: E402
-from stepscope.analysis.summary import summarize  # noqa: E402
+from stepscope.analysis.report.summary import summarize  # noqa: E402
 from stepscope.core.vocabulary import CACHE_DIR, TRACE_FILE  # noqa: E402
 
 TABLES = RUN_TABLES
@@ -173,7 +173,7 @@ def test_a_live_run_decodes_only_what_is_new(run_dir, monkeypatch):
     parts written since, and every table is the same as decoded at once."""
     import time
 
-    from stepscope.analysis import reader
+    from stepscope.analysis.store import reader
     from stepscope.analysis.store.dataset_store import LIVE_DIR
 
     monkeypatch.setenv("STEPSCOPE_FLUSH_MS", "10")
@@ -277,9 +277,9 @@ def test_a_damaged_trace_keeps_what_is_readable(worker_run, tmp_path):
 def test_the_report_of_a_large_gpu_run_holds_no_kernels(gpu_run, tmp_path, monkeypatch):
     """Issue 13: the GPU section of a large run's report comes from the kernels aggregated
     per step, and its timeline's GPU rows read only the chosen steps' operations."""
-    from stepscope.analysis import timeline
+    from stepscope.analysis.report import timeline
     from stepscope.analysis.gpu_activity import device_operations
-    from stepscope.analysis.report import render
+    from stepscope.analysis.report.page import render
 
     path = _copy(gpu_run, tmp_path, "run")
     memory = stepscope.load(path, cache=False)
@@ -316,7 +316,7 @@ def test_export_of_a_window_of_steps(gpu_run, tmp_path, monkeypatch):
     (their spans, steps, kernels), read from a large run without its events or kernels."""
     import glob
 
-    from stepscope.analysis.export import export, step_windows
+    from stepscope.analysis.export.formats import export, step_windows
 
     path = _copy(gpu_run, tmp_path, "run")
     memory = stepscope.load(path, cache=False)
@@ -345,8 +345,8 @@ def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_p
     """Issue 13: the report of a large run never builds its events table. Its timeline keeps every
     span of the steps chosen for meaning (read with a time filter pushed into the scan), the
     same spans as from memory, and only the phases elsewhere."""
-    from stepscope.analysis import timeline
-    from stepscope.analysis.report import render
+    from stepscope.analysis.report import timeline
+    from stepscope.analysis.report.page import render
 
     path = _copy(worker_run, tmp_path, "run")
     memory = stepscope.load(path, cache=False)

@@ -128,7 +128,7 @@ def test_ddp_straggler_is_named(tmp_path, monkeypatch):
     import stepscope
     from stepscope.analysis.store import dataset_read
     from stepscope.analysis.run import Run
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     path = tmp_path / "runs" / "straggler"
     memory = summarize(stepscope.load(path, cache=False, quiet=True))

@@ -1,4 +1,4 @@
-"""The core aggregations (analysis/sql.py) run unchanged on DuckDB and on Spark SQL
+"""The core aggregations (analysis/export/sql.py) run unchanged on DuckDB and on Spark SQL
 over a run's Parquet dataset, with equal results, and agree with the summary.
 
 Spark runs in local mode on Java (tests/setup_java.sh installs Debian's
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 import stepscope
-from stepscope.analysis import sql
-from stepscope.analysis.summary import summarize
+from stepscope.analysis.export import sql
+from stepscope.analysis.report.summary import summarize
 
 
 @pytest.fixture(scope="module")

@@ -27,15 +27,15 @@ from typing import Dict, List, Optional
 
 import pandas as pd
 
-from stepscope.analysis import gpu, gpu_build, gpu_raw, kernel_steps, tables
-from stepscope.analysis import reader
-from stepscope.analysis.reader import PROGRESS_BYTES, empty_events, events_frame, start_order
+from stepscope.analysis.store import gpu_raw, reader
+from stepscope.analysis.tables import gpu, gpu_build, kernel_steps, stepping
+from stepscope.analysis.store.reader import PROGRESS_BYTES, empty_events, events_frame, start_order
 from stepscope.analysis.store import py_samples
 from stepscope.analysis.store.dataset_files import link_or_copy, partition_dir, safe_partition, write_file
 from stepscope.analysis.store.dataset_live import DERIVED_FROM, ended, keep_part, reused_part, trace_identity
 from stepscope.analysis.store.frames import concat
 from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES
-from stepscope.analysis.system import system_frame
+from stepscope.analysis.tables.system import system_frame
 from stepscope.core.vocabulary import TRACE_FILE
 
 PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)
@@ -132,7 +132,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             .reset_index(drop=True)
     else:
         kept = kept[0] if kept else empty_events()
-    steps, phases = tables.steps_and_phases(kept)
+    steps, phases = stepping.steps_and_phases(kept)
     out = {"steps": steps, "phases": phases, "system": system_frame(kept)}
     del kept
     # GPU records a part at a time (a GPU trace is mostly kernels): each part's tables are
@@ -314,7 +314,7 @@ def empty_tables() -> Dict[str, pd.DataFrame]:
     """Each table with no rows, as the in-memory builders make it (same columns and dtypes):
     what the dataset's reader gives for a table no process has rows of."""
     events = empty_events()
-    steps, phases = tables.steps_and_phases(events)
+    steps, phases = stepping.steps_and_phases(events)
     out = {"events": events, "steps": steps, "phases": phases, "system": system_frame(events)}
     out.update(gpu_build.gpu_tables(gpu_raw.empty_raw(), steps, phases))
     out.update(kernel_steps.aggregate(out["kernels"]))

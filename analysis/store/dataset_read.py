@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.reader import start_order
+from stepscope.analysis.store.reader import start_order
 from stepscope.analysis.store.dataset_files import COLUMNS_KEY, PARTITION, partition_dir
 from stepscope.analysis.store.frames import concat
 from stepscope.analysis.store.py_samples import raw_frames
@@ -246,7 +246,7 @@ class Dataset:
             columns=STACK_COLUMNS)
         raw = pd.concat(parts, ignore_index=True)
         raw["process"] = raw["process"].astype(str).astype("category")
-        if "thread" in raw:  # categorical, as analysis/samples.py builds it in memory
+        if "thread" in raw:  # categorical, as analysis/tables/samples.py builds it in memory
             raw["thread"] = raw["thread"].astype(str).astype("category")
         return raw, stacks
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 import pandas as pd
 
-from stepscope.analysis.reader import ProcessTrace, process_folders
+from stepscope.analysis.store.reader import ProcessTrace, process_folders
 from stepscope.analysis.store import dataset_build
 from stepscope.analysis.store.dataset_read import Dataset, duckdb_views, overlapping
 from stepscope.analysis.store.memory import select_rows  # (a dataset small enough to hold its events)

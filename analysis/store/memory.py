@@ -15,11 +15,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis import gpu_build, gpu_raw, kernel_steps, tables
-from stepscope.analysis.reader import ProcessTrace, events_frame, read_processes
+from stepscope.analysis.store import gpu_raw
+from stepscope.analysis.tables import gpu_build, kernel_steps, stepping
+from stepscope.analysis.store.reader import ProcessTrace, events_frame, read_processes
 from stepscope.analysis.store import py_samples
 from stepscope.analysis.store.schema import CACHE_VERSION, GPU_TABLES, KERNEL_AGGREGATES
-from stepscope.analysis.system import system_frame
+from stepscope.analysis.tables.system import system_frame
 from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR
 
@@ -92,7 +93,7 @@ class MemoryStore:
         if name == "events":
             t["events"] = self._cached_events()
         elif name in ("steps", "phases"):
-            t["steps"], t["phases"] = tables.steps_and_phases(self.table("events"))
+            t["steps"], t["phases"] = stepping.steps_and_phases(self.table("events"))
         elif name == "system":
             t["system"] = system_frame(self.table("events"))
         elif name in GPU_TABLES:

@@ -9,7 +9,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.reader import wall_offset
+from stepscope.analysis.store.reader import wall_offset
 from stepscope.analysis.store.schema import STACK_COLUMNS
 from stepscope.analysis.store.stacks import readable_samples, stack_validity
 

@@ -22,7 +22,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
+from stepscope.analysis.store.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 

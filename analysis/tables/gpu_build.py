@@ -1,4 +1,4 @@
-"""The GPU tables of one process from its raw records' columns (analysis/gpu.py has the
+"""The GPU tables of one process from its raw records' columns (analysis/tables/gpu.py has the
 what and why; this is the how, kept to array operations: a process may have hundreds of
 millions of records).
 
@@ -15,7 +15,8 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis import gpu, gpu_raw
+from stepscope.analysis.store import gpu_raw
+from stepscope.analysis.tables import gpu
 from stepscope.analysis.store.frames import concat
 from stepscope.analysis.store.schema import (API_COLUMNS, GPU_TABLES, KERNEL_COLUMNS, MEMCPY_COLUMNS, MEMSET_COLUMNS,
                                              SYNC_COLUMNS)

@@ -234,7 +234,7 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     """The payload the page's viewer reads (see the module docstring), or None for an empty run.
     findings: the summary's (the steps they name keep full detail); steps_asked: [(first, last)]."""
     from stepscope.analysis.gpu_activity import device_operations, host_launches
-    from stepscope.analysis.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
+    from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
                                                     reduce_items)
 
     steps = run.steps

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
-from stepscope.analysis.trace_names import CPU_CATS, GPU_CATS, step_name
+from stepscope.analysis.export.trace_names import CPU_CATS, GPU_CATS, step_name
 from stepscope.core import files
 from stepscope.core.vocabulary import PROCESS_JSON
 

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.samples import stack_paths
+from stepscope.analysis.tables.samples import stack_paths
 from stepscope.core.vocabulary import OTHER, PHASES
 
 MAX_NODES = 250

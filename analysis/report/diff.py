@@ -4,7 +4,7 @@ system use and findings side by side."""
 from __future__ import annotations
 
 from stepscope.analysis.rules.base import SEVERITIES, at_or_above
-from stepscope.analysis.summary import summarize
+from stepscope.analysis.report.summary import summarize
 from stepscope.core.vocabulary import PHASES
 
 #: A median step time this many percent above the baseline's is a regression (``--max-regression``).

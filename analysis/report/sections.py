@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.pipeline import tfdata_stages
+from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.quantities import percent
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, PHASES, TRAIN
 
@@ -209,7 +209,7 @@ def dataloading(run, esc):
     """(html head, figures): workers against cores, GetNext's distribution, per-worker fetches."""
     import plotly.graph_objects as go
 
-    from stepscope.analysis.plots import _r
+    from stepscope.analysis.report.plots import _r
 
     parts, figs = [], []
     w = loader_workers(run)
@@ -314,7 +314,7 @@ def gpu_boxes(run):
     return [f for f in (batch, memory) if f.data]
 
 
-# --- operators (operator windows, analysis/ops.py) ---------------------------------------------
+# --- operators (operator windows, analysis/tables/ops.py) ---------------------------------------------
 def operators_html(run, esc, top: int = 10, windows: Optional[dict] = None) -> str:
     """Per phase, the operators with the most self time in the sampled steps; empty
     when the run has no operator windows. ``windows``: the summary's

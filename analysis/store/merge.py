@@ -20,7 +20,7 @@ import shutil
 import struct
 from typing import List, Optional
 
-from stepscope.analysis.reader import RunFormatError, left_empty, resolve_run_path
+from stepscope.analysis.store.reader import RunFormatError, left_empty, resolve_run_path
 from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR, CLOCK_JSON, PROCESS_JSON, RUN_JSON, TRACE_FILE
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis import tables
+from stepscope.analysis.tables import stepping
 
 TFDATA_PREFIX = "Iterator::"  # the Keras windows' tf.data spans (integrations/keras/_window.py)
 
@@ -28,7 +28,7 @@ def tfdata_stages(run) -> pd.DataFrame:
     thread = pd.factorize(pd.Series(process) + ":" + ev["tid"].astype(str).to_numpy())[0]
     start, end = ev["start_ns"].to_numpy(np.int64), ev["end_ns"].to_numpy(np.int64)
     frame = pd.DataFrame({"process": process, "path": ev["name"].astype(str).to_numpy(),
-                          "self": tables.exclusive_durations(start, end, thread), "total": end - start})
+                          "self": stepping.exclusive_durations(start, end, thread), "total": end - start})
     out = frame.groupby(["process", "path"], sort=False).agg(calls=("self", "size"), self_ms=("self", "sum"),
                                                               total_ms=("total", "sum")).reset_index()
     out[["self_ms", "total_ms"]] = out[["self_ms", "total_ms"]] / 1e6

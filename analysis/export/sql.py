@@ -48,7 +48,7 @@ QUERIES: Dict[str, str] = {
         FROM kernels GROUP BY CASE WHEN phase IS NULL THEN 'none' ELSE phase END, precision
         ORDER BY phase, precision""",
     # Compute kernels per device: busy time, gaps and launch gaps (KernelLaunchBound, LoadBalancing),
-    # from the kernels aggregated per step (analysis/kernel_steps.py).
+    # from the kernels aggregated per step (analysis/tables/kernel_steps.py).
     "kernel_busy_by_device": """
         SELECT process, device, CASE WHEN mode IS NULL THEN 'none' ELSE mode END AS mode, COUNT(*) AS steps,
                SUM(kernels) AS kernels, SUM(kernel_ns) AS kernel_ns, SUM(busy_ns) AS busy_ns, SUM(gap_ns) AS gap_ns,

@@ -1,7 +1,7 @@
 """GPU kernels aggregated per step: what the GPU rules and the report read instead of
 the kernels table, so a run of a billion kernels is judged without holding them.
 
-Three tables, each built from one process's kernels (``analysis/gpu.py``) and
+Three tables, each built from one process's kernels (``analysis/tables/gpu.py``) and
 written into a large run's dataset beside the kernels themselves:
 
 * ``kernel_steps``: per (process, device, step) the *compute* kernels (NCCL left

@@ -15,7 +15,7 @@
   ``baseTimeNanoseconds`` (the run's first event, epoch ns), the same in
   every rank's file.
 * ``perfetto``: every rank in one file in Perfetto's own protobuf format
-  (``<run>/<run name>.perfetto-trace``, written by ``analysis/perfetto.py``),
+  (``<run>/<run name>.perfetto-trace``, written by ``analysis/export/perfetto.py``),
   several times smaller than gzip JSON. An output path ending in
   ``.json.gz`` gets the Chrome JSON of every rank in one gzip file instead
   (ui.perfetto.dev opens both).
@@ -27,7 +27,7 @@
   thread, weights in nanoseconds; ``collapsed`` (``<run name>.collapsed.txt``):
   Brendan Gregg's folded stacks (``root;...;leaf count``) for flamegraph.pl,
   inferno and speedscope, with the phase as the root frame when ``by_phase``
-  (analysis/samples.py).
+  (analysis/tables/samples.py).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
-from stepscope.analysis.perfetto import write_perfetto
+from stepscope.analysis.export.perfetto import write_perfetto
 from stepscope.analysis.run import Run, export_parquet
-from stepscope.analysis.trace_names import CPU_CATS, GPU_CATS, step_name
+from stepscope.analysis.export.trace_names import CPU_CATS, GPU_CATS, step_name
 from stepscope.core import files
 from stepscope.core.vocabulary import OTHER, PHASES, TRAIN
 
@@ -131,9 +131,9 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
 
 def _op_args(ev: pd.DataFrame) -> dict:
     """Row position -> PyTorch profiler's args of an op span: "Input Dims", "Sequence number"."""
-    from stepscope.analysis import ops, tables
+    from stepscope.analysis.tables import ops, stepping
 
-    rows = tables._rows_of(ev, "op", "span")
+    rows = stepping._rows_of(ev, "op", "span")
     if not len(rows):
         return {}
     index, seqs, _ = ops.unpack_arg(np.maximum(ev["arg"].to_numpy()[rows], 0))
@@ -202,7 +202,7 @@ def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool 
 
 def step_windows(run: Run, ranges) -> list:
     """[(start_ns, end_ns)] of the train steps in ``ranges`` ([(first, last)]), on every process."""
-    from stepscope.analysis.timeline import _merged
+    from stepscope.analysis.report.timeline import _merged
 
     steps = run.steps
     steps = steps[steps["mode"].astype(str) == TRAIN]
@@ -259,7 +259,7 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
 
 
 def _write_samples(run: Run, fmt: str, out: str, by_phase: bool) -> str:
-    from stepscope.analysis import samples as pysamples
+    from stepscope.analysis.tables import samples as pysamples
 
     if fmt == "collapsed":
         lines = pysamples.folded(run.samples, run.stacks, by_phase=by_phase)

@@ -12,7 +12,7 @@ from stepscope.analysis.loop_edges import between_loops, format_line as between_
 from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
                                            summary_steps)
 from stepscope.analysis.run import Run, load
-from stepscope.analysis.system import summarize_system
+from stepscope.analysis.tables.system import summarize_system
 from stepscope.core.vocabulary import INTERRUPTED
 
 

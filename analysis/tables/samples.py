@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.schema import SAMPLE_COLUMNS
-from stepscope.analysis.tables import attribute_to_steps
+from stepscope.analysis.tables.stepping import attribute_to_steps
 from stepscope.core.vocabulary import OTHER
 
 FUNCTION_COLUMNS = ["phase", "function", "file", "self_samples", "total_samples", "self_s", "total_s",

@@ -21,8 +21,8 @@ import os
 import time
 from typing import Optional
 
-from stepscope.analysis import plots
-from stepscope.analysis import report_sections as sections_
+from stepscope.analysis.report import plots
+from stepscope.analysis.report import sections as sections_
 from stepscope.analysis.run import Run
 from stepscope.core import files
 from stepscope.core.vocabulary import REPORT_FILE
@@ -121,7 +121,7 @@ def _job_summary(run: Run, summary: dict) -> str:
 
 
 def _figure_html(fig, key: str) -> str:
-    from stepscope.analysis.timeline import script_json
+    from stepscope.analysis.report.timeline import script_json
 
     height = fig.layout.height or 450
     return (f'<div class="plot" id="{key}" style="min-height:{int(height)}px"></div>'
@@ -165,7 +165,7 @@ def _timeline_note(run: Run, meta: dict) -> str:
 
 def _timeline(run: Run, summary: dict, steps_asked=None) -> str:
     """The canvas viewer (timeline.js, inlined) and its data (timeline.py)."""
-    from stepscope.analysis.timeline import script_json, timeline_data
+    from stepscope.analysis.report.timeline import script_json, timeline_data
 
     data = timeline_data(run, summary["findings"], steps_asked)
     if data is None:
@@ -212,8 +212,8 @@ nav a{margin-right:1em}
 
 def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None) -> str:
     """steps: [(first, last)] train steps to keep in full detail in the timeline (a larger page)."""
-    from stepscope.analysis.summary import summarize
-    from stepscope.analysis.timeline import script_json
+    from stepscope.analysis.report.summary import summarize
+    from stepscope.analysis.report.timeline import script_json
 
     summary = summarize(run, params)
     sections = [("verdict", "Verdict", _verdict(summary)), ("rules", "Rules", sections_.rules_html(summary, _esc)),
@@ -230,7 +230,7 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     boxes = sections_.gpu_boxes(run)
     if boxes:  # only with NVML samples
         figure_sections.append(("gpu-usage", "GPU utilization and memory", "", boxes))
-    from stepscope.analysis.flame import flame_section
+    from stepscope.analysis.report.flame import flame_section
 
     flames = flame_section(run, _esc)
     if flames is not None:  # only where Python stacks were sampled in steps

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis import gpu, tables
+from stepscope.analysis.tables import gpu, stepping
 from stepscope.analysis.store.schema import OP_COLUMNS
 from stepscope.core.vocabulary import OP_INDEX_MASK, OP_PHASES, OTHER, PHASES
 
@@ -37,7 +37,7 @@ def _empty(columns) -> pd.DataFrame:
 def _rows(events: pd.DataFrame, category: str, kind: str) -> np.ndarray:
     if isinstance(events["category"].dtype, pd.CategoricalDtype) and isinstance(events["kind"].dtype,
                                                                                  pd.CategoricalDtype):
-        return tables._rows_of(events, category, kind)
+        return stepping._rows_of(events, category, kind)
     return np.flatnonzero((events["category"].astype(str) == category).to_numpy()
                           & (events["kind"].astype(str) == kind).to_numpy())
 
@@ -57,7 +57,7 @@ def ops_frame(events: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -
     codes = pd.factorize(process)[0]
     for code in np.unique(codes):
         mine = np.flatnonzero(codes == code)
-        self_ns[mine] = tables.exclusive_durations(start[mine], end[mine], tid[mine])
+        self_ns[mine] = stepping.exclusive_durations(start[mine], end[mine], tid[mine])
     mode, step, phase = gpu.attribute(process, start, steps, phases)
     phase = np.where(pd.isna(phase), OTHER, phase)
     if hint.any():  # the phase the framework placed the op in (TensorFlow's name scopes), not its time's

@@ -1,4 +1,4 @@
-"""A process's GPU records as decoded: numpy columns, before attribution (analysis/gpu.py).
+"""A process's GPU records as decoded: numpy columns, before attribution (analysis/tables/gpu.py).
 
 The records of a GPU trace run to hundreds of millions per process, so they stay
 plain arrays here: repeated strings (process, host, record name) as categoricals,
@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.reader import names_with_placeholders, wall_offset
+from stepscope.analysis.store.reader import names_with_placeholders, wall_offset
 
 RAW_COLUMNS = ["process", "pid", "rank", "host", "type", "sub", "sub2", "device", "stream", "name", "correlation",
                "thread", "start_ns", "end_ns", "bytes", "grid_x", "grid_y", "grid_z", "block_x", "block_y",

@@ -41,10 +41,13 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.export.perfetto import write_perfetto
-from stepscope.analysis.run import Run, export_parquet
 from stepscope.analysis.export.trace_names import CPU_CATS, GPU_CATS, step_name
+from stepscope.analysis.gpu_activity import device_operations, host_launches
+from stepscope.analysis.report.timeline import _merged
+from stepscope.analysis.run import Run, export_parquet
+from stepscope.analysis.tables import ops, stepping
+from stepscope.analysis.tables import samples as pysamples
 from stepscope.core import files
 from stepscope.core.vocabulary import OTHER, PHASES, TRAIN
 
@@ -131,8 +134,6 @@ def _events(run: Run, processes, base: int, progress=None) -> Iterator[str]:
 
 def _op_args(ev: pd.DataFrame) -> dict:
     """Row position -> PyTorch profiler's args of an op span: "Input Dims", "Sequence number"."""
-    from stepscope.analysis.tables import ops, stepping
-
     rows = stepping._rows_of(ev, "op", "span")
     if not len(rows):
         return {}
@@ -202,8 +203,6 @@ def _write_trace(path: str, header: dict, events: Iterator[str], compress: bool 
 
 def step_windows(run: Run, ranges) -> list:
     """[(start_ns, end_ns)] of the train steps in ``ranges`` ([(first, last)]), on every process."""
-    from stepscope.analysis.report.timeline import _merged
-
     steps = run.steps
     steps = steps[steps["mode"].astype(str) == TRAIN]
     mine = np.zeros(len(steps), dtype=bool)
@@ -259,8 +258,6 @@ def export(run: Run, fmt: str, out: Optional[str] = None,
 
 
 def _write_samples(run: Run, fmt: str, out: str, by_phase: bool) -> str:
-    from stepscope.analysis.tables import samples as pysamples
-
     if fmt == "collapsed":
         lines = pysamples.folded(run.samples, run.stacks, by_phase=by_phase)
         with files.open_new(out) as f:

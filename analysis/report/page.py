@@ -1,5 +1,7 @@
 """``stepscope report``: one self-contained HTML file (opens offline, a few MB at most).
 
+
+
 Sections: verdict (findings with recommendations), rules (every rule, its
 parameters as used, triggered or passed), job summary, step time, data loading,
 system (with per-node statistics), GPU (only with GPU activity), GPU
@@ -23,6 +25,9 @@ from typing import Optional
 
 from stepscope.analysis.report import plots
 from stepscope.analysis.report import sections as sections_
+from stepscope.analysis.report.flame import flame_section
+from stepscope.analysis.report.summary import summarize
+from stepscope.analysis.report.timeline import script_json, timeline_data
 from stepscope.analysis.run import Run
 from stepscope.core import files
 from stepscope.core.vocabulary import REPORT_FILE
@@ -121,8 +126,6 @@ def _job_summary(run: Run, summary: dict) -> str:
 
 
 def _figure_html(fig, key: str) -> str:
-    from stepscope.analysis.report.timeline import script_json
-
     height = fig.layout.height or 450
     return (f'<div class="plot" id="{key}" style="min-height:{int(height)}px"></div>'
             f'<script type="application/json" id="{key}-data">{script_json(plots.figure_payload(fig))}</script>')
@@ -165,8 +168,6 @@ def _timeline_note(run: Run, meta: dict) -> str:
 
 def _timeline(run: Run, summary: dict, steps_asked=None) -> str:
     """The canvas viewer (timeline.js, inlined) and its data (timeline.py)."""
-    from stepscope.analysis.report.timeline import script_json, timeline_data
-
     data = timeline_data(run, summary["findings"], steps_asked)
     if data is None:
         return "<p class='muted'>No events.</p>"
@@ -212,9 +213,6 @@ nav a{margin-right:1em}
 
 def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None) -> str:
     """steps: [(first, last)] train steps to keep in full detail in the timeline (a larger page)."""
-    from stepscope.analysis.report.summary import summarize
-    from stepscope.analysis.report.timeline import script_json
-
     summary = summarize(run, params)
     sections = [("verdict", "Verdict", _verdict(summary)), ("rules", "Rules", sections_.rules_html(summary, _esc)),
                 ("summary", "Job summary", _job_summary(run, summary))]
@@ -230,8 +228,6 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     boxes = sections_.gpu_boxes(run)
     if boxes:  # only with NVML samples
         figure_sections.append(("gpu-usage", "GPU utilization and memory", "", boxes))
-    from stepscope.analysis.report.flame import flame_section
-
     flames = flame_section(run, _esc)
     if flames is not None:  # only where Python stacks were sampled in steps
         figure_sections.append(("flame", "Python flame graphs", *flames))

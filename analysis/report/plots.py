@@ -27,6 +27,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.gpu_activity import busy_ns, device_operations
 from stepscope.core.vocabulary import OTHER, PHASES
 
 COLORS = dict(zip((*PHASES, OTHER), ("#e45756", "#4c78a8", "#f58518", "#54a24b", "#b279a2", "#bab0ac")))
@@ -261,8 +262,6 @@ def system_figures(run, esc):
 def gpu_section(run, esc):
     """SageMaker Profiler's dashboard: (summary table, figures), or None without GPU activity."""
     import plotly.graph_objects as go
-
-    from stepscope.analysis.gpu_activity import busy_ns, device_operations
 
     # kernels from their aggregates (a large run's kernels are never held); copies, memsets, syncs are few
     names = run.kernel_names

@@ -18,8 +18,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.quantities import percent
+from stepscope.analysis.report.plots import _r
+from stepscope.analysis.rules import RULES
+from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, PHASES, TRAIN
 
 GETNEXT_BINS = 60
@@ -35,8 +37,6 @@ PER_CORE = "each core"
 def rules_rows(summary: dict) -> list:
     """One row per rule: status (triggered / passed / not applicable), how many findings it
     gave, its parameters as used (the rule engine's, else the rules' Param defaults)."""
-    from stepscope.analysis.rules import RULES
-
     used = summary.get("rules_params") or {}
     skipped = summary.get("rules_not_applicable", {})
     counts, severities, related = {}, {}, {}
@@ -208,8 +208,6 @@ MAX_STAGES = 12
 def dataloading(run, esc):
     """(html head, figures): workers against cores, GetNext's distribution, per-worker fetches."""
     import plotly.graph_objects as go
-
-    from stepscope.analysis.report.plots import _r
 
     parts, figs = [], []
     w = loader_workers(run)

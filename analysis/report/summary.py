@@ -5,19 +5,22 @@ Every figure comes from ``analysis/quantities.py``, which the rules use too.
 
 from __future__ import annotations
 
+
+# stepscope's operator windows cost a short run this share of its step time, or more:
+# the summary's notes say so (their time is in Other, not in the phase they interrupted)
+
 from stepscope.analysis.ending import run_ending
 from stepscope.analysis.epochs import between_epochs, format_line as between_epochs_line
 from stepscope.analysis.loop import run_loop_notes
 from stepscope.analysis.loop_edges import between_loops, format_line as between_loops_line
 from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
                                            summary_steps)
+from stepscope.analysis.rules import evaluate
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.tables.system import summarize_system
 from stepscope.core.vocabulary import INTERRUPTED
 
 
-# stepscope's operator windows cost a short run this share of its step time, or more:
-# the summary's notes say so (their time is in Other, not in the phase they interrupted)
 PROFILER_NOTE_SHARE = 0.02
 PROFILER_NOTE = ("stepscope's PyTorch operator windows took {total_ms:.1f} ms ({percent} of the time of all steps, "
                  "{windows} window(s)): opening one starts torch's profiler, closing one reads and writes every "
@@ -29,8 +32,6 @@ PROFILER_NOTE = ("stepscope's PyTorch operator windows took {total_ms:.1f} ms ({
 
 def summarize(run, params=None) -> dict:
     """SPEC §6; params: {rule: {param: value}} overrides for the rules."""
-    from stepscope.analysis.rules import evaluate
-
     r = run if isinstance(run, Run) else load(run, quiet=True)
     steps, extents = r.steps, r.extents()
     if len(extents):

@@ -24,6 +24,10 @@ import json
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.gpu_activity import device_operations, host_launches
+from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
+                                                       reduce_items)
+
 NAME_CHARS = 300  # longer names (templated kernels) are cut in the page; the exports keep them whole
 MAX_FLOWS = 10_000  # launch arrows
 MIXED = "(several names)"
@@ -233,10 +237,6 @@ def _short_names(names: list, used: np.ndarray):
 def timeline_data(run, findings=(), steps_asked=None) -> dict:
     """The payload the page's viewer reads (see the module docstring), or None for an empty run.
     findings: the summary's (the steps they name keep full detail); steps_asked: [(first, last)]."""
-    from stepscope.analysis.gpu_activity import device_operations, host_launches
-    from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
-                                                    reduce_items)
-
     steps = run.steps
     ops = getattr(run, "ops", ())  # the steps of operator windows show their ops in detail
     sampled = ops.loc[ops["step"] >= 0, ["mode", "step"]].drop_duplicates().itertuples(index=False) if len(ops) else ()

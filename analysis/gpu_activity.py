@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.rules.gpudata import union_busy_ns
+
 DEVICE_COLUMNS = ["process", "device", "stream", "kind", "name", "start_ns", "end_ns", "duration_ns", "correlation"]
 LAUNCH_COLUMNS = ["process", "thread", "name", "start_ns", "end_ns", "correlation"]
 
@@ -83,6 +85,4 @@ def host_launches(run, during=None) -> pd.DataFrame:
 
 def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of intervals."""
-    from stepscope.analysis.rules.gpudata import union_busy_ns
-
     return int(union_busy_ns(np.zeros(len(start), dtype=np.int64), start, end).sum())

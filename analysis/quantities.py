@@ -30,6 +30,17 @@ def percent(share: float) -> str:
     return f"{100 * share:.1f}%"
 
 
+def phase_total_column(phase: str) -> str:
+    """The column a phase's summed time has in aggregated results (``forward_ns``)."""
+    return f"{phase.lower()}_ns"
+
+
+def phase_sums_sql() -> str:
+    """Portable SQL select items: each phase's time summed over the steps (``phase_shares``'
+    numerators), one ``phase_total_column`` each; analysis/export/sql.py runs them."""
+    return ", ".join(f"SUM({p}) AS {phase_total_column(p)}" for p in PHASES)
+
+
 def summary_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """The steps phase shares are taken over: the train steps, or every step of a run without any."""
     if not len(steps):

@@ -7,7 +7,7 @@ as the PyTorch integration records them, plus the sampler's system metrics),
 then, in a fresh process, times stepscope.load(...) with the steps, phases
 and system tables and every rule, and reports the peak memory (VmHWM). The
 second load reads the Parquet cache. Twice in memory (the events table
-built), twice through the run's Parquet dataset (analysis/dataset.py: the
+built), twice through the run's Parquet dataset (analysis/store/dataset_build.py: the
 trace decoded a part at a time, no events table).
 """
 

@@ -23,7 +23,7 @@ def main():
     p.add_argument("--no-json", action="store_true")
     args = p.parse_args()
     import stepscope
-    from stepscope.analysis.export import export
+    from stepscope.analysis.export.formats import export
 
     with tempfile.TemporaryDirectory() as tmp:
         path, stats = write_run(tmp, args.events)

@@ -33,7 +33,7 @@ import textwrap
 import numpy as np
 
 import stepscope
-from stepscope.analysis.samples import stack_paths
+from stepscope.analysis.tables.samples import stack_paths
 
 STEP_S = 0.030
 

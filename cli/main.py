@@ -11,13 +11,10 @@ import subprocess
 import sys
 from typing import List, Optional
 
+from stepscope.cli.args import UsageError, rule_params
 from stepscope.core import config as _config
 from stepscope.core import metadata, runinfo
 from stepscope.core.vocabulary import DEFAULT_DIR, GPU_MODES, RUN_JSON
-
-
-class UsageError(Exception):
-    pass
 
 
 def _run_command(args) -> int:
@@ -59,8 +56,8 @@ def _run_command(args) -> int:
     if os.path.isdir(run_dir):
         try:
             from stepscope.analysis import load
-            from stepscope.analysis.report import write_report
-            from stepscope.analysis.summary import format_text, summarize
+            from stepscope.analysis.report.page import write_report
+            from stepscope.analysis.report.summary import format_text, summarize
 
             run = load(run_dir, quiet=True)
             print(format_text(summarize(run)), file=sys.stderr)
@@ -70,18 +67,6 @@ def _run_command(args) -> int:
             print(f"stepscope: could not summarize {run_dir}: {exc}", file=sys.stderr)
         print(f"stepscope: run written to {run_dir}", file=sys.stderr)
     return code if code >= 0 else 128 - code
-
-
-def _rule_params(args):
-    """Custom rules first (--rules module:Class), so --param can name them too."""
-    from stepscope.analysis.rules import ParamError, RuleLoadError, load_spec, parse_params
-
-    try:
-        for spec in getattr(args, "rules", None) or []:
-            load_spec(spec)
-        return parse_params(args.param)
-    except (ParamError, RuleLoadError) as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _fail_level(args):
@@ -108,10 +93,10 @@ def _run_errors():
 
 def _summary_command(args) -> int:
     from stepscope.analysis.rules.base import at_or_above
-    from stepscope.analysis.summary import format_text, summarize
+    from stepscope.analysis.report.summary import format_text, summarize
 
     level = _fail_level(args)
-    params = _rule_params(args)
+    params = rule_params(args)
     from stepscope.cli.merge import run_path
 
     with _run_errors(), run_path(args.run, UsageError) as path:
@@ -127,12 +112,12 @@ def _summary_command(args) -> int:
 
 
 def _diff_command(args) -> int:
-    from stepscope.analysis.diff import diff, format_diff, gate
+    from stepscope.analysis.report.diff import diff, format_diff, gate
 
     level = _fail_level(args)
     if args.max_regression is not None and args.max_regression < 0:
         raise UsageError(f"--max-regression {args.max_regression:g}: expected a percentage >= 0")
-    params = _rule_params(args)
+    params = rule_params(args)
     with _run_errors():
         d = diff(args.run_a, args.run_b, params, max_regression=args.max_regression)
     print(json.dumps(d, indent=2) if args.json else format_diff(d))
@@ -145,10 +130,10 @@ def _diff_command(args) -> int:
 
 def _report_command(args) -> int:
     from stepscope.analysis import load
-    from stepscope.analysis.report import write_report
-    from stepscope.analysis.timeline_detail import parse_steps
+    from stepscope.analysis.report.page import write_report
+    from stepscope.analysis.report.timeline_detail import parse_steps
 
-    params = _rule_params(args)
+    params = rule_params(args)
     try:
         steps = parse_steps(args.steps) if args.steps else None
     except ValueError:
@@ -165,8 +150,8 @@ def _report_command(args) -> int:
 
 def _export_command(args) -> int:
     from stepscope.analysis import load
-    from stepscope.analysis.export import export
-    from stepscope.analysis.timeline_detail import parse_steps
+    from stepscope.analysis.export.formats import export
+    from stepscope.analysis.report.timeline_detail import parse_steps
 
     with _run_errors():
         run = load(args.run, quiet=True)
@@ -190,7 +175,7 @@ def _export_command(args) -> int:
 
 
 def _ls_command(args) -> int:
-    from stepscope.analysis.reader import process_folders
+    from stepscope.analysis.store.reader import process_folders
 
     root = args.dir or os.environ.get("STEPSCOPE_DIR") or DEFAULT_DIR
     if not os.path.isdir(root):

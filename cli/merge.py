@@ -17,7 +17,7 @@ def add_parser(sub, usage_error):
     m.add_argument("-o", "--output", required=True, metavar="RUN", help="the merged run folder (new or empty)")
 
     def command(args) -> int:
-        from stepscope.analysis.merge import MergeError, merge
+        from stepscope.analysis.store.merge import MergeError, merge
 
         try:
             result = merge(args.dirs, args.output)
@@ -42,7 +42,7 @@ def run_path(runs, usage_error):
     if len(runs) == 1:
         yield runs[0]
         return
-    from stepscope.analysis.merge import MergeError, merge, merged_name
+    from stepscope.analysis.store.merge import MergeError, merge, merged_name
 
     tmp = tempfile.mkdtemp(prefix="stepscope-merge-")
     try:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from stepscope.cli.args import UsageError, rule_params
 from stepscope.core import runinfo
 from stepscope.core.vocabulary import PROCESS_JSON, RUN_JSON
 
@@ -102,15 +103,14 @@ def _handle(f: dict, args, path: str) -> None:
 
 
 def watch_command(args) -> int:
-    from stepscope.analysis.reader import RunFormatError, resolve_run_path
-    from stepscope.cli.main import UsageError, _rule_params
+    from stepscope.analysis.store.reader import RunFormatError, resolve_run_path
 
     try:
         timeout = parse_seconds(args.timeout, "--timeout") if args.timeout else None
         every = parse_seconds(args.every, "--every") if args.every else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    params = _rule_params(args)
+    params = rule_params(args)
     if every is None:
         scans = [p["scan_interval_us"] / 1e6 for p in params.values() if p.get("scan_interval_us")]
         every = min(scans) if scans else DEFAULT_EVERY_S

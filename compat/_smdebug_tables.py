@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.tables import _attribute
+from stepscope.analysis.tables.stepping import attribute_to_steps
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, MODES
 
 MODE_KEYS = {mode: f"Step:ModeKeys.{mode.upper()}" for mode in MODES}  # train -> Step:ModeKeys.TRAIN
@@ -81,7 +81,7 @@ def _steps_of(run, process: pd.Series, start_ns: np.ndarray) -> np.ndarray:
     for name in np.unique(process):
         mine = np.flatnonzero(process == name)
         sub = np.empty(len(mine), dtype=np.int64)
-        _attribute(steps, name, start_ns[mine], sub)
+        attribute_to_steps(steps, name, start_ns[mine], sub)
         labels[mine] = sub
     has = labels >= 0
     out[has] = steps["step"].to_numpy()[steps.index.get_indexer(labels[has])]

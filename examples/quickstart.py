@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 import stepscope
-from stepscope.analysis.report import write_report
-from stepscope.analysis.summary import format_text, summarize
+from stepscope.analysis.report.page import write_report
+from stepscope.analysis.report.summary import format_text, summarize
 from stepscope.core.vocabulary import DEFAULT_DIR
 
 

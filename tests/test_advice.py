@@ -10,7 +10,7 @@ import pytest
 
 import stepscope
 from stepscope.analysis.rules.advice import ADVICE, FRAMEWORKS, GENERIC, TENSORFLOW, TORCH, framework_of
-from stepscope.analysis.summary import summarize
+from stepscope.analysis.report.summary import summarize
 from stepscope.core.vocabulary import KERAS_PROFILER_WINDOW
 
 from conftest import REPO, run_python
@@ -78,7 +78,7 @@ def test_keras_fit_on_a_slow_tf_data_pipeline_gets_tf_data_advice(tmp_path):
     run = stepscope.load(tmp_path / "runs" / "k", quiet=True)
     # tf.data's own stages in the window: the 1 ms map of every sample is the slowest (tf.data fuses it
     # with the batch: MapAndBatch, 16 samples a call)
-    from stepscope.analysis.pipeline import tfdata_stages
+    from stepscope.analysis.tables.pipeline import tfdata_stages
 
     stages = tfdata_stages(run)
     top = stages.iloc[0]
@@ -91,7 +91,7 @@ def test_keras_fit_on_a_slow_tf_data_pipeline_gets_tf_data_advice(tmp_path):
     assert f["evidence"]["tfdata_slowest_stage"]["stage"] == top["stage"]
     rec = f["recommendation"]
     assert f"tf.data's slowest stage is {top['stage']}" in rec, rec
-    from stepscope.analysis.report import render
+    from stepscope.analysis.report.page import render
 
     page = render(run)
     assert "tf.data pipeline stages" in page and f"data-stage='{top['stage']}'" in page

@@ -120,8 +120,8 @@ def test_ranges_nest_in_the_phases_they_ran_in(annotated):
 
 
 def test_ranges_are_in_the_timeline_and_the_chrome_export(annotated):
-    from stepscope.analysis.export import export
-    from stepscope.analysis.timeline import timeline_data
+    from stepscope.analysis.export.formats import export
+    from stepscope.analysis.report.timeline import timeline_data
 
     names = set(timeline_data(annotated)["meta"]["names"])
     assert {"hidden_layer", "my_loss", "backward", "step", "training"} <= names

@@ -289,7 +289,7 @@ def plain_job(tmp_path_factory):
 def summary_of(run_path):
     """What ``stepscope summary --json`` prints (same function, in this process:
     test_cli runs the command itself)."""
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     return json.loads(json.dumps(summarize(str(run_path))))
 

@@ -72,7 +72,7 @@ def test_truncated_file_loads_the_prefix_with_a_warning(tmp_path):
 def test_corrupt_chunk_is_skipped_and_named(tmp_path, monkeypatch, in_parts):
     """Read at once, or through a dataset built a part at a time (each part checks the
     checksums of the chunks it decodes): the damaged chunk is named once, the rest kept."""
-    from stepscope.analysis import dataset
+    from stepscope.analysis.store import dataset_build
 
     path, trace = _write_run(tmp_path, "corrupt")
     size = os.path.getsize(trace)
@@ -82,7 +82,7 @@ def test_corrupt_chunk_is_skipped_and_named(tmp_path, monkeypatch, in_parts):
         f.seek(size // 2)
         f.write(bytes([b[0] ^ 0xFF]))
     if in_parts:
-        monkeypatch.setattr(dataset, "PART_BYTES", max(size // 5, 1024))
+        monkeypatch.setattr(dataset_build, "PART_BYTES", max(size // 5, 1024))
     with pytest.warns(UserWarning, match=r"trace\.ssc: (checksum mismatch|corrupt).*offset \d+") as caught:
         r = stepscope.load(path, dataset=in_parts)
     named = [w for w in caught if "checksum mismatch" in str(w.message) or "corrupt" in str(w.message)]
@@ -140,7 +140,7 @@ def _job(tmp_path, name, steps, pause, how, flush_ms=1000, wait=True):
 
 
 def _summary(path):
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -151,9 +151,9 @@ def _summary(path):
 def test_a_run_that_ended_without_closing_says_so_everywhere(tmp_path, how):
     """os._exit and SIGKILL after 12 steps (the last ones inside the last flush interval):
     the summary, its JSON, the report and diff say the run did not close and what is lost."""
-    from stepscope.analysis.diff import diff, format_diff
-    from stepscope.analysis.report import write_report
-    from stepscope.analysis.summary import format_text
+    from stepscope.analysis.report.diff import diff, format_diff
+    from stepscope.analysis.report.page import write_report
+    from stepscope.analysis.report.summary import format_text
 
     _, clean_path = _job(tmp_path, "clean", 12, 0.1, "end")
     _, path = _job(tmp_path, "hard", 12, 0.1, how)

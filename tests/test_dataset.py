@@ -1,4 +1,4 @@
-"""A run read through its partitioned Parquet dataset (analysis/dataset.py) gives the
+"""A run read through its partitioned Parquet dataset (analysis/store/) gives the
 same tables, summary and findings as one decoded in memory, without building the
 events table; the layout is the documented Hive one that DuckDB reads."""
 
@@ -15,13 +15,13 @@ from test_torch import SCRIPTS, run_script
 torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
-from stepscope.analysis import dataset  # noqa: E402
-from stepscope.analysis.run import GPU_TABLES, Run  # noqa: E402
-from stepscope.analysis.summary import summarize  # noqa: E402
+from stepscope.analysis.store import dataset_build, dataset_read  # noqa: E402
+from stepscope.analysis.run import Run  # noqa: E402
+from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES, RUN_TABLES  # noqa: E402
+from stepscope.analysis.report.summary import summarize  # noqa: E402
 from stepscope.core.vocabulary import CACHE_DIR, TRACE_FILE  # noqa: E402
 
-TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, "kernel_steps", "kernel_phases", "kernel_names", "ops",
-          "samples", "stacks")
+TABLES = RUN_TABLES
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +83,14 @@ def _same(a: Run, b: Run):
 def test_the_dataset_gives_the_same_tables_and_findings(source, parts, request, tmp_path, monkeypatch):
     path = _copy(request.getfixturevalue(source), tmp_path, "run")
     if parts:  # each trace decoded in pieces of about 8 KB (a large trace's way), in files of 200 rows
-        monkeypatch.setattr(dataset, "PART_BYTES", 8 << 10)
-        monkeypatch.setattr(dataset, "ROW_GROUP", 200)
+        monkeypatch.setattr(dataset_build, "PART_BYTES", 8 << 10)
+        monkeypatch.setattr(dataset_build, "ROW_GROUP", 200)
     memory = stepscope.load(path, cache=False)
     through = stepscope.load(path, dataset=True)
     if parts:
-        events = os.path.join(through._data.root, "events")
+        events = os.path.join(through._store.root, "events")
         assert max(len(os.listdir(os.path.join(events, d))) for d in os.listdir(events)) >= 3
-    assert through._data is not None and memory._data is None
+    assert through._store.root is not None and memory._store.root is None
     summary = _same(memory, through)
     assert summary["steps"]["train"]["count"] > 0
     if source == "worker_run":
@@ -101,15 +101,15 @@ def test_the_dataset_gives_the_same_tables_and_findings(source, parts, request, 
         assert len(through.kernels) == 13  # 4 steps x 3 phases, and an orphan kernel
 
     # Large: every table, the summary and every rule without the events table.
-    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    monkeypatch.setattr(dataset_read, "LARGE_EVENTS", 0)
     large = _EventsTrap(path, dataset=True)
     assert large.large
     assert json.dumps(summarize(large), sort_keys=True, default=str) == json.dumps(summary, sort_keys=True,
                                                                                    default=str)
-    assert "events" not in large._tables
+    assert not large._store.has("events")
     # SQL over a large run reads the dataset's files through DuckDB views
     n = large.sql("select count(*) as n from events where category = 'phase'")["n"].iloc[0]
-    assert n == int((memory.events["category"] == "phase").sum()) and "events" not in large._tables
+    assert n == int((memory.events["category"] == "phase").sum()) and not large._store.has("events")
 
 
 def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
@@ -142,13 +142,13 @@ def test_gpu_records_decoded_in_parts(run_dir, tmp_path, monkeypatch):
                 time.sleep(0.015)
     stepscope.end_step()
     s.stop()
-    monkeypatch.setattr(dataset, "PART_BYTES", 1024)
+    monkeypatch.setattr(dataset_build, "PART_BYTES", 1024)
     memory = stepscope.load(s.path, cache=False)
     parts = stepscope.load(s.path, dataset=True)
-    kernel_files = os.listdir(os.path.join(parts._data.root, "kernels", os.listdir(
-        os.path.join(parts._data.root, "kernels"))[0]))
+    kernel_files = os.listdir(os.path.join(parts._store.root, "kernels", os.listdir(
+        os.path.join(parts._store.root, "kernels"))[0]))
     # each part's tables in a file of their own, and nothing else left behind
-    assert len(kernel_files) >= 3 and set(os.listdir(parts._data.root)) <= {*dataset.TABLES, "manifest.json"}
+    assert len(kernel_files) >= 3 and set(os.listdir(parts._store.root)) <= {*DATASET_TABLES, "manifest.json"}
     for table in GPU_TABLES:
         pd.testing.assert_frame_equal(getattr(memory, table), getattr(parts, table), check_categorical=False,
                                       obj=table)
@@ -173,11 +173,11 @@ def test_a_live_run_decodes_only_what_is_new(run_dir, monkeypatch):
     parts written since, and every table is the same as decoded at once."""
     import time
 
-    from stepscope.analysis import reader
-    from stepscope.analysis.run import LIVE_DIR
+    from stepscope.analysis.store import reader
+    from stepscope.analysis.store.dataset_store import LIVE_DIR
 
     monkeypatch.setenv("STEPSCOPE_FLUSH_MS", "10")
-    monkeypatch.setattr(dataset, "PART_BYTES", 2048)
+    monkeypatch.setattr(dataset_build, "PART_BYTES", 2048)
     decoded = []
     real = reader.read_process
     monkeypatch.setattr(reader, "read_process", lambda *a, **k: decoded.append(a[1:]) or real(*a, **k))
@@ -213,7 +213,7 @@ def test_a_live_run_decodes_only_what_is_new(run_dir, monkeypatch):
                                       check_categorical=False, obj=table)
     s.stop()
     done = stepscope.load(s.path, dataset=True)
-    assert not os.path.exists(live) and done._data.root.startswith(os.path.join(s.path, CACHE_DIR, "dataset-"))
+    assert not os.path.exists(live) and done._store.root.startswith(os.path.join(s.path, CACHE_DIR, "dataset-"))
     assert len(done.steps) == len(stepscope.load(s.path, cache=False).steps)
 
 
@@ -222,7 +222,7 @@ def test_layout_is_hive_partitioned_and_cached(worker_run, tmp_path):
 
     path = _copy(worker_run, tmp_path, "run")
     run = stepscope.load(path, dataset=True)
-    root = run._data.root
+    root = run._store.root
     assert os.path.dirname(root) == str(path / CACHE_DIR)
     processes = sorted(run.processes["process"])
     assert sorted(os.listdir(os.path.join(root, "events"))) == [f"process={p}" for p in processes]
@@ -236,23 +236,23 @@ def test_layout_is_hive_partitioned_and_cached(worker_run, tmp_path):
     manifest = os.path.join(root, "manifest.json")
     mtime = os.stat(manifest).st_mtime_ns
     again = stepscope.load(path, dataset=True)
-    assert again._data.root == root and os.stat(manifest).st_mtime_ns == mtime
+    assert again._store.root == root and os.stat(manifest).st_mtime_ns == mtime
     assert len(again.steps) == len(run.steps)
     trace = path / processes[0] / TRACE_FILE
     os.utime(trace, ns=(mtime + 10**9, mtime + 10**9))
     third = stepscope.load(path, dataset=True)
-    assert third._data.root != root and not os.path.exists(root)
+    assert third._store.root != root and not os.path.exists(root)
 
 
 def test_parallel_build_and_a_read_only_run(worker_run, tmp_path, monkeypatch):
     path = _copy(worker_run, tmp_path, "run")
-    monkeypatch.setattr(dataset, "PARALLEL_BYTES", 0)  # one spawned worker per process folder
+    monkeypatch.setattr(dataset_build, "PARALLEL_BYTES", 0)  # one spawned worker per process folder
     parallel = stepscope.load(path, dataset=True)
     memory = stepscope.load(path, cache=False)
     _same(memory, parallel)
     # No cache (as for a run folder that cannot be written): a private dataset, removed with the Run.
     private = stepscope.load(path, dataset=True, cache=False)
-    root = private._data.root
+    root = private._store.root
     assert not root.startswith(str(path)) and len(private.steps) == len(memory.steps)
     del private
     assert not os.path.exists(root)
@@ -277,17 +277,17 @@ def test_a_damaged_trace_keeps_what_is_readable(worker_run, tmp_path):
 def test_the_report_of_a_large_gpu_run_holds_no_kernels(gpu_run, tmp_path, monkeypatch):
     """Issue 13: the GPU section of a large run's report comes from the kernels aggregated
     per step, and its timeline's GPU rows read only the chosen steps' operations."""
-    from stepscope.analysis import timeline
+    from stepscope.analysis.report import timeline
     from stepscope.analysis.gpu_activity import device_operations
-    from stepscope.analysis.report import render
+    from stepscope.analysis.report.page import render
 
     path = _copy(gpu_run, tmp_path, "run")
     memory = stepscope.load(path, cache=False)
-    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    monkeypatch.setattr(dataset_read, "LARGE_EVENTS", 0)
     large = _EventsTrap(path, dataset=True)
     page = render(large)
     assert "GPU 0 computing" in page and "13 kernels" in page
-    assert not {"events", "kernels", "cuda_api"} & set(large._tables)
+    assert not any(large._store.has(t) for t in ("events", "kernels", "cuda_api"))
     data = timeline.timeline_data(large)
     windows = timeline._detail_windows(large.steps, data["meta"]["detail_steps"])
     assert 0 < len(windows) < len(large.steps)
@@ -308,7 +308,7 @@ def test_the_report_of_a_large_gpu_run_holds_no_kernels(gpu_run, tmp_path, monke
     n = duckdb.connect().execute(f"select count(*) from read_parquet('{glob}', hive_partitioning = true)") \
         .fetchone()[0]
     assert n == len(k) and os.path.isfile(os.path.join(out, "ops.parquet"))
-    assert not {"events", "kernels", "cuda_api"} & set(large._tables)
+    assert not any(large._store.has(t) for t in ("events", "kernels", "cuda_api"))
 
 
 def test_export_of_a_window_of_steps(gpu_run, tmp_path, monkeypatch):
@@ -316,16 +316,16 @@ def test_export_of_a_window_of_steps(gpu_run, tmp_path, monkeypatch):
     (their spans, steps, kernels), read from a large run without its events or kernels."""
     import glob
 
-    from stepscope.analysis.export import export, step_windows
+    from stepscope.analysis.export.formats import export, step_windows
 
     path = _copy(gpu_run, tmp_path, "run")
     memory = stepscope.load(path, cache=False)
-    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    monkeypatch.setattr(dataset_read, "LARGE_EVENTS", 0)
     large = _EventsTrap(path, dataset=True)
     windows = step_windows(large, [(1, 2)])
     chrome = export(large, "chrome", str(tmp_path / "chrome"), steps=[(1, 2)])
     perfetto = export(large, "perfetto", str(tmp_path / "w.perfetto-trace"), steps=[(1, 2)])
-    assert not {"events", "kernels", "cuda_api"} & set(large._tables) and os.path.getsize(perfetto) > 0
+    assert not any(large._store.has(t) for t in ("events", "kernels", "cuda_api")) and os.path.getsize(perfetto) > 0
     trace = json.load(open(glob.glob(os.path.join(chrome, "*.json"))[0]))["traceEvents"]
     names = [e.get("name") for e in trace]
     assert {"ProfilerStep#1", "ProfilerStep#2"} <= set(names) and "ProfilerStep#3" not in names
@@ -345,16 +345,16 @@ def test_the_report_of_a_large_run_reads_only_its_chosen_steps(worker_run, tmp_p
     """Issue 13: the report of a large run never builds its events table. Its timeline keeps every
     span of the steps chosen for meaning (read with a time filter pushed into the scan), the
     same spans as from memory, and only the phases elsewhere."""
-    from stepscope.analysis import timeline
-    from stepscope.analysis.report import render
+    from stepscope.analysis.report import timeline
+    from stepscope.analysis.report.page import render
 
     path = _copy(worker_run, tmp_path, "run")
     memory = stepscope.load(path, cache=False)
-    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    monkeypatch.setattr(dataset_read, "LARGE_EVENTS", 0)
     large = _EventsTrap(path, dataset=True)
     assert large.large
     page = render(large)
-    assert "This run is large" in page and "Operators" in page and "events" not in large._tables
+    assert "This run is large" in page and "Operators" in page and not large._store.has("events")
     a, b = timeline.timeline_data(memory), timeline.timeline_data(large)
     assert a["meta"]["detail_steps"] == b["meta"]["detail_steps"] and b["meta"]["phases_only_outside_detail"]
     chosen = b["meta"]["detail_steps"]

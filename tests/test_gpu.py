@@ -174,7 +174,7 @@ def test_kernels_linked_to_launch_step_and_phase(run_dir):
 
 
 def test_launch_lookup_takes_the_first_call_of_a_correlation_id(run_dir):
-    """Launches are found by correlation id in a sorted array (analysis/gpu_raw.py): records
+    """Launches are found by correlation id in a sorted array (analysis/store/gpu_raw.py): records
     written out of time order still find theirs, an id two API calls carry resolves to the
     earlier call, and the string columns of the large tables are categorical."""
     import pandas as pd
@@ -242,7 +242,7 @@ def test_gpu_tables_survive_the_parquet_cache(run_dir):
     for t in threading_enumerate_cache_writers():
         t.join()
     again = stepscope.load(s.path)
-    assert getattr(again, "_from_cache", False)
+    assert again._store.from_cache
     second = again.kernels
     assert len(second) == len(first) == len(launches) + 1
     assert (second["step"].to_numpy() == first["step"].to_numpy()).all()
@@ -261,7 +261,7 @@ def test_runs_without_gpu_records_have_empty_gpu_tables(run_dir):
     stepscope.end_step()
     s.stop()
     run = stepscope.load(s.path)
-    from stepscope.analysis.gpu import KERNEL_COLUMNS, MEMCPY_COLUMNS, SYNC_COLUMNS
+    from stepscope.analysis.store.schema import KERNEL_COLUMNS, MEMCPY_COLUMNS, SYNC_COLUMNS
 
     assert run.kernels.empty and list(run.kernels.columns) == KERNEL_COLUMNS
     assert run.memcpy.empty and list(run.memcpy.columns) == MEMCPY_COLUMNS
@@ -283,7 +283,7 @@ def test_runs_without_gpu_records_have_empty_gpu_tables(run_dir):
     ("triton_poi_fused_add_0", "unknown"),
 ])
 def test_precision_from_kernel_names(name, cls):
-    from stepscope.analysis.gpu import precision_of
+    from stepscope.analysis.tables.gpu import precision_of
 
     assert precision_of(name) == cls
 
@@ -409,7 +409,7 @@ def test_nvml_counters_become_system_metrics(run_dir):
     assert nvl.to_numpy() == pytest.approx(1000 * 1024 / 0.1, rel=0.02)
     assert set(g[g["metric"] == "gpu_memory_used_percent"]["value"].round(3)) == {1.25, 2.5}
     assert set(g["unit"][g["metric"] == "gpu_power"]) == {"W"}
-    from stepscope.analysis.system import summarize_system
+    from stepscope.analysis.tables.system import summarize_system
 
     summary = summarize_system(sysm)
     assert summary["gpu_util_mean"] == pytest.approx(np.mean([40, 41, 42, 43, 44, 50, 51, 52, 53, 54]))
@@ -593,7 +593,7 @@ def test_innermost_phase_wins():
     Backward): a launch belongs to the innermost phase running."""
     import pandas as pd
 
-    from stepscope.analysis.gpu import attribute
+    from stepscope.analysis.tables.gpu import attribute
 
     phases = pd.DataFrame({"process": "p", "name": ["Optimizer", "Forward", "Backward", "Recompute"],
                            "start_ns": [0, 10, 30, 35], "end_ns": [100, 20, 50, 40]})

@@ -91,7 +91,7 @@ def test_operator_window_links_kernels_to_operators(runs):
     window = k[k["step"].isin([5, 6, 7])]
     assert len(window) == 60 and window["launch_api"].notna().all()
     # each kernel's launching operator: the innermost op running on its thread at the launch
-    from stepscope.analysis.ops import kernel_ops
+    from stepscope.analysis.tables.ops import kernel_ops
 
     linked = kernel_ops(window, run.cuda_api, ops)
     assert len(linked) == 60

@@ -14,7 +14,7 @@ from test_torch import SCRIPTS, _env
 torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
-from stepscope.analysis.summary import format_text, summarize  # noqa: E402
+from stepscope.analysis.report.summary import format_text, summarize  # noqa: E402
 
 SCRIPT = os.path.join(SCRIPTS, "interrupted.py")
 
@@ -60,8 +60,8 @@ def test_an_interrupted_iteration_is_no_train_step(tmp_path, kind, exit_code, do
 
 def test_report_and_diff_say_so(tmp_path):
     """The report's job summary and ``stepscope diff`` name the interrupted step too."""
-    from stepscope.analysis.diff import diff
-    from stepscope.analysis.report import _job_summary
+    from stepscope.analysis.report.diff import diff
+    from stepscope.analysis.report.page import _job_summary
 
     _, run = _run(tmp_path, "ctrl_c")
     _, clean = _run(tmp_path, "skip_bad_batch")

@@ -90,7 +90,7 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
     run = stepscope.load(tmp_path / "runs" / "k")
     steps = _check_tf(run, sampled and [12, 13])
     if how == "callback" and jit == "nojit":  # the report of a Keras run: every section, its steps
-        from stepscope.analysis.report import write_report
+        from stepscope.analysis.report.page import write_report
 
         html = open(write_report(run, str(tmp_path / "k.html"))).read()
         ids = re.findall(r'<section id="(\w+)"', html)
@@ -100,7 +100,7 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
                        "timeline", "metadata"], ids
         assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
         # compute phases are sampled: their shares stand for the sampled steps, GetNext's for all
-        from stepscope.analysis.summary import summarize
+        from stepscope.analysis.report.summary import summarize
 
         phases = summarize(run)["phases"]
         sampled = int((steps[(steps["mode"] == "train")][COMPUTE] > 0).any(axis=1).sum())
@@ -288,7 +288,7 @@ def test_fit_with_validation_is_steps_or_named_epoch_boundaries(tmp_path):
     first = int(steps["start_ns"].min())
     assert covered >= 0.97 * (t1 - first), (covered, t1 - first)  # the loop from its first step on
     assert first - t0 < 0.5 * (t1 - t0)  # before it: the step function's first trace, no more
-    from stepscope.analysis.summary import format_text, summarize
+    from stepscope.analysis.report.summary import format_text, summarize
 
     summary = summarize(str(tmp_path / "runs" / "k"))
     between = summary["between_epochs"]

@@ -100,7 +100,7 @@ def test_epoch_edges_are_named_intervals_not_outliers(tmp_path, kind):
     the loops' steps and the between-loops intervals the summary names cover the loop,
     with the intervals' time per epoch; no finding."""
     from stepscope.analysis.loop_edges import EPOCH_END, VALIDATION_START, intervals
-    from stepscope.analysis.summary import format_text, summarize
+    from stepscope.analysis.report.summary import format_text, summarize
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), STEPSCOPE_RUN="edges", STEPSCOPE="1")

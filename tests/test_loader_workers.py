@@ -13,8 +13,8 @@ from test_torch import SCRIPTS, run_script
 torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
-from stepscope.analysis.report import render  # noqa: E402
-from stepscope.analysis.summary import summarize  # noqa: E402
+from stepscope.analysis.report.page import render  # noqa: E402
+from stepscope.analysis.report.summary import summarize  # noqa: E402
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
@@ -37,7 +37,7 @@ def test_a_slow_worker_is_measured_and_named(tmp_path, context):
     assert dataloader[0]["evidence"]["pin_memory"] is False
     assert "worker 1" in dataloader[0]["message"]
 
-    from stepscope.analysis.report_sections import rules_rows, worker_fetches
+    from stepscope.analysis.report.sections import rules_rows, worker_fetches
     from stepscope.compat.smdebug import PandasFrame
 
     # torch's own ranges named "enumerate(DataLoader)#..." (op spans, whose argument is an

@@ -121,7 +121,7 @@ def test_forked_children_that_os_exit_leave_no_process(tmp_path):
     """, cwd=tmp_path)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     import stepscope
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     path = tmp_path / "runs" / "exits"
     run = stepscope.load(path)

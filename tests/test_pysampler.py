@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stepscope  # noqa: E402
-from stepscope.analysis.export import export  # noqa: E402
+from stepscope.analysis.export.formats import export  # noqa: E402
 from stepscope.core import _native  # noqa: E402
 from stepscope.core.config import ConfigError, resolve  # noqa: E402
 
@@ -229,8 +229,8 @@ def test_a_forked_child_does_not_inherit_the_sampler(tmp_path):
 
 
 def test_report_has_a_flame_graph_per_phase(trained, tmp_path):
-    from stepscope.analysis.flame import MAX_NODES, flame_figures, flame_nodes
-    from stepscope.analysis.report import write_report
+    from stepscope.analysis.report.flame import MAX_NODES, flame_figures, flame_nodes
+    from stepscope.analysis.report.page import write_report
 
     _, run = trained
     figs, note = flame_figures(run)
@@ -246,7 +246,7 @@ def test_report_has_a_flame_graph_per_phase(trained, tmp_path):
     # every wider frame is one of its callers: it is the top frame of Forward's flame graph
     assert sum(slow) >= 0.5 * total, (sum(slow), total)
     wider = {t.split(" (")[0] for w, t in zip(fwd.x, fwd.text) if w > sum(slow)}
-    from stepscope.analysis.samples import stack_paths
+    from stepscope.analysis.tables.samples import stack_paths
 
     paths, funcs = stack_paths(run.stacks), run.stacks["function"].to_numpy()
     callers = {funcs[a] for st in run.stacks.index[run.stacks["function"] == "slow_part"] for a in paths[st]}
@@ -294,7 +294,7 @@ def test_samples_survive_the_parquet_cache(trained):
         if t.name == "stepscope-parquet-cache":
             t.join()
     cached = stepscope.load(run.path, quiet=True)
-    assert getattr(cached, "_from_cache", False)
+    assert cached._store.from_cache
     b = cached.samples
     assert len(b) == len(a) > 0
     assert (a["stack"].to_numpy() == b["stack"].to_numpy()).all() and (a["time_ns"] == b["time_ns"]).all()
@@ -547,7 +547,7 @@ def test_a_pure_python_hotspot_is_sampled_in_proportion(tmp_path):
     s = run.samples
     mine = s[(s["tid"] == info["tid"]) & (s["time_ns"] >= info["t0"] * 1e9)]
     assert len(mine) >= 0.6 * 100 * info["seconds"], len(mine)
-    from stepscope.analysis.samples import stack_paths
+    from stepscope.analysis.tables.samples import stack_paths
 
     paths, funcs = stack_paths(run.stacks), run.stacks["function"].to_numpy()
     in_helper = np.array([any(funcs[a] == "python_helper" for a in paths[st]) for st in mine["stack"]])
@@ -631,7 +631,7 @@ def test_a_dataloader_workers_python_collate_fn_is_sampled(tmp_path):
     # the worker's main thread (its tid is its pid), not its queue's feeder thread
     mine = s[(s["pid"] == pid) & (s["tid"] == pid) & s["time_ns"].between(truth["first"] * 1e9, truth["last"] * 1e9)]
     assert len(mine) >= 0.6 * 100 * (truth["last"] - truth["first"]), len(mine)
-    from stepscope.analysis.samples import stack_paths
+    from stepscope.analysis.tables.samples import stack_paths
 
     paths, funcs = stack_paths(run.stacks), run.stacks["function"].to_numpy()
     in_collate = np.array([any(funcs[a] == "python_collate" for a in paths[st]) for st in mine["stack"]])

@@ -216,7 +216,7 @@ def hotspot_run(tmp_path, seconds=8.0, hz=200):
     assert "stepscope:" not in r.stderr, r.stderr[-3000:]
     info = json.loads(r.stdout.strip().splitlines()[-1])
     run = stepscope.load(tmp_path / "runs" / "hot", quiet=True)
-    from stepscope.analysis.samples import stack_paths
+    from stepscope.analysis.tables.samples import stack_paths
 
     s, stacks = run.samples, run.stacks
     paths, funcs, lines = stack_paths(stacks), stacks["function"].to_numpy(), stacks["line"].to_numpy()

@@ -26,14 +26,15 @@ def test_analysis_imports_nothing_from_the_command_line():
     assert not offenders, offenders
 
 
-def test_summary_and_diff_live_in_analysis_and_keep_their_old_names():
-    from stepscope.analysis import diff as analysis_diff
-    from stepscope.analysis import summary as analysis_summary
-    from stepscope.cli.diff import diff, format_diff
-    from stepscope.cli.summary import format_text, summarize
+def test_summary_and_diff_live_in_analysis_alone():
+    """One home each (issue 42): the command line has no copies or re-exports of them."""
+    import importlib.util
 
-    assert summarize is analysis_summary.summarize and format_text is analysis_summary.format_text
-    assert diff is analysis_diff.diff and format_diff is analysis_diff.format_diff
+    from stepscope.analysis.report.diff import diff, format_diff  # noqa: F401
+    from stepscope.analysis.report.summary import format_text, summarize  # noqa: F401
+
+    assert importlib.util.find_spec("stepscope.cli.diff") is None
+    assert importlib.util.find_spec("stepscope.cli.summary") is None
 
 
 # --- real runs ----------------------------------------------------------------------------
@@ -66,7 +67,7 @@ def test_getnext_finding_quotes_the_summarys_share(tmp_path):
     pytest = __import__("pytest")
     pytest.importorskip("torch")
     from stepscope.analysis.quantities import percent
-    from stepscope.analysis.summary import format_text, summarize
+    from stepscope.analysis.report.summary import format_text, summarize
 
     # one epoch, 5 ms of host work a step: the loop waits ~10 ms a step for its 2 workers
     # (with 10 ms it waited ~5 ms, and under load the steady wait fell below the threshold)
@@ -97,7 +98,7 @@ def test_epoch_start_figure_for_persistent_workers(tmp_path):
     pytest.importorskip("torch")
     import numpy as np
 
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
     from stepscope.core.vocabulary import END_MARK
 
     run = _epochs_run(tmp_path, "plain", "4", "plain", "2")
@@ -134,7 +135,7 @@ def test_other_counts_each_steps_gaps_when_processes_overlap_in_time():
     Backward and Optimizer stays Other)."""
     import numpy as np
 
-    from stepscope.analysis.tables import _covered_per_step
+    from stepscope.analysis.tables.stepping import _covered_per_step
 
     # rows 0-1: rank 0's steps [0, 100) and [100, 200); row 2: rank 1's step [0, 100) with
     # phases [0, 10) and [20, 30), which come after rank 0's rows

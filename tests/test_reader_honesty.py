@@ -252,7 +252,7 @@ def test_stack_tables_pointing_nowhere_are_dropped_not_raised():
     """Tables as a damaged file leaves them (ids past the end, undefined marks, a parent
     after its child): only the readable stacks and their samples are kept."""
     import numpy as np
-    from stepscope.analysis import samples
+    from stepscope.analysis.store import stacks as samples
 
     u = samples.UNDEFINED
     py = {"strings": ["f", "file.py"],

@@ -74,7 +74,7 @@ def test_slow_loader_job_is_one_get_next_finding(tmp_path):
     (row,) = [r for r in result["details"]["ProfilerReport"]["rules"] if r["rule"] == "CPUBottleneck"]
     assert row["triggered"] == 1 and row["related"] == 1
     # the report's verdict shows the one problem with its cost, and what it explains under it
-    from stepscope.analysis.report import _verdict
+    from stepscope.analysis.report.page import _verdict
 
     verdict = _verdict(result)
     assert verdict.count("<h3>") == 1 and "GetNextBottleneck" in verdict
@@ -135,7 +135,7 @@ def test_leak_and_a_costly_sync_are_two_problems(tmp_path):
 
 
 def test_summary_text_names_the_related_finding(tmp_path):
-    from stepscope.analysis.summary import format_text, summarize
+    from stepscope.analysis.report.summary import format_text, summarize
 
     run, _ = record(tmp_path, "loader-text", 30, slow_loader, lambda s: dict(cores_busy=20.0, process=100.0),
                     [SimGPU()])
@@ -147,7 +147,7 @@ def test_summary_text_names_the_related_finding(tmp_path):
 
 
 def test_diff_shows_each_problem_once_with_its_cost(tmp_path):
-    from stepscope.analysis.diff import diff, format_diff
+    from stepscope.analysis.report.diff import diff, format_diff
 
     _, loader = record(tmp_path, "loader-a", 30, slow_loader, lambda s: dict(cores_busy=20.0, process=100.0),
                        [SimGPU()])

@@ -24,8 +24,8 @@ import stepscope
 
 from conftest import run_python
 
-from stepscope.analysis.timeline import MIXED
-from stepscope.analysis.timeline_detail import DETAIL_ITEMS, OVERVIEW_ITEMS
+from stepscope.analysis.report.timeline import MIXED
+from stepscope.analysis.report.timeline_detail import DETAIL_ITEMS, OVERVIEW_ITEMS
 
 CHROMIUM = os.environ.get("STEPSCOPE_CHROMIUM", "/usr/bin/chromium")
 MAX_REPORT_BYTES = 3_000_000  # issue 20: whatever the run's length
@@ -333,8 +333,8 @@ def _gpu_run(tmp_path):
 def test_gpu_dashboard_timeline_tracks_and_chrome_export(browser, tmp_path):
     import json
 
-    from stepscope.analysis.export import export
-    from stepscope.analysis.report import write_report
+    from stepscope.analysis.export.formats import export
+    from stepscope.analysis.report.page import write_report
 
     run = _gpu_run(tmp_path)
     n = len(run.kernels)

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 import stepscope
-from stepscope.analysis import report_sections as rs
-from stepscope.analysis.report import write_report
+from stepscope.analysis.report import sections as rs
+from stepscope.analysis.report.page import write_report
 from stepscope.analysis.rules import RULES
-from stepscope.analysis.summary import summarize
+from stepscope.analysis.report.summary import summarize
 
 from conftest import run_python
 

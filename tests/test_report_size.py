@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 import stepscope
-from stepscope.analysis import plots
-from stepscope.analysis.report import write_report
-from stepscope.analysis.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, _finding_steps, choose_steps,
+from stepscope.analysis.report import plots
+from stepscope.analysis.report.page import write_report
+from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, _finding_steps, choose_steps,
                                                 parse_steps)
 
 from conftest import run_python

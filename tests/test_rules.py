@@ -126,18 +126,18 @@ def test_ddp_straggler_is_named(tmp_path, monkeypatch):
     # issue 13: this 2-rank run read as a large one (its Parquet dataset, no events table)
     # gives every rule's findings and the whole summary exactly as decoded in memory
     import stepscope
-    from stepscope.analysis import dataset
+    from stepscope.analysis.store import dataset_read
     from stepscope.analysis.run import Run
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     path = tmp_path / "runs" / "straggler"
     memory = summarize(stepscope.load(path, cache=False, quiet=True))
-    monkeypatch.setattr(dataset, "LARGE_EVENTS", 0)
+    monkeypatch.setattr(dataset_read, "LARGE_EVENTS", 0)
     large = Run(path, dataset=True)
     assert large.large and memory["ranks"] == 2
     assert json.dumps(summarize(large), sort_keys=True, default=str) == json.dumps(memory, sort_keys=True,
                                                                                    default=str)
-    assert "events" not in large._tables
+    assert not large._store.has("events")
 
 
 def test_param_parsing_errors_are_clear():

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import stepscope
-from stepscope.analysis.summary import summarize
+from stepscope.analysis.report.summary import summarize
 
 from conftest import run_python
 

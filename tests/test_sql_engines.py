@@ -1,4 +1,4 @@
-"""The core aggregations (analysis/sql.py) run unchanged on DuckDB and on Spark SQL
+"""The core aggregations (analysis/export/sql.py) run unchanged on DuckDB and on Spark SQL
 over a run's Parquet dataset, with equal results, and agree with the summary.
 
 Spark runs in local mode on Java (tests/setup_java.sh installs Debian's
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 import stepscope
-from stepscope.analysis import sql
-from stepscope.analysis.summary import summarize
+from stepscope.analysis.export import sql
+from stepscope.analysis.report.summary import summarize
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def gpu_dataset(tmp_path_factory):
     finally:
         os.environ.pop("STEPSCOPE_DIR", None)
     run = stepscope.load(s.path, dataset=True)
-    return run, run._data.root
+    return run, run._store.root
 
 
 def test_duckdb_results_are_the_summarys(gpu_dataset):
@@ -99,7 +99,7 @@ def test_spark_sql_gives_duckdbs_results(gpu_dataset):
     _, root = gpu_dataset
     spark = _spark()
     try:
-        for table in sql.TABLES:
+        for table in sql.QUERY_TABLES:
             spark.read.parquet(os.path.join(root, table)).createOrReplaceTempView(table)
         duck = sql.run_duckdb(root)
         for name, query in sql.QUERIES.items():

@@ -123,7 +123,7 @@ def test_opening_and_closing_a_window_are_not_the_time_of_the_phases_they_fall_i
     and written: tens to hundreds of ms for steps of many small ops) in the next step's
     first phase. Both are stepscope's cost, counted in Other, and the summary says how
     much; a step they touch is no StepOutlier."""
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     _, run = profiled(tmp_path, MANY_OPS)
     steps, phases = run.steps, run.phases
@@ -154,16 +154,16 @@ def test_opening_and_closing_a_window_are_not_the_time_of_the_phases_they_fall_i
     assert abs(w["share"] - total / steps["duration_ns"].sum()) < 1e-4
     assert w["share"] >= 0.02 and any("operator windows took" in n for n in s["notes"]), s["notes"]
     assert "StepOutlier" not in {f["rule"] for f in s["findings"]}, s["findings"]
-    from stepscope.analysis.report import render
+    from stepscope.analysis.report.page import render
 
     assert f"took {w['total_ms']:,.1f} ms" in render(run)  # the report's operators section says it
 
 
 def test_report_and_chrome_export_carry_the_ops(tmp_path):
     _, run = profiled(tmp_path, TRAIN, 12)
-    from stepscope.analysis.export import export
-    from stepscope.analysis.report import render
-    from stepscope.analysis.timeline import timeline_data
+    from stepscope.analysis.export.formats import export
+    from stepscope.analysis.report.page import render
+    from stepscope.analysis.report.timeline import timeline_data
 
     html = render(run)
     assert "<h3>Forward: top operators</h3>" in html and "aten::addmm" in html
@@ -288,11 +288,11 @@ def test_window_cost_stays_small_on_a_longer_run(tmp_path):
 
 
 def test_kernels_link_to_the_op_running_at_their_launch():
-    """analysis/ops.kernel_ops over plain tables (a real GPU run: test_gpu_fixtures.py):
+    """analysis/tables/ops.kernel_ops over plain tables (a real GPU run: test_gpu_fixtures.py):
     a kernel's launch call lies in the innermost op of its thread."""
     import pandas as pd
 
-    from stepscope.analysis.ops import kernel_ops
+    from stepscope.analysis.tables.ops import kernel_ops
 
     ops = pd.DataFrame({"process": ["p"] * 3, "tid": [7, 7, 8], "name": ["aten::linear", "aten::addmm", "aten::mm"],
                         "start_ns": [100, 110, 100], "end_ns": [200, 190, 300]})

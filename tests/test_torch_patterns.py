@@ -193,7 +193,7 @@ def test_two_loops_in_two_threads_are_two_sequences_of_steps(tmp_path):
         gaps = s["start_ns"].to_numpy()[1:] - s["end_ns"].to_numpy()[:-1]
         assert (gaps >= 0).all() and (gaps > 0).sum() <= passes - 1, (tid, gaps)
         assert s["duration_ns"].sum() <= 1.05 * wall, (tid, s["duration_ns"].sum(), wall)
-    from stepscope.analysis.summary import summarize
+    from stepscope.analysis.report.summary import summarize
 
     assert summarize(run)["steps"]["train"]["count"] == 44  # the summary pools them per mode
 

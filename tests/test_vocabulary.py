@@ -22,11 +22,13 @@ def test_native_module_declares_the_vocabularys_names():
 
 def test_the_rest_of_the_package_uses_it():
     import stepscope
-    from stepscope.analysis import PHASES, gpu, reader, tables
+    from stepscope.analysis import PHASES
+    from stepscope.analysis.store import reader
+    from stepscope.analysis.tables import gpu, stepping
     from stepscope.core import annotations, config, gpu_records
 
     assert stepscope.CATEGORIES == v.CATEGORIES and annotations.MODES == v.MODES
-    assert annotations.PHASES == v.PHASE_NAMES and PHASES == tables.PHASES == v.PHASES
+    assert annotations.PHASES == v.PHASE_NAMES and PHASES == stepping.PHASES == v.PHASES
     assert config.DEFAULT_DIR == v.DEFAULT_DIR and config.GPU_MODES == v.GPU_MODES
     assert reader.KINDS == v.EVENT_KINDS and gpu.TYPES == v.GPU_TYPES
     # the writer's numbering and the reader's names are one table

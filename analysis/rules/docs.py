@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stepscope.analysis.loop import loop_markdown
 from stepscope.analysis.rules.debugger import translation_markdown
+from stepscope.analysis.rules import registry
 from stepscope.analysis.rules.extending import extending_markdown
 from stepscope.analysis.rules.relate import related_markdown
 from stepscope.analysis.rules.steady import MIN_WINDOW_SAMPLES
@@ -23,9 +24,7 @@ def rules_markdown() -> str:
              "`rules_not_applicable` with the reason. Figures that rules report whether or not they fire "
              "(Dataloader, OverallSystemUsage, OverallFrameworkMetrics, ProfilerReport) are in the summary's "
              "`rule_details` (JSON).", ""]
-    from stepscope.analysis.rules import RULES
-
-    for rule in RULES:
+    for rule in registry.builtin_rules():
         lines += [f"## {rule.name}", "", rule.summary, ""]
         if rule.params:
             lines += ["| parameter | default | unit | meaning |", "| --- | ---: | --- | --- |"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts, ms, percent, phase_share, step_stats
-from stepscope.analysis.pipeline import tfdata_stages
+from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.core.vocabulary import GETNEXT, TRAIN

@@ -3,7 +3,7 @@ to launch the next one."""
 
 from __future__ import annotations
 
-from stepscope.analysis.kernel_steps import LAUNCH_GAP_NS, aggregate, is_compute
+from stepscope.analysis.tables.kernel_steps import LAUNCH_GAP_NS, aggregate, is_compute
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import no_gpu_reason, train_steps
 

@@ -26,6 +26,11 @@ def set_builtin(rules: List[Rule]) -> None:
     _builtin[:] = rules
 
 
+def builtin_rules() -> List[Rule]:
+    """stepscope's own rules, in the order the summary lists them (``rules.RULES``)."""
+    return list(_builtin)
+
+
 def _instances(obj, where: str) -> List[Rule]:
     """A Rule subclass, an instance, or a list of either, as instances."""
     items = obj if isinstance(obj, (list, tuple)) else [obj]

@@ -1,0 +1,66 @@
+"""A trace still being written: the parts of it that will not change any more, kept
+between builds of its dataset so that the next build decodes only what is new."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import pandas as pd
+
+from stepscope.analysis.store.dataset_files import write_file
+from stepscope.core.vocabulary import PROCESS_JSON, TRACE_FILE
+
+LIVE_VERSION = 2  # of the parts kept between builds of a trace still being written (2: GPU records decoded again)
+# What the derived tables are built from: a small share of a large trace's events.
+DERIVED_FROM = ("step", "phase", "system")
+
+
+def trace_identity(folder: str, part_bytes: int) -> Optional[list]:
+    try:
+        st = os.stat(os.path.join(folder, TRACE_FILE))
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, part_bytes]  # kept parts are of one part size
+
+
+def ended(folder: str) -> bool:
+    """The process stopped profiling (process.json has its end time): its trace is final."""
+    try:
+        with open(os.path.join(folder, PROCESS_JSON)) as f:
+            return json.load(f).get("end_time") is not None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> None:
+    """Keeps a finished part: its events file and the events the derived tables need (its
+    GPU records are decoded again: cheaper than keeping them); the JSON, written last,
+    makes it usable."""
+    keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
+    if len(events):
+        keep[int(events["end_ns"].to_numpy().argmax())] = True
+    write_file(events, f"{where}.events.parquet")
+    tmp = f"{where}.kept.parquet.tmp{os.getpid()}"  # (another load of the run may be reading it)
+    events[keep].to_parquet(tmp, index=False)  # every column, as decoded
+    os.replace(tmp, f"{where}.kept.parquet")
+    info = dict(part, identity=identity, version=LIVE_VERSION, events_file=f"{where}.events.parquet")
+    with open(f"{where}.json.tmp{os.getpid()}", "w") as f:
+        json.dump(info, f)
+    os.replace(f"{where}.json.tmp{os.getpid()}", f"{where}.json")
+
+
+def reused_part(live: str, i: int, identity: list):
+    """(part info, events) of a part kept by an earlier build of the same trace, or None.
+    The events are those kept for the derived tables (the full part is linked)."""
+    where = os.path.join(live, f"part-{i:05d}")
+    try:
+        with open(f"{where}.json") as f:
+            part = json.load(f)
+        if part.get("identity") != identity or part.get("version") != LIVE_VERSION:
+            return None
+        return part, pd.read_parquet(f"{where}.kept.parquet")
+    except (OSError, ValueError):
+        return None
+

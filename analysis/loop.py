@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.ending import frameworks_known, run_ending
+from stepscope.core.frameworks import step_marking_display_names
 from stepscope.core.vocabulary import BACKWARD, FORWARD, OPTIMIZER, TRAIN
 
 MIN_FORWARDS = 8  # forwards piled up in one train step with no backward and no optimizer step
@@ -29,8 +30,6 @@ MIN_STEP_SHARE = 0.5  # ...and one of them holding more than this share of its p
 MIN_BLIND_STEPS = 3  # train steps with a backward or optimizer step and never a forward: the forward is unseen
 NOT_DELIMITED, NO_STEPS, NOTHING_RECORDED = "steps_not_delimited", "no_steps", "nothing_recorded"
 FORWARD_NOT_SEEN = "forward_not_seen"
-FRAMEWORKS = {"torch": "PyTorch", "lightning": "Lightning", "pytorch_lightning": "Lightning", "keras": "Keras",
-              "tensorflow": "TensorFlow", "transformers": "Transformers"}
 
 HOW_TO_MARK = ("mark the loop's iterations by hand: call stepscope.step() at the top of each iteration "
                "(stepscope.step(\"eval\") in evaluation), and wrap its parts in "
@@ -108,7 +107,7 @@ def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str,
     run had imported (None: not known, as in a run that did not close); ended: the run has
     an end time (it was not killed); ending: how it ended (analysis/ending.py), which
     decides over ``ended`` when given."""
-    used = sorted({FRAMEWORKS[f] for f in frameworks or () if f in FRAMEWORKS})
+    used = step_marking_display_names(frameworks)
     if steps.empty and not recorded:
         if ending is not None:
             ended = ending["complete"]

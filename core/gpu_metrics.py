@@ -3,7 +3,7 @@
 The host's elected node sampler runs one Python thread that reads every GPU
 each ``interval_ms`` and records raw values as ``system`` counters named
 ``gpu.<metric>|gpu<N>`` (the convention of every system metric; rates and
-units are made in analysis/system.py). NVML calls are ctypes calls that drop
+units are made in analysis/tables/system.py). NVML calls are ctypes calls that drop
 the GIL, so the training loop is not held up while the driver answers.
 
 Per GPU and sample: utilization and memory-controller utilization (%), memory

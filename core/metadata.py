@@ -73,7 +73,7 @@ RUN_FIELDS = {
     "versions": OBJECT, "notes": list_of(TEXT), "clock_alignment": OBJECT, "merged_from": LIST,
 }
 
-# One process of a Parquet dataset's manifest.json (analysis/dataset.py): all required.
+# One process of a Parquet dataset's manifest.json (analysis/store/dataset_build.py): all required.
 MANIFEST_ENTRY_FIELDS = {
     "folder": TEXT, "partition": TEXT, "meta": fields(PROCESS_FIELDS, "process metadata"),
     "warnings": list_of(TEXT), "events": INT64, "dropped": INT64, "readable": FLAG, "clean_close": FLAG,

@@ -13,6 +13,14 @@ import threading
 
 _lock = threading.Lock()
 _reported = False
+# What turns recording off after a failure: the session module registers its switch
+# here when it is imported (this module imports nothing of stepscope's above it).
+_switches_off: list = []
+
+
+def on_failure(switch_off) -> None:
+    """``switch_off()`` runs at every reported failure (it must be idempotent)."""
+    _switches_off.append(switch_off)
 
 
 def report_failure(what: str, exc: BaseException | None = None) -> None:
@@ -21,12 +29,11 @@ def report_failure(what: str, exc: BaseException | None = None) -> None:
     with _lock:
         first = not _reported
         _reported = True
-    try:
-        from stepscope.core import session
-
-        session.disable_after_failure()
-    except Exception:  # noqa: BLE001 - turning recording off must not fail into the program
-        pass
+    for switch_off in list(_switches_off):
+        try:
+            switch_off()
+        except Exception:  # noqa: BLE001 - turning recording off must not fail into the program
+            pass
     if first and not _native_reported():
         detail = f": {type(exc).__name__}: {exc}" if exc is not None else ""
         try:

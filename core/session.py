@@ -272,6 +272,9 @@ def disable_after_failure() -> None:
             pass
 
 
+safety.on_failure(disable_after_failure)
+
+
 # --- children ---------------------------------------------------------------------
 def _join(run_dir: str, origin: str, parent: Optional[str]) -> None:
     """Joins an existing run from a child process; never raises."""

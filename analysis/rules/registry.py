@@ -9,8 +9,9 @@ import sys
 from typing import List
 
 from stepscope.analysis.rules.base import Rule
+from stepscope.core import plugins
 
-ENTRY_POINT_GROUP = "stepscope.rules"
+ENTRY_POINT_GROUP = plugins.RULES
 
 _builtin: List[Rule] = []
 _custom: List[Rule] = []
@@ -81,14 +82,7 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    try:
-        from importlib.metadata import entry_points
-
-        eps = entry_points()
-        found = eps.select(group=ENTRY_POINT_GROUP) if hasattr(eps, "select") else eps.get(ENTRY_POINT_GROUP, [])
-    except Exception:  # noqa: BLE001
-        return
-    for ep in found:
+    for ep in plugins.entry_points(ENTRY_POINT_GROUP):  # one discovery for every plugin group
         try:
             for r in _instances(ep.load(), f"entry point {ep.name} = {ep.value}"):
                 if r.name not in {c.name for c in _custom}:  # --rules wins over an installed plugin

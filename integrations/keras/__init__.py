@@ -38,7 +38,8 @@ Modules: ``_callback`` (the callback), ``_tf_backend``, ``_torch_backend``,
 
 from __future__ import annotations
 
-from stepscope.integrations.keras._instrumentors import backend_hooks, instrumentor
+from stepscope.integrations.keras._backend_hooks import backend_hooks
+from stepscope.integrations.keras._instrumentors import instrumentor
 
 __all__ = ["StepscopeCallback", "instrument", "uninstrument", "is_instrumented", "instrumentor"]
 

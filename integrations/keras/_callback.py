@@ -7,7 +7,7 @@ import sys
 from stepscope.core import safety
 from stepscope.core.recording import FRAMEWORK, begin_step, end_step, intern, interrupt_step, now, span
 from stepscope.integrations._late_class import late_class
-from stepscope.integrations.keras._instrumentors import backend_hooks
+from stepscope.integrations.keras._backend_hooks import backend_hooks
 from stepscope.integrations.keras._tf_backend import _fetching_in_python, _has_strategy
 from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends, _torch_tracker
 

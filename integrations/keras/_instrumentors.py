@@ -1,8 +1,6 @@
-"""The Keras instrumentors (the integration contract of ``integrations._base``).
+"""The Keras zero-edit instrumentor (the integration contract of ``integrations._base``).
 
-* ``backend_hooks``: what the callback needs beside itself -- tf.data fetches
-  and the yield to TensorBoard's profiler on TensorFlow; the Keras optimizer
-  and symbolic passes on torch. The callback turns it on.
+* ``backend_hooks`` (``_backend_hooks.py``): what the callback needs beside itself.
 * ``instrumentor``: zero-edit mode; adds the callback to every
   ``fit``/``evaluate``/``predict`` (and turns on ``backend_hooks``), and makes
   each ``train_on_batch``/``test_on_batch``/``predict_on_batch`` a step.
@@ -16,35 +14,10 @@ import sys
 from stepscope.core import safety
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._frameless import frameless
+from stepscope.integrations.keras import _callback
+from stepscope.integrations.keras._backend_hooks import backend_hooks
+from stepscope.integrations.keras._callback import _callback_class
 from stepscope.integrations.keras._tf_backend import torch_loaders_read_through_tfdata
-
-
-class KerasBackendHooks(Instrumentor):
-    name = "Keras"
-    module = "keras"
-    distribution = "keras"
-    supported = ">=3,<4"
-
-    def _instrument(self) -> None:
-        import keras
-
-        backend = keras.backend.backend()
-        if backend == "tensorflow":
-            from keras.src.backend.tensorflow import tensorboard, trainer
-
-            from stepscope.integrations import tfdata
-            from stepscope.integrations.keras import _tf_backend as tb
-
-            tfdata.instrumentor.ensure()
-            self.patch(tensorboard, "start_trace", tb._yield_to_user_profiler)
-            if hasattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build"):  # where this Keras has it
-                self.patch(trainer.TensorFlowTrainer, "_maybe_symbolic_build", tb._symbolic_build_fetches_not_steps)
-        elif backend == "torch":
-            from stepscope.integrations.keras import _torch_backend as tb
-
-            self.patch(keras.optimizers.Optimizer, "apply", tb._wrap_optimizer_apply)
-            self.patch(keras.Model, "_symbolic_build", tb._hidden_from_torch)
-            self.patch(keras.Layer, "__call__", tb._symbolic_calls_hidden_from_torch)
 
 
 class KerasInstrumentor(Instrumentor):
@@ -70,19 +43,10 @@ class KerasInstrumentor(Instrumentor):
             self.ensure()
 
 
-backend_hooks = KerasBackendHooks()
 instrumentor = KerasInstrumentor()
 
 
-def _callback_class():
-    from stepscope.integrations.keras._callback import _callback_class as build
-
-    return build()
-
-
 def _has_ours(callbacks) -> bool:
-    from stepscope.integrations.keras import _callback
-
     classes = _callback._build_class.made()
     items = getattr(callbacks, "callbacks", callbacks) or []
     return bool(classes) and any(isinstance(cb, classes) for cb in items)

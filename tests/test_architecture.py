@@ -25,6 +25,9 @@ MAY_IMPORT = {
 }
 # csrc/'s parts and the parts each may include (module.cc, the bindings, includes them all).
 MAY_INCLUDE = {
+    # the hot Python entry points (Span, span, now...), split out of module.cc: bindings
+    # as module.cc is, so above every part
+    "bindings": {"common", "read", "record", "steps", "torch", "bindings"},
     "common": {"common"},
     "read": {"common", "read"},
     "record": {"common", "record"},

@@ -401,47 +401,55 @@ PyObject* hook_get(PyObject* self, PyObject* obj, PyObject*) {
   return PyMethod_New(self, obj);
 }
 
-PyObject* filtered_enter(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n < 4 || n > 5 || !str_tuple(a[2])) {
+// Set-up time (record_function and the engine call patched), so the arguments are named.
+PyObject* filtered_enter(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"original", "record", "prefixes", "fail", "loop", nullptr};
+  PyObject *original, *record, *prefixes, *fail, *loop = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O:filtered_enter", const_cast<char**>(names), &original,
+                                   &record, &prefixes, &fail, &loop))
+    return nullptr;
+  if (!str_tuple(prefixes)) {
     PyErr_SetString(PyExc_TypeError, "filtered_enter(original, record, prefixes: tuple of str, fail, loop=None)");
     return nullptr;
   }
-  return make(a[0], a[1], a[2], nullptr, a[3], n > 4 ? a[4] : nullptr, enter_call);
+  return make(original, record, prefixes, nullptr, fail, loop, enter_call);
 }
 
-PyObject* guarded_exit(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n < 4 || n > 5) {
-    PyErr_SetString(PyExc_TypeError, "guarded_exit(original, record, local, fail, loop=None)");
+PyObject* guarded_exit(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"original", "record", "local", "fail", "loop", nullptr};
+  PyObject *original, *record, *local, *fail, *loop = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|O:guarded_exit", const_cast<char**>(names), &original,
+                                   &record, &local, &fail, &loop))
     return nullptr;
-  }
-  return make(a[0], a[1], nullptr, a[2], a[3], n > 4 ? a[4] : nullptr, exit_call);
+  return make(original, record, nullptr, local, fail, loop, exit_call);
 }
 
-PyObject* timed_backward(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 4) {
-    PyErr_SetString(PyExc_TypeError, "timed_backward(original, state, compiler, fail)");
+PyObject* timed_backward(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"original", "state", "compiler", "fail", nullptr};
+  PyObject *original, *state, *compiler, *fail;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:timed_backward", const_cast<char**>(names), &original, &state,
+                                   &compiler, &fail))
     return nullptr;
-  }
-  PyObject* h = make(a[0], a[3], nullptr, nullptr, a[3], nullptr, backward_call);
+  PyObject* h = make(original, fail, nullptr, nullptr, fail, nullptr, backward_call);
   if (h) {
     Hook* hook = reinterpret_cast<Hook*>(h);
-    Py_INCREF(a[1]);
-    hook->state = a[1];
-    Py_INCREF(a[2]);
-    hook->compiler = a[2];
+    Py_INCREF(state);
+    hook->state = state;
+    Py_INCREF(compiler);
+    hook->compiler = compiler;
   }
   return h;
 }
 
-#define FAST(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f)), METH_FASTCALL
+#define KEYWORDS(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f)), METH_VARARGS | METH_KEYWORDS
 PyMethodDef functions[] = {
-    {"filtered_enter", FAST(filtered_enter),
+    {"filtered_enter", KEYWORDS(filtered_enter),
      "filtered_enter(original, record, prefixes, fail, loop=None): an __enter__ that calls record(self.name, "
      "id(self)) after original, unless the name starts with one of prefixes; loop: see csrc/torch/hooks.cc"},
-    {"guarded_exit", FAST(guarded_exit),
+    {"guarded_exit", KEYWORDS(guarded_exit),
      "guarded_exit(original, record, local, fail, loop=None): an __exit__ that calls record(id(self)) when "
      "local.stack is non-empty, then original; loop: see csrc/torch/hooks.cc"},
-    {"timed_backward", FAST(timed_backward),
+    {"timed_backward", KEYWORDS(timed_backward),
      "timed_backward(original, state, compiler, fail): the engine call of every backward, timed for the "
      "thread's tracker (state.s)"},
     {nullptr, nullptr, 0, nullptr}};
@@ -454,7 +462,7 @@ bool add_hooks(PyObject* module) {
     if (!*slot) return false;
   }
   HookType.tp_descr_get = hook_get;
-  if (!ready_wrapper_type(&HookType, "stepscope.core._native.Hook", sizeof(Hook), offsetof(Hook, vectorcall),
+  if (!ready_wrapper_type(&HookType, "stepscope.core._native.torch.Hook", sizeof(Hook), offsetof(Hook, vectorcall),
                           hook_traverse, hook_clear, hook_dealloc, "A method wrapper (filtered_enter, guarded_exit)."))
     return false;
   return PyModule_AddFunctions(module, functions) == 0;

@@ -1,4 +1,4 @@
-"""The native step tracker (csrc/steps/steps.cc) and the other native types reachable
+"""The native step tracker (csrc/steps/) and the other native types reachable
 from Python raise on misuse, never crash (issue 41, item 3).
 
 Every report may call Python (the guess, on_new_step, may_begin, the operator

@@ -336,7 +336,7 @@ bool bindings::add_hot(PyObject* m) {
   PyModule_AddObject(m, "Span", reinterpret_cast<PyObject*>(&SpanType));
   g_name_cache = PyDict_New();
   if (!g_name_cache || PyModule_AddFunctions(m, hot_methods) < 0) return false;
-  // the phase names are interned first: their ids are 0..5 (py_phase, steps.cc)
+  // the phase names are interned first: their ids are 0..5 (py_phase, steps/tracker.h)
   PyObject* phases = PyTuple_New(kNumPhases);
   if (!phases) return false;
   for (uint32_t i = 0; i < kNumPhases; ++i) {

@@ -22,7 +22,7 @@ LightningModule's ``training_step`` calling ``self.encoder`` and
 ``self.decoder``): the model is never called, its submodules are, and they are
 the roots found. Their forwards, one after another, are then parts of one
 Forward: they share a group token, and the step tracker writes one span from
-the first part's start to the last one's end (``csrc/steps/steps.cc``). Found from
+the first part's start to the last one's end (``csrc/steps/reports.cc``). Found from
 the calling frames, once, when such a root is adopted.
 """
 

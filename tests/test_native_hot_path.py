@@ -1,6 +1,6 @@
 """The native pieces of the per-step hot path, without a framework: the step
 tracker (csrc/steps/) fed the reports an integration makes, read back from a
-real run; the method wrappers (csrc/torch/hooks.cc) on a plain context manager."""
+real run; the method wrappers (csrc/torch/record_function.cc) on a plain context manager."""
 
 import weakref
 

@@ -8,7 +8,7 @@ dynamo treats the class as a profiler context and never runs them, and
 reloads a model with a range where stepscope is absent). torch wraps
 some of its own calls in ``record_function`` on every step (optimizer step and
 zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps), in
-native wrappers (``csrc/torch/hooks.cc``) that run three times a step on each side.
+native wrappers (``csrc/torch/record_function.cc``) that run three times a step on each side.
 Three of them are the loop's own marks, and report it with no Python frame:
 a DataLoader's ``__next__`` is one fetch (GetNext), an optimizer's
 ``zero_grad`` a framework span, and the exit of the range around an optimizer

@@ -1,7 +1,7 @@
 """GetNext: ``DataLoader.__iter__`` (a pass begins: its worker start belongs to
 the first fetch). Each fetch itself is the ``record_function`` range torch
 enters in ``_BaseDataLoaderIter.__next__``, reported in native code
-(``_annotations.py``, ``csrc/torch/hooks.cc``); ``wrap_next`` times any other
+(``_annotations.py``, ``csrc/torch/record_function.cc``); ``wrap_next`` times any other
 iterator's ``next`` the same way (``timed_fetches``). Whatever runs inside a
 fetch (an ``nn.Module`` transform in ``__getitem__``) is part of the fetch,
 never a forward.

@@ -89,7 +89,7 @@ class TorchInstrumentor(Instrumentor):
         tracker = StepTracker(on_new_step=self.roots.step_completed,
                               may_begin=_no_steps_in_loader_workers(self.torch))
         tracker.every_step = self.roots.discovery is not None
-        # a fetch leaves its mode to its work (csrc/torch/hooks.cc)
+        # a fetch leaves its mode to its work (csrc/torch/record_function.cc)
         tracker.guess = self.forwards.guess_fetch_mode
         return tracker
 
@@ -212,6 +212,6 @@ class TorchInstrumentor(Instrumentor):
 
     # --- backward ---------------------------------------------------------------------------
     def wrap_backward(self, original):
-        # native (csrc/torch/hooks.cc): no Python frame on every step; dynamo never reaches it
+        # native (csrc/torch/backward.cc): no Python frame on every step; dynamo never reaches it
         return _native_hooks.timed_backward(original=original, state=self.loops.local,
                                             compiler=self.context.compiler, fail=self.fail)

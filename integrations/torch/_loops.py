@@ -4,7 +4,7 @@ training two models) are two sequences of steps, each with its own tracker,
 nesting depth and open forwards.
 
 Each thread's state is ``loops.local.s`` (a ``threading.local``). The native
-wrappers (``csrc/torch/hooks.cc``, ``csrc/torch/roots.cc``) and the optimizer hooks find it
+wrappers (``csrc/torch/record_function.cc``, ``csrc/torch/roots.cc``) and the optimizer hooks find it
 through ``_native_hooks.loop_state(local)``, which caches it per OS thread, and read
 its fields in C. The ``local`` is kept for the process's life: a forked child
 gets a new state in it (and the cache is told), not a new ``local``.

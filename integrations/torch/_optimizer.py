@@ -1,6 +1,6 @@
 """Optimizer: the global optimizer step pre-hook begins a step's Optimizer phase,
 the exit of torch's ``Optimizer.step#`` range around it ends it (natively,
-``csrc/torch/hooks.cc``); optimizers are noted as they are created."""
+``csrc/torch/record_function.cc``); optimizers are noted as they are created."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class OptimizerHooks:
         self.optim_mod = optim_mod
         self.swapped = self.post_needed = False
         # the pre-hook alone: torch's Optimizer.step# range around the hooks ends the step
-        # (csrc/torch/hooks.cc); a step outside one makes the pre-hook ask for the post-hook
+        # (csrc/torch/record_function.cc); a step outside one makes the pre-hook ask for the post-hook
         pre = _native_hooks.optimizer_hook(local=ctx.loops.local, compiler=ctx.compiler, only=ctx.only_optimizer,
                                            fail=ctx.fail, post=False, need_post=self.post_hook_needed)
         self.native_handles = [optim_mod.register_optimizer_step_pre_hook(pre)]

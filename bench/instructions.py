@@ -1,6 +1,6 @@
 """Instructions per training step that stepscope's hooks add, counted by valgrind.
 
-    python3 bench/instructions.py [--steps 300] [--session] [--parts | --cache]
+    python3 bench/instructions.py [--steps 300] [--session] [--parts | --cache] [--layouts N]
 
 Wall-clock pairs (``bench/overhead.py --hooks``) see a hook cost of ~20 us
 inside a noise of 2-7 us on a shared VM; instruction counts are exact. The
@@ -24,6 +24,19 @@ depending on where strings and types were allocated. Compare a few thousand
 only through ``callgrind_annotate`` of the
 ``cg-*.out`` files kept in --keep for which functions changed.
 
+The usual mover is CPython's type attribute cache (4,096 entries, indexed by a
+type's version tag and the attribute name's address): two lookups made every
+step that land on one entry evict each other, and each miss walks the type's
+MRO (``find_name_in_mro``, ~280 instructions with its dict lookups). ``--cache``
+prints those misses per step ("type-cache misses"): a difference that moves
+with them is layout, not work. (Issue 42: 47 misses a step against main's 14
+made torch42's +6,700 with the same bytecodes, Python calls and native
+instructions a step as main.) ``--layouts N`` runs each configuration N times,
+the k-th with k type version tags used up before torch is imported (tags are
+handed out in order, so every hot type's tag, and its cache entries, move), and
+prints the median of each figure: one layout's collisions then no longer decide
+the result.
+
 ``--cache`` has valgrind simulate the caches too and prints the L1 instruction
 and data misses per step beside the instructions, for the whole training thread
 and for the code of stepscope's native module alone: between torch's ops that
@@ -38,6 +51,7 @@ import gc
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,10 +60,12 @@ import time
 PARTS = ("annotations", "optimizer", "roots", "backward")
 
 
-def child(what: str, steps: int, marks: str, session: bool) -> None:
+def child(what: str, steps: int, marks: str, session: bool, layout: int = 0) -> None:
     """Runs in valgrind: warms up, waits for counting to start, runs the steps."""
     os.environ["STEPSCOPE_OPS"] = "0"
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    for k in range(layout):  # --layouts: a lookup on a new class hands it the next version tag
+        getattr(type(f"Layout{k}", (), {}), "x", None)
     import torch
 
     torch.set_num_threads(1)
@@ -97,18 +113,20 @@ def take_out_part(inst, part: str) -> None:
         inst.roots.fixed = True
 
 
-def count(what: str, steps: int, keep: str, session: bool, cache: bool = False) -> float:
+def count(what: str, steps: int, keep: str, session: bool, cache: bool = False, layout: int = 0) -> float:
     """The training thread's instructions per step with `what` instrumented (with
     `cache`: a dict of callgrind's events per step, the simulated cache misses too)."""
     marks = os.path.join(keep, f"mark-{what}")
     out = os.path.join(keep, f"cg-{what}.out")
+    if layout:
+        marks, out = f"{marks}-layout{layout}", f"{out}-layout{layout}"
     for suffix in (".ready", ".go", ".done", ".end"):
         if os.path.exists(marks + suffix):
             os.remove(marks + suffix)
     cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes"] + \
         (["--cache-sim=yes"] if cache else []) + [
            f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__), "--child", what,
-           "--steps", str(steps), "--marks", marks] + (["--session"] if session else [])
+           "--steps", str(steps), "--marks", marks, "--layout", str(layout)] + (["--session"] if session else [])
     # a fixed string hash seed: dict and set layouts (and their lookups' cost) then repeat
     env = dict(os.environ, PYTHONHASHSEED="0")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -137,9 +155,30 @@ def count(what: str, steps: int, keep: str, session: bool, cache: bool = False) 
                 per_step = {e: int(v) / steps for e, v in zip(events, line.split()[1:])}
                 if cache:
                     per_step["ours"] = own_events(main_thread, events, steps)
+                    per_step["type-cache misses"] = type_cache_misses(main_thread) / steps
                     return per_step
                 return per_step["Ir"]
     raise SystemExit(f"no totals in {main_thread}")
+
+
+def type_cache_misses(path: str) -> int:
+    """Calls of CPython's find_name_in_mro in a callgrind file: the misses of the type
+    attribute cache (its hits never call it). The file names a function once, as
+    ``fn=(id) name`` or ``cfn=(id) name``, then by its id alone; a call is the
+    ``calls=N ...`` line after its ``cfn=``."""
+    names, calls, counting = {}, 0, False
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("fn=", "cfn=")):
+                m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line)
+                if m:
+                    if m.group(2):
+                        names[m.group(1)] = m.group(2).strip()
+                    counting = line.startswith("cfn=") and names.get(m.group(1), "").startswith("find_name_in_mro")
+            elif counting and line.startswith("calls="):
+                calls += int(line.split()[0][len("calls="):])
+                counting = False
+    return calls
 
 
 def own_events(path: str, events: list, steps: int) -> dict:
@@ -169,22 +208,30 @@ def main() -> None:
     parser.add_argument("--cache", action="store_true",
                         help="simulate the caches too (--cache-sim=yes): L1 misses per step, all and stepscope's own")
     parser.add_argument("--keep", help="a folder for the callgrind files (default: a temporary one)")
+    parser.add_argument("--layouts", type=int, default=1,
+                        help="run each configuration in N memory layouts and print the medians")
+    parser.add_argument("--layout", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--marks", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.steps, args.marks, args.session)
+        return child(args.child, args.steps, args.marks, args.session, args.layout)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         print("bench/instructions.py: skipped, it needs valgrind (apt install valgrind)")
         return
     keep = args.keep or tempfile.mkdtemp(prefix="stepscope-instructions-")
     os.makedirs(keep, exist_ok=True)
     if args.cache:
-        return cache_table(args.steps, keep, args.session)
-    none = count("none", args.steps, keep, args.session)
-    full = count("stepscope", args.steps, keep, args.session)
+        return cache_table(args.steps, keep, args.session, args.layouts)
+    layouts = range(max(1, args.layouts))
+    nones = [count("none", args.steps, keep, args.session, layout=k) for k in layouts]
+    fulls = [count("stepscope", args.steps, keep, args.session, layout=k) for k in layouts]
+    none, full = statistics.median(nones), statistics.median(fulls)
     print(f"instructions per step, training thread, {args.steps} steps"
           f"{' (session running)' if args.session else ''}; callgrind files in {keep}")
+    if len(layouts) > 1:
+        print(f"medians of {len(layouts)} layouts; stepscope's part in each: "
+              + ", ".join(f"{f - n:,.0f}" for n, f in zip(nones, fulls)))
     print("| run | per step | stepscope's part |")
     print("| --- | ---: | ---: |")
     print(f"| no stepscope | {none:,.0f} | |")
@@ -195,22 +242,35 @@ def main() -> None:
             print(f"| stepscope without {part} | {without:,.0f} | {part}: {full - without:,.0f} |", flush=True)
 
 
-def cache_table(steps: int, keep: str, session: bool) -> None:
+def cache_table(steps: int, keep: str, session: bool, layouts: int = 1) -> None:
     """--cache: instructions and simulated L1 misses (32 KiB, 8-way each, as valgrind
     models this host's caches) per step. Between torch's ops the hooks' code and data
     are cold: nearly every line they touch misses, and the misses, not the
     instructions, are most of their time."""
-    none = count("none", steps, keep, session, cache=True)
-    full = count("stepscope", steps, keep, session, cache=True)
+    runs = [(count("none", steps, keep, session, cache=True, layout=k),
+             count("stepscope", steps, keep, session, cache=True, layout=k)) for k in range(max(1, layouts))]
+    none, full = median_events([n for n, _ in runs]), median_events([f for _, f in runs])
     shown = ("Ir", "I1mr", "D1mr", "D1mw")
+    misses = "type-cache misses"
     print(f"per step, training thread, {steps} steps{' (session running)' if session else ''}, "
           f"simulated caches; callgrind files in {keep}")
-    print("| run | " + " | ".join(shown) + " |")
-    print("| --- |" + " ---: |" * len(shown))
-    print("| no stepscope | " + " | ".join(f"{none[e]:,.0f}" for e in shown) + " |")
-    print("| stepscope | " + " | ".join(f"{full[e]:,.0f}" for e in shown) + " |")
-    print("| difference | " + " | ".join(f"{full[e] - none[e]:,.0f}" for e in shown) + " |")
-    print("| stepscope's native functions alone | " + " | ".join(f"{full['ours'][e]:,.0f}" for e in shown) + " |")
+    print("| run | " + " | ".join(shown) + f" | {misses} |")
+    print("| --- |" + " ---: |" * (len(shown) + 1))
+    print("| no stepscope | " + " | ".join(f"{none[e]:,.0f}" for e in shown) + f" | {none[misses]:.1f} |")
+    print("| stepscope | " + " | ".join(f"{full[e]:,.0f}" for e in shown) + f" | {full[misses]:.1f} |")
+    print("| difference | " + " | ".join(f"{full[e] - none[e]:,.0f}" for e in shown) +
+          f" | {full[misses] - none[misses]:.1f} |")
+    print("| stepscope's native functions alone | " + " | ".join(f"{full['ours'][e]:,.0f}" for e in shown) + " | |")
+    if len(runs) > 1:
+        print(f"medians of {len(runs)} layouts; per layout, Ir difference (type-cache misses): " + ", ".join(
+            f"{f['Ir'] - n['Ir']:,.0f} ({f[misses] - n[misses]:.1f})" for n, f in runs))
+
+
+def median_events(runs: list) -> dict:
+    """Each event's median over the layouts' runs (the native functions' events too)."""
+    out = {e: statistics.median(r[e] for r in runs) for e in runs[0] if e != "ours"}
+    out["ours"] = {e: statistics.median(r["ours"][e] for r in runs) for e in runs[0]["ours"]}
+    return out
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ an optimizer step -- and this tracker decides where steps begin and end:
   (zip's longer loader left with a batch unused, then validation) makes it the
   loop's last GetNext.
 
-The tracker is native (``csrc/steps/steps.cc``): it runs a dozen times in every
+The tracker is native (``csrc/steps/``): it runs a dozen times in every
 training step, where each Python frame of bookkeeping costs about a microsecond.
 It records the phase spans itself, and the step marks with tick timestamps, so
 the marks land where the step began even when it is recognised later. Its state

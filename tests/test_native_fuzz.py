@@ -1,4 +1,4 @@
-"""The native step tracker (csrc/steps/steps.cc) and the other native types reachable
+"""The native step tracker (csrc/steps/) and the other native types reachable
 from Python raise on misuse, never crash (issue 41, item 3).
 
 Every report may call Python (the guess, on_new_step, may_begin, the operator
@@ -239,21 +239,21 @@ AUDIT = """
         _is_compiling_flag = False
 
     def broken_states():
-        yield _native.LoopState.__new__(_native.LoopState)  # no __init__
+        yield _native.torch.LoopState.__new__(_native.torch.LoopState)  # no __init__
         for name in ("stack", "forced_modes", "iter_started", "setting_mode", "pending_root", "tracker"):
             for value in (None, 7, "train", object(), [1, 2], {}):
-                s = _native.LoopState(StepTracker())
+                s = _native.torch.LoopState(StepTracker())
                 try:
                     setattr(s, name, value)
                 except (TypeError, AttributeError):
                     pass
                 yield s
-            s = _native.LoopState(StepTracker())
+            s = _native.torch.LoopState(StepTracker())
             delattr(s, name)
             yield s
         for name in ("depth", "in_backward", "in_optimizer"):
             for value in (-1, 2**40):
-                s = _native.LoopState(StepTracker())
+                s = _native.torch.LoopState(StepTracker())
                 setattr(s, name, value)
                 yield s
 
@@ -269,26 +269,26 @@ AUDIT = """
         def passed(*a, **k):
             return "through"
         loop = (Local, ("fetch#",), ("zero#",), 0, _native.intern("x"))
-        enter = _native.filtered_enter(lambda self: "in", lambda *a: None, ("own#",), failures.append, loop)
-        exit_ = _native.guarded_exit(lambda self, *e: False, lambda *a: None, Local, failures.append, loop)
-        backward = _native.timed_backward(passed, Local, Compiler, failures.append)
-        root = _native.timed_root(weakref.ref(module), None, lambda m, *a, **k: "through", Local, None,
+        enter = _native.torch.filtered_enter(lambda self: "in", lambda *a: None, ("own#",), failures.append, loop)
+        exit_ = _native.torch.guarded_exit(lambda self, *e: False, lambda *a: None, Local, failures.append, loop)
+        backward = _native.torch.timed_backward(passed, Local, Compiler, failures.append)
+        root = _native.torch.timed_root(weakref.ref(module), None, lambda m, *a, **k: "through", Local, None,
                                   lambda: True, lambda m: True, Compiler, failures.append, False, (1, 5))
-        iter_ = _native.timed_iter(lambda self: iter([1, 2]), Local, set(), passed, passed, failures.append)
-        pre = _native.optimizer_hook(Local, Compiler, None, failures.append, False)
-        post = _native.optimizer_hook(Local, Compiler, None, failures.append, True)
+        iter_ = _native.torch.timed_iter(lambda self: iter([1, 2]), Local, set(), passed, passed, failures.append)
+        pre = _native.torch.optimizer_hook(Local, Compiler, None, failures.append, False)
+        post = _native.torch.optimizer_hook(Local, Compiler, None, failures.append, True)
         class Range:
             name = "fetch#1"
         for call in (lambda: enter(Range()), lambda: exit_(Range(), None, None, None), lambda: backward(1),
                      lambda: root(1), lambda: list(iter_(Range())), lambda: pre(object(), (), {}),
-                     lambda: post(object(), (), {}), lambda: _native.optimizer_began(Local, 1),
-                     lambda: _native.optimizer_done(Local, 1), lambda: _native.loop_state(Local)):
+                     lambda: post(object(), (), {}), lambda: _native.torch.optimizer_began(Local, 1),
+                     lambda: _native.torch.optimizer_done(Local, 1), lambda: _native.torch.loop_state(Local)):
             try:
                 call()
             except (TypeError, AttributeError, ValueError):
                 pass
             calls += 1
-        _native.loop_states_changed()
+        _native.torch.loop_states_changed()
 
     span = _native.annotate("x")
     for misuse in (lambda: type(span).__new__(type(span)), lambda: setattr(span, "name", "y"),
@@ -305,7 +305,7 @@ AUDIT = """
     # each wrapper made with one argument of a wrong type, then called: TypeError (made
     # or called) or a failure handed to fail(), never a crash
     class Local:
-        s = _native.LoopState(StepTracker())
+        s = _native.torch.LoopState(StepTracker())
         stack = [1]
     loop = (Local, ("fetch#",), ("zero#",), 0, _native.intern("x"))
     def passed(*a, **k):
@@ -330,7 +330,7 @@ AUDIT = """
                 bad = list(args)
                 bad[i] = wrong
                 try:
-                    wrapper = getattr(_native, name)(*bad)
+                    wrapper = getattr(_native.torch, name)(*bad)
                     made += 1
                     call(wrapper)
                 except (TypeError, ValueError, AttributeError, ZeroDivisionError):

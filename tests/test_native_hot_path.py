@@ -1,6 +1,6 @@
 """The native pieces of the per-step hot path, without a framework: the step
-tracker (csrc/steps/steps.cc) fed the reports an integration makes, read back from a
-real run; the method wrappers (csrc/torch/hooks.cc) on a plain context manager."""
+tracker (csrc/steps/) fed the reports an integration makes, read back from a
+real run; the method wrappers (csrc/torch/record_function.cc) on a plain context manager."""
 
 import weakref
 
@@ -160,8 +160,8 @@ def test_method_wrappers_pass_over_prefixes_and_never_raise_what_record_raises()
         Local.stack.remove(key)
 
     class Wrapped(_Range):
-        __enter__ = _native.filtered_enter(enter, push, ("own#", "mine:"), failures.append)
-        __exit__ = _native.guarded_exit(exit_, pop, Local, failures.append)
+        __enter__ = _native.torch.filtered_enter(enter, push, ("own#", "mine:"), failures.append)
+        __exit__ = _native.torch.guarded_exit(exit_, pop, Local, failures.append)
 
     assert Wrapped.__enter__ is enter and Wrapped.__exit__ is exit_  # the class shows the originals
     user = Wrapped("user range")
@@ -208,7 +208,7 @@ def test_loop_ranges_report_fetches_and_zero_grads_to_the_threads_tracker(run_di
     failures, _Reports.calls = [], []
 
     class State:
-        s = _native.LoopState(_Reports())
+        s = _native.torch.LoopState(_Reports())
 
     class Local:
         stack = []
@@ -218,8 +218,8 @@ def test_loop_ranges_report_fetches_and_zero_grads_to_the_threads_tracker(run_di
     loop = (State, ("fetch#",), ("zero#",), framework, zero_grad)
 
     class Wrapped(_Range):
-        __enter__ = _native.filtered_enter(enter, lambda *a: None, ("own#",), failures.append, loop)
-        __exit__ = _native.guarded_exit(exit_, lambda *a: None, Local, failures.append, loop)
+        __enter__ = _native.torch.filtered_enter(enter, lambda *a: None, ("own#",), failures.append, loop)
+        __exit__ = _native.torch.guarded_exit(exit_, lambda *a: None, Local, failures.append, loop)
 
     run = stepscope.start(name="ranges")
     st = State.s
@@ -251,7 +251,7 @@ def test_timed_backward_counts_nested_calls_once_and_passes_errors_through():
     failures, _Reports.calls = [], []
 
     class State:
-        s = _native.LoopState(_Reports())
+        s = _native.torch.LoopState(_Reports())
 
     class Compiler:
         _is_compiling_flag = False
@@ -263,7 +263,7 @@ def test_timed_backward_counts_nested_calls_once_and_passes_errors_through():
             raise ValueError("from the engine")
         return x * 2
 
-    backward = _native.timed_backward(engine, State, Compiler, failures.append)
+    backward = _native.torch.timed_backward(engine, State, Compiler, failures.append)
     assert backward(3) == 6
     assert _Reports.calls == [("backward_started", True), ("backward_ended", True)]
     _Reports.calls = []
@@ -326,7 +326,7 @@ def test_timed_root_reports_forwards_and_losses_and_passes_calls_through():
     forward, recompute = 11, 12
 
     class State:
-        s = _native.LoopState(_Phases())
+        s = _native.torch.LoopState(_Phases())
 
     class Compiler:
         _is_compiling_flag = False
@@ -351,7 +351,7 @@ def test_timed_root_reports_forwards_and_losses_and_passes_calls_through():
         return args, kwargs
 
     def make(loss, inner=None):
-        return _native.timed_root(weakref.ref(module), inner, call_impl, State, roots, lambda: grad[0],
+        return _native.torch.timed_root(weakref.ref(module), inner, call_impl, State, roots, lambda: grad[0],
                                   lambda m: False, Compiler, failures.append, loss, (forward, recompute))
 
     model, loss = make(False), make(True)
@@ -393,11 +393,11 @@ def test_native_wrappers_need_a_native_loop_state_and_still_call_through():
     class State:
         s = object()  # not a LoopState
 
-    backward = _native.timed_backward(lambda x: x + 1, State, type("C", (), {"_is_compiling_flag": False}),
+    backward = _native.torch.timed_backward(lambda x: x + 1, State, type("C", (), {"_is_compiling_flag": False}),
                                       failures.append)
     assert backward(1) == 2
     assert len(failures) == 1 and "LoopState" in str(failures[0])
-    st = _native.LoopState(StepTracker())
+    st = _native.torch.LoopState(StepTracker())
     assert (st.depth, st.in_backward, st.in_optimizer, st.stack, st.forced_modes, st.iter_started) == \
         (0, 0, 0, [], [], None)
     assert st.fetch_t0 == st.zero_grad_t0 == 0
@@ -418,16 +418,16 @@ def test_optimizer_hooks_bookkeeping_counts_nested_steps_once():
             calls.append(("ended", key, t1 >= t0 > 0))
 
     class State:
-        s = _native.LoopState(Tracker())
+        s = _native.torch.LoopState(Tracker())
 
-    _native.optimizer_began(State, 7)
-    _native.optimizer_began(State, 8)  # an optimizer stepping another (a wrapper's inner step)
+    _native.torch.optimizer_began(State, 7)
+    _native.torch.optimizer_began(State, 8)  # an optimizer stepping another (a wrapper's inner step)
     assert State.s.in_optimizer == 2
-    _native.optimizer_done(State, 8)
-    _native.optimizer_done(State, 7)
+    _native.torch.optimizer_done(State, 8)
+    _native.torch.optimizer_done(State, 7)
     assert calls == [("started", 7, True), ("ended", 7, True)] and State.s.in_optimizer == 0
     with pytest.raises(TypeError, match="LoopState"):
-        _native.optimizer_began(type("Bad", (), {"s": object()}), 1)
+        _native.torch.optimizer_began(type("Bad", (), {"s": object()}), 1)
 
 
 def test_reports_go_native_until_the_class_replaces_one():
@@ -438,20 +438,20 @@ def test_reports_go_native_until_the_class_replaces_one():
         __slots__ = ()
 
     class State:
-        s = _native.LoopState(Plain())
+        s = _native.torch.LoopState(Plain())
 
     tracker = State.s.tracker
-    _native.optimizer_began(State, 7)
-    _native.optimizer_done(State, 7)
+    _native.torch.optimizer_began(State, 7)
+    _native.torch.optimizer_done(State, 7)
     assert 7 in tracker.optimizers_known and 7 in tracker.optimizers_in_step
     calls = []
     Plain.optimizer_ended = lambda self, key, t0, t1: calls.append((key, t1 >= t0 > 0))
-    _native.optimizer_began(State, 8)
-    _native.optimizer_done(State, 8)
+    _native.torch.optimizer_began(State, 8)
+    _native.torch.optimizer_done(State, 8)
     assert calls == [(8, True)] and 8 in tracker.optimizers_known and 8 not in tracker.optimizers_in_step
     del Plain.optimizer_ended
-    _native.optimizer_began(State, 9)
-    _native.optimizer_done(State, 9)
+    _native.torch.optimizer_began(State, 9)
+    _native.torch.optimizer_done(State, 9)
     assert calls == [(8, True)] and 9 in tracker.optimizers_in_step
 
 
@@ -469,7 +469,7 @@ def _optimizer_state(calls):
             calls.append(("ended", key, t1 >= t0 > 0))
 
     class State:
-        s = _native.LoopState(Tracker())
+        s = _native.torch.LoopState(Tracker())
 
     return State
 
@@ -485,12 +485,12 @@ def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
         _is_compiling_flag = False
 
     first, second = object(), object()
-    pre, post = (_native.optimizer_hook(State, Compiler, None, failures.append, p) for p in (False, True))
+    pre, post = (_native.torch.optimizer_hook(State, Compiler, None, failures.append, p) for p in (False, True))
     assert pre(first, (), {}) is None and pre(second, (), {}) is None  # an optimizer stepping another
     post(second, (), {})
     post(first, (), {})
     assert calls == [("started", id(first)), ("ended", id(first), True)] and State.s.in_optimizer == 0
-    only_pre, only_post = (_native.optimizer_hook(State, Compiler, id(second), failures.append, p)
+    only_pre, only_post = (_native.torch.optimizer_hook(State, Compiler, id(second), failures.append, p)
                            for p in (False, True))
     calls.clear()
     for optimizer in (first, second):
@@ -507,7 +507,7 @@ def test_native_optimizer_hooks_time_the_outermost_step_and_never_raise():
     class Broken:
         pass  # no loop state: optimizer_began fails
 
-    broken = _native.optimizer_hook(Broken, Compiler, None, failures.append, False)
+    broken = _native.torch.optimizer_hook(Broken, Compiler, None, failures.append, False)
     assert broken(first, (), {}) is None and len(failures) == 1 and isinstance(failures[0], AttributeError)
     assert not failures[1:]
 
@@ -531,11 +531,11 @@ def test_optimizer_steps_end_at_their_range_and_a_step_outside_one_asks_for_the_
     loop = (State, ("fetch#",), ("zero#",), 0, _native.intern("z"), ("Optimizer.step#",))
 
     class Wrapped(_Range):
-        __enter__ = _native.filtered_enter(enter, lambda *a: None, ("Optimizer.",), failures.append, loop)
-        __exit__ = _native.guarded_exit(exit_, lambda *a: None, Local, failures.append, loop)
+        __enter__ = _native.torch.filtered_enter(enter, lambda *a: None, ("Optimizer.",), failures.append, loop)
+        __exit__ = _native.torch.guarded_exit(exit_, lambda *a: None, Local, failures.append, loop)
 
-    pre = _native.optimizer_hook(State, Compiler, None, failures.append, False, lambda: asked.append(1))
-    post = _native.optimizer_hook(State, Compiler, None, failures.append, True)
+    pre = _native.torch.optimizer_hook(State, Compiler, None, failures.append, False, lambda: asked.append(1))
+    post = _native.torch.optimizer_hook(State, Compiler, None, failures.append, True)
     outer, inner = object(), object()
     st = State.s
     with Wrapped("Optimizer.step#Lookahead.step"):

@@ -400,25 +400,25 @@ class _Event211:
     ("Stream Wait Event", "CUDA", False, "cuda_sync"),
 ])
 def test_kineto_events_are_classified_without_activity_type(name, device, annotation, kind):
-    from stepscope.integrations.torch import _ops
+    from stepscope.integrations.torch import _op_events
 
-    assert _ops._kind(_Event211(name, device, annotation)) == kind
+    assert _op_events._kind(_Event211(name, device, annotation)) == kind
 
 
 def test_copy_bytes_come_from_nbytes_or_the_metadata():
-    from stepscope.integrations.torch import _ops
+    from stepscope.integrations.torch import _op_events
 
-    assert _ops._nbytes(_Event211("Memcpy HtoD (Pinned -> Device)", "CUDA", nbytes=512)) == 512
-    assert _ops._nbytes(_Event211("Memcpy HtoD (Pinned -> Device)", "CUDA",
+    assert _op_events._nbytes(_Event211("Memcpy HtoD (Pinned -> Device)", "CUDA", nbytes=512)) == 512
+    assert _op_events._nbytes(_Event211("Memcpy HtoD (Pinned -> Device)", "CUDA",
                                   meta='"device": 0, "bytes": 262144, "memory bandwidth (GB/s)": 21.1')) == 262144
 
 
 def test_window_kernels_take_their_launch_configuration_from_kinetos_metadata():
-    from stepscope.integrations.torch import _ops
+    from stepscope.integrations.torch import _op_events
 
     meta = ('"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": 3458, "registers per thread": 74, '
             '"shared memory": 20480, "blocks per SM": 0.06, "warps per SM": 0.24, "grid": [8, 1, 7], '
             '"block": [128, 1, 1], "est. achieved occupancy %": 0')
-    cfg = _ops._launch_config(_Event211("void cutlass::Kernel2<...>", "CUDA", meta=meta))
+    cfg = _op_events._launch_config(_Event211("void cutlass::Kernel2<...>", "CUDA", meta=meta))
     assert cfg == {"grid": (8, 1, 7), "block": (128, 1, 1), "registers": 74, "dynamic_smem": 20480}
-    assert _ops._launch_config(_Event211("k", "CUDA", meta="")) == {}
+    assert _op_events._launch_config(_Event211("k", "CUDA", meta="")) == {}

@@ -1,4 +1,5 @@
-// The step tracker (steps.cc): from phase callbacks to contiguous steps.
+// The step tracker (tracker.h and its files: machine.cc, fetches.cc, reports.cc,
+// methods.cc, pytype.cc): from phase callbacks to contiguous steps.
 #pragma once
 
 #include <Python.h>

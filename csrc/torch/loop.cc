@@ -229,7 +229,7 @@ bool add_loop_state(PyObject* module) {
   g_s = PyUnicode_InternFromString("s");
   export_flag::g_name = PyUnicode_InternFromString("_is_compiling_flag");
   if (!g_s || !export_flag::g_name || !tell::init()) return false;
-  LoopStateType.tp_name = "stepscope.core._native.LoopState";
+  LoopStateType.tp_name = "stepscope.core._native.torch.LoopState";
   LoopStateType.tp_basicsize = sizeof(LoopState);
   LoopStateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
   LoopStateType.tp_new = PyType_GenericNew;

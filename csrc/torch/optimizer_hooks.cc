@@ -82,11 +82,14 @@ void hook_dealloc(PyObject* o) {
 
 PyTypeObject HookType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 5 && n != 6) {
-    PyErr_SetString(PyExc_TypeError, "optimizer_hook(local, compiler, only, fail, post, need_post=None)");
+// Set-up time (hooks registered), so its arguments are named.
+PyObject* optimizer_hook(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"local", "compiler", "only", "fail", "post", "need_post", nullptr};
+  PyObject* a[6] = {};
+  a[5] = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|O:optimizer_hook", const_cast<char**>(names), &a[0], &a[1],
+                                   &a[2], &a[3], &a[4], &a[5]))
     return nullptr;
-  }
   void* only = nullptr;
   if (a[2] != Py_None) {
     only = PyLong_AsVoidPtr(a[2]);
@@ -96,7 +99,7 @@ PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (post < 0) return nullptr;
   Hook* h = PyObject_GC_New(Hook, &HookType);
   if (!h) return nullptr;
-  PyObject* need_post = n == 6 && a[5] != Py_None ? a[5] : nullptr;
+  PyObject* need_post = a[5] != Py_None ? a[5] : nullptr;
   PyObject* values[] = {a[0], a[1], a[3], need_post};
   for (int i = 0; PyObject** f = fields(reinterpret_cast<PyObject*>(h), i); ++i) {
     Py_XINCREF(values[i]);
@@ -111,7 +114,7 @@ PyObject* optimizer_hook(PyObject*, PyObject* const* a, Py_ssize_t n) {
 
 PyMethodDef methods[] = {
     {"optimizer_hook", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(optimizer_hook)),
-     METH_FASTCALL,
+     METH_VARARGS | METH_KEYWORDS,
      "optimizer_hook(local, compiler, only, fail, post, need_post=None): a global optimizer step pre-hook "
      "(post False) or post-hook in C (csrc/torch/optimizer_hooks.cc); only: id() of the one optimizer to time, or "
      "None; need_post: called once by the pre-hook if a step ran outside torch's Optimizer.step# range"},
@@ -120,7 +123,7 @@ PyMethodDef methods[] = {
 }  // namespace
 
 bool add_optimizer_hooks(PyObject* module) {
-  if (!ready_wrapper_type(&HookType, "stepscope.core._native.OptimizerHook", sizeof(Hook), offsetof(Hook, vectorcall),
+  if (!ready_wrapper_type(&HookType, "stepscope.core._native.torch.OptimizerHook", sizeof(Hook), offsetof(Hook, vectorcall),
                           hook_traverse, hook_clear, hook_dealloc,
                           "An optimizer step's pre or post hook (csrc/torch/optimizer_hooks.cc)."))
     return false;

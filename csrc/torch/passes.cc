@@ -146,9 +146,15 @@ PyGetSetDef getset[] = {{"__wrapped__", get_wrapped, nullptr, "the original __it
 
 PyTypeObject IterType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* timed_iter(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 6 || !PyAnySet_Check(a[2]) || !PyCallable_Check(a[0]) || !PyCallable_Check(a[3]) ||
-      !PyCallable_Check(a[4]) || !PyCallable_Check(a[5])) {
+// Set-up time (DataLoader.__iter__ patched), so its arguments are named.
+PyObject* timed_iter(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"original", "state", "seen", "on_new", "on_workers", "fail", nullptr};
+  PyObject* a[6];
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO:timed_iter", const_cast<char**>(names), &a[0], &a[1],
+                                   &a[2], &a[3], &a[4], &a[5]))
+    return nullptr;
+  if (!PyAnySet_Check(a[2]) || !PyCallable_Check(a[0]) || !PyCallable_Check(a[3]) || !PyCallable_Check(a[4]) ||
+      !PyCallable_Check(a[5])) {
     PyErr_SetString(PyExc_TypeError, "timed_iter(original, state, seen: set, on_new, on_workers, fail)");
     return nullptr;
   }
@@ -164,7 +170,8 @@ PyObject* timed_iter(PyObject*, PyObject* const* a, Py_ssize_t n) {
 }
 
 PyMethodDef methods[] = {
-    {"timed_iter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_iter)), METH_FASTCALL,
+    {"timed_iter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_iter)),
+     METH_VARARGS | METH_KEYWORDS,
      "timed_iter(original, state, seen, on_new, on_workers, fail): DataLoader.__iter__ that marks a pass's "
      "start on the thread's loop state (csrc/torch/passes.cc)"},
     {nullptr, nullptr, 0, nullptr}};
@@ -177,7 +184,7 @@ bool add_passes(PyObject* module) {
   IterType.tp_descr_get = iter_get;
   IterType.tp_getattro = iter_getattro;
   IterType.tp_getset = getset;
-  if (!ready_wrapper_type(&IterType, "stepscope.core._native.TimedIter", sizeof(Iter), offsetof(Iter, vectorcall),
+  if (!ready_wrapper_type(&IterType, "stepscope.core._native.torch.TimedIter", sizeof(Iter), offsetof(Iter, vectorcall),
                           iter_traverse, iter_clear, iter_dealloc,
                           "DataLoader.__iter__, marking a pass's start (csrc/torch/passes.cc)."))
     return false;

@@ -6,7 +6,9 @@
 // fields read by name.
 //
 //   timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, is_training,
-//              compiler, fail, loss, phases)
+//              compiler, fail, loss, phases=(forward, recompute), group=None)
+//
+// (stepscope.core._native.torch; every argument may be named: it runs once a root.)
 //
 // calls inner(*args, **kwargs), or call_impl(ref(), *args, **kwargs) when inner
 // is None, and reports it to the calling thread's tracker (local.s.tracker):
@@ -203,10 +205,18 @@ void root_dealloc(PyObject* o) {
 
 PyTypeObject RootType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n < 11 || n > 12 || !PyWeakref_CheckRef(a[0]) || !PyTuple_Check(a[10]) || PyTuple_GET_SIZE(a[10]) != 2) {
-    PyErr_SetString(PyExc_TypeError, "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, "
-                                     "is_training, compiler, fail, loss, (forward, recompute), group=None)");
+// Set-up time (a root adopted), so its arguments are named: keywords cost nothing per call.
+PyObject* timed_root(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"ref", "inner", "call_impl", "local", "roots", "is_grad_enabled", "is_training",
+                                "compiler", "fail", "loss", "phases", "group", nullptr};
+  PyObject* a[12] = {};
+  a[11] = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOOOO!|O:timed_root", const_cast<char**>(names),
+                                   &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7],
+                                   &a[8], &a[9], &PyTuple_Type, &a[10], &a[11]))
+    return nullptr;
+  if (!PyWeakref_CheckRef(a[0]) || PyTuple_GET_SIZE(a[10]) != 2) {
+    PyErr_SetString(PyExc_TypeError, "timed_root: ref is a weak reference, phases (forward, recompute)");
     return nullptr;
   }
   int loss = PyObject_IsTrue(a[9]);
@@ -215,7 +225,7 @@ PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (!r) return nullptr;
   PyObject* values[] = {a[0], a[1] == Py_None ? nullptr : a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
                         PyTuple_GET_ITEM(a[10], 0), PyTuple_GET_ITEM(a[10], 1),
-                        n > 11 && a[11] != Py_None ? a[11] : nullptr};
+                        a[11] != Py_None ? a[11] : nullptr};
   for (int i = 0; PyObject** f = fields(reinterpret_cast<PyObject*>(r), i); ++i) {
     Py_XINCREF(values[i]);
     *f = values[i];
@@ -227,9 +237,10 @@ PyObject* timed_root(PyObject*, PyObject* const* a, Py_ssize_t n) {
 }
 
 PyMethodDef methods[] = {
-    {"timed_root", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_root)), METH_FASTCALL,
+    {"timed_root", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_root)),
+     METH_VARARGS | METH_KEYWORDS,
      "timed_root(ref, inner, call_impl, local, roots, is_grad_enabled, is_training, compiler, fail, loss, "
-     "(forward, recompute), group=None): a root module's timed call (csrc/torch/roots.cc)"},
+     "phases=(forward, recompute), group=None): a root module's timed call (csrc/torch/roots.cc)"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
@@ -241,7 +252,7 @@ bool add_roots(PyObject* module) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }
-  if (!ready_wrapper_type(&RootType, "stepscope.core._native.TimedRoot", sizeof(Root), offsetof(Root, vectorcall),
+  if (!ready_wrapper_type(&RootType, "stepscope.core._native.torch.TimedRoot", sizeof(Root), offsetof(Root, vectorcall),
                           root_traverse, root_clear, root_dealloc, "A root module's timed call (csrc/torch/roots.cc)."))
     return false;
   return PyModule_AddFunctions(module, methods) == 0;

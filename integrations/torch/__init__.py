@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
+from stepscope.core.recording import now
 from stepscope.integrations._steps import StepTracker
 from stepscope.integrations.torch import _fetch
 from stepscope.integrations.torch._instrumentor import TorchInstrumentor
@@ -124,17 +125,11 @@ def timed_fetches(iterator):
     if not instrumentor.ensure():
         yield from iterator
         return
-    instrumentor.loop_starting(_native_now())
-    fetch = _fetch.wrap_next(instrumentor, next)
+    instrumentor.loop_starting(now())
+    fetch = _fetch.wrap_next(instrumentor.context, next)
     while True:
         try:
             batch = fetch(iterator) if instrumentor.is_instrumented() else next(iterator)
         except StopIteration:
             return
         yield batch
-
-
-def _native_now() -> int:
-    from stepscope.core import _native
-
-    return _native.now()

@@ -10,17 +10,17 @@ optimizer, its Optimizer phase the scaler's own time (unscaling, the inf check).
 
 from __future__ import annotations
 
-from stepscope.core import _native
+from stepscope.core import recording
 
 
-def install(inst, torch) -> None:
-    scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+def install(ctx) -> None:
+    scaler = getattr(getattr(ctx.torch, "amp", None), "GradScaler", None)
     if scaler is not None and callable(getattr(scaler, "step", None)):
-        inst.patch(scaler, "step", lambda original: _wrap_step(inst, original))
+        ctx.patch(scaler, "step", lambda original: _wrap_step(ctx, original))
 
 
-def _wrap_step(inst, original):
-    now, loops = _native.now, inst.loops
+def _wrap_step(ctx, original):
+    now, loops, is_on = recording.now, ctx.loops, ctx.is_on
 
     def step(scaler, optimizer, *args, **kwargs):
         st = loops.local.s
@@ -28,13 +28,13 @@ def _wrap_step(inst, original):
         seen = tracker.last_end  # moves when an optimizer step of ours ends
         result = original(scaler, optimizer, *args, **kwargs)
         try:
-            only = inst.only_optimizer
-            if (inst._on and tracker.last_end == seen and not st.depth and not st.in_optimizer
+            only = ctx.only_optimizer
+            if (is_on() and tracker.last_end == seen and not st.depth and not st.in_optimizer
                     and (only is None or id(optimizer) == only)):
                 tracker.optimizer_started(id(optimizer), t0)
                 tracker.optimizer_ended(id(optimizer), t0, now())
         except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
+            ctx.fail(exc)
         return result
 
     return step

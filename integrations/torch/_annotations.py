@@ -8,7 +8,7 @@ dynamo treats the class as a profiler context and never runs them, and
 reloads a model with a range where stepscope is absent). torch wraps
 some of its own calls in ``record_function`` on every step (optimizer step and
 zero_grad, DataLoader ``__next__``, DDP forward, torch.profiler's steps), in
-native wrappers (``csrc/torch/hooks.cc``) that run three times a step on each side.
+native wrappers (``csrc/torch/record_function.cc``) that run three times a step on each side.
 Three of them are the loop's own marks, and report it with no Python frame:
 a DataLoader's ``__next__`` is one fetch (GetNext), an optimizer's
 ``zero_grad`` a framework span, and the exit of the range around an optimizer
@@ -21,8 +21,9 @@ its functions raise whatever stepscope does, and stay untouched.
 
 from __future__ import annotations
 
-from stepscope.core import _native
+from stepscope.core.recording import FRAMEWORK, intern
 from stepscope.integrations._ranges import Ranges, arg, call_then
+from stepscope.integrations.torch import _native_hooks
 
 # torch's own ranges, entered on every step (torch/optim/optimizer.py,
 # torch/utils/data/dataloader.py, torch/nn/parallel, torch/profiler/profiler.py)
@@ -34,45 +35,47 @@ FETCHES = ("enumerate(DataLoader)#",)
 ZERO_GRADS = ("Optimizer.zero_grad#",)
 # ...and the range around each optimizer step and its hooks: its exit ends the step
 OPTIMIZER_STEPS = ("Optimizer.step#",)
-FRAMEWORK = _native.CATEGORIES.index("framework")
-ZERO_GRAD = _native.intern("Optimizer.zero_grad")
+ZERO_GRAD = intern("Optimizer.zero_grad")
 
 ranges = Ranges()
 
 
-def install(inst, torch) -> None:
+def install(ctx) -> None:
     from torch.autograd import profiler
 
+    torch = ctx.torch
     cls = profiler.record_function
-    inst.patch(cls, "__enter__", lambda original: _enter(inst, original))
-    inst.patch(cls, "__exit__", lambda original: _exit(inst, original))
+    ctx.patch(cls, "__enter__", lambda original: _enter(ctx, original))
+    ctx.patch(cls, "__exit__", lambda original: _exit(ctx, original))
     nvtx = getattr(torch.cuda, "nvtx", None)
     if nvtx is not None and hasattr(torch._C, "_nvtx"):
         # (torch.cuda.nvtx.range, the context manager, calls range_push and range_pop)
-        _nvtx(inst, nvtx, "range_push", lambda a, k, _: ranges.push(arg(a, k, 0, "msg", ""), "nvtx"))
-        _nvtx(inst, nvtx, "range_pop", lambda a, k, _: ranges.pop("nvtx"))
-        _nvtx(inst, nvtx, "range_start", lambda a, k, rid: ranges.start(arg(a, k, 0, "msg", ""), ("torch", rid)))
-        _nvtx(inst, nvtx, "range_end", lambda a, k, _: ranges.end(("torch", arg(a, k, 0, "range_id"))))
-        _nvtx(inst, nvtx, "mark", lambda a, k, _: ranges.mark(arg(a, k, 0, "msg", "")))
+        _nvtx(ctx, nvtx, "range_push", lambda a, k, _: ranges.push(arg(a, k, 0, "msg", ""), "nvtx"))
+        _nvtx(ctx, nvtx, "range_pop", lambda a, k, _: ranges.pop("nvtx"))
+        _nvtx(ctx, nvtx, "range_start", lambda a, k, rid: ranges.start(arg(a, k, 0, "msg", ""), ("torch", rid)))
+        _nvtx(ctx, nvtx, "range_end", lambda a, k, _: ranges.end(("torch", arg(a, k, 0, "range_id"))))
+        _nvtx(ctx, nvtx, "mark", lambda a, k, _: ranges.mark(arg(a, k, 0, "msg", "")))
 
 
 def uninstall() -> None:
     ranges.clear()
 
 
-def _loop(inst) -> tuple:
-    return (inst.loops.local, FETCHES, ZERO_GRADS, FRAMEWORK, ZERO_GRAD, OPTIMIZER_STEPS)
+def _loop(ctx) -> tuple:
+    return (ctx.loops.local, FETCHES, ZERO_GRADS, FRAMEWORK, ZERO_GRAD, OPTIMIZER_STEPS)
 
 
-def _enter(inst, original):
+def _enter(ctx, original):
     # native: a Python frame here costs ~1 us, three times a step (torch's own ranges)
-    return _native.filtered_enter(original, ranges.push, TORCH_OWN, inst.fail, _loop(inst))
+    return _native_hooks.filtered_enter(original=original, record=ranges.push, prefixes=TORCH_OWN, fail=ctx.fail,
+                                        loop=_loop(ctx))
 
 
-def _exit(inst, original):
+def _exit(ctx, original):
     # ranges.local.stack is empty on a thread where only torch's own ranges were entered
-    return _native.guarded_exit(original, ranges.pop, ranges.local, inst.fail, _loop(inst))
+    return _native_hooks.guarded_exit(original=original, record=ranges.pop, local=ranges.local, fail=ctx.fail,
+                                      loop=_loop(ctx))
 
 
-def _nvtx(inst, owner, name: str, record) -> None:
-    inst.patch(owner, name, lambda original: call_then(original, record, inst.fail))
+def _nvtx(ctx, owner, name: str, record) -> None:
+    ctx.patch(owner, name, lambda original: call_then(original, record, ctx.fail))

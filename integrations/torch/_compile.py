@@ -7,61 +7,64 @@ from __future__ import annotations
 
 import functools
 
-from stepscope.core import _native, session
+from stepscope.core import session
+from stepscope.core.recording import now
+
+_noted: set = set()  # compiled functions already noted in run.json (once a process)
 
 
-def wrap_compile(inst, original):
+def wrap_compile(ctx, original):
     def compile(*args, **kwargs):
         target = args[0] if args else kwargs.get("model")
-        if isinstance(target, inst.torch.nn.Module):
-            _compiling(inst)  # a compiled function stops root discovery at its first call instead
+        if isinstance(target, ctx.torch.nn.Module):
+            _compiling(ctx)  # a compiled function stops root discovery at its first call instead
         result = original(*args, **kwargs)
         if target is None:  # @torch.compile(...) with options: a decorator
             decorator = result
-            return functools.wraps(decorator)(lambda fn: compiled(inst, fn, decorator(fn)))
-        return compiled(inst, target, result)
+            return functools.wraps(decorator)(lambda fn: compiled(ctx, fn, decorator(fn)))
+        return compiled(ctx, target, result)
 
     return compile
 
 
-def compiled(inst, target, result):
+def compiled(ctx, target, result):
     """What torch.compile returned: a module is a root, timed outside dynamo; a
     compiled function that shows no phase inside is timed as a Forward."""
     try:
-        if isinstance(result, inst.torch.nn.Module):
-            inst.roots.adopt(result)
+        if isinstance(result, ctx.torch.nn.Module):
+            ctx.roots.adopt(result)
             return result
         if callable(result) and not isinstance(target, type):
-            return _timed_compiled_function(inst, result, getattr(target, "__qualname__", repr(target)))
+            return _timed_compiled_function(ctx, result, getattr(target, "__qualname__", repr(target)))
     except Exception as exc:  # noqa: BLE001
-        inst.fail(exc)
-    _compiling(inst)  # anything else: at once
+        ctx.fail(exc)
+    _compiling(ctx)  # anything else: at once
     return result
 
 
-def _compiling(inst) -> None:
+def _compiling(ctx) -> None:
     """Dynamo is about to trace: root discovery's global module hooks go (they
     would warn, and their removal later would fail dynamo's guards: recompiles)."""
     try:
-        inst.roots.compile_called()
+        ctx.roots.compile_called()
     except Exception as exc:  # noqa: BLE001
-        inst.fail(exc)
+        ctx.fail(exc)
 
 
-def wrap_module_compile(inst, original):
+def wrap_module_compile(ctx, original):
     def compile(module, *args, **kwargs):
-        _compiling(inst)
+        _compiling(ctx)
         result = original(module, *args, **kwargs)
         try:
-            inst.roots.rewrap(module)
+            ctx.roots.rewrap(module)
         except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
+            ctx.fail(exc)
         return result
 
     return compile
 
 
-def _timed_compiled_function(inst, compiled, name: str):
+def _timed_compiled_function(ctx, compiled, name: str):
     """Forward and loss run inside a compiled function's graph, out of the hooks'
     sight. A call in which nothing else was observed (no phase ended inside) was
     a forward: it becomes one Forward span, when it ran inside a step (or a
@@ -75,53 +78,53 @@ def _timed_compiled_function(inst, compiled, name: str):
 
     @functools.wraps(compiled)
     def call(*args, **kwargs):
-        if not inst._on:
+        if not ctx.is_on():
             return compiled(*args, **kwargs)
         # Not at torch.compile: the recipe that compiles an optimizer step (or a loss)
         # before its loop would leave the model undiscovered, its Forward unseen.
-        _compiling(inst)
-        if inst.loops.local.s.depth or inst.is_compiling():
+        _compiling(ctx)
+        if ctx.loops.local.s.depth or ctx.is_compiling():
             return compiled(*args, **kwargs)
-        st = inst.loops.local.s
+        st = ctx.loops.local.s
         tracker = st.tracker
-        t0, seen = _native.now(), tracker.last_end
+        t0, seen = now(), tracker.last_end
         try:
-            before = _parameter_versions(inst)
+            before = _parameter_versions(ctx)
         except Exception as exc:  # noqa: BLE001
             before = []
-            inst.fail(exc)
+            ctx.fail(exc)
         result = compiled(*args, **kwargs)
         try:
             stepped = [opt for opt, p, version in before if p._version != version]
-            if tracker.last_end == seen and inst._on and stepped:
-                t1 = _native.now()
+            if tracker.last_end == seen and ctx.is_on() and stepped:
+                t1 = now()
                 for opt in stepped:
                     tracker.optimizer_started(id(opt), t0)
                     tracker.optimizer_ended(id(opt), t0, t1)
-            elif tracker.last_end == seen and inst._on:
+            elif tracker.last_end == seen and ctx.is_on():
                 if not (tracker.in_step() or _carries_grad(result)):
                     return result
-                mode = inst.guess_mode(st)
+                mode = ctx.forwards.guess_mode(st)
                 tracker.forward_started(mode, t0)
-                tracker.forward_ended(mode, t0, _native.now())
-            elif inst._on and name not in inst.noted:
-                inst.noted.add(name)
+                tracker.forward_ended(mode, t0, now())
+            elif ctx.is_on() and name not in _noted:
+                _noted.add(name)
                 session.add_note(f"torch.compile: {name} runs a whole step in its graph; its Forward and Loss "
                                  "are not separated (they show as Other)")
         except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
+            ctx.fail(exc)
         return result
 
     return call
 
 
-def _parameter_versions(inst) -> list:
+def _parameter_versions(ctx) -> list:
     """(optimizer, a parameter, its version counter) of the optimizers an optimizer
     step would be reported for. Every in-place update bumps the counter, and a step
     updates the parameters that train: the last one that requires grad is watched."""
-    only = inst.only_optimizer
+    only = ctx.only_optimizer
     out = []
-    for opt in list(inst.optimizers.values()):
+    for opt in list(ctx.optimizers.values()):
         if only is None or id(opt) == only:
             p = _watched_parameter(opt)
             if p is not None:

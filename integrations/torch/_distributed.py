@@ -8,13 +8,13 @@ from stepscope.core import runinfo
 from stepscope.integrations.torch import _clocksync
 
 
-def patch_init_process_group(inst, torch) -> None:
+def patch_init_process_group(ctx) -> None:
     """Remember the rank a process joins with: torch.multiprocessing.spawn's
     children have no RANK in their environment, and scripts destroy the
     group before they exit. Then, in the background, measure this host's clock
     offset to rank 0's (``_clocksync``: through the rendezvous store, never a
     collective on the user's communicator)."""
-    dist = getattr(torch, "distributed", None)
+    dist = getattr(ctx.torch, "distributed", None)
     if dist is None or not dist.is_available():
         return
     from torch.distributed import distributed_c10d
@@ -32,9 +32,9 @@ def patch_init_process_group(inst, torch) -> None:
 
         return init_process_group
 
-    wrapped = inst.patch(distributed_c10d, "init_process_group", wrap)
+    wrapped = ctx.patch(distributed_c10d, "init_process_group", wrap)
     if wrapped is not None and getattr(dist, "init_process_group", None) is not wrapped:
-        inst.replace(dist, "init_process_group", wrapped)
+        ctx.replace(dist, "init_process_group", wrapped)
 
 
 def distributed_rank():

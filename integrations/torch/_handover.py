@@ -11,7 +11,7 @@ from stepscope.core import gpu
 from stepscope.integrations.torch import _ops
 
 
-def install(inst) -> None:
+def install(ctx) -> None:
     """Patches torch.autograd.profiler.profile through the instrumentor's registry."""
     from torch.autograd import profiler
 
@@ -36,5 +36,5 @@ def install(inst) -> None:
 
         return __exit__
 
-    inst.patch(profile, "_prepare_trace", wrap_prepare)
-    inst.patch(profile, "__exit__", wrap_exit)
+    ctx.patch(profile, "_prepare_trace", wrap_prepare)
+    ctx.patch(profile, "__exit__", wrap_exit)

@@ -4,8 +4,8 @@ training two models) are two sequences of steps, each with its own tracker,
 nesting depth and open forwards.
 
 Each thread's state is ``loops.local.s`` (a ``threading.local``). The native
-wrappers (``csrc/torch/hooks.cc``, ``csrc/torch/roots.cc``) and the optimizer hooks find it
-through ``_native.loop_state(local)``, which caches it per OS thread, and read
+wrappers (``csrc/torch/record_function.cc``, ``csrc/torch/roots.cc``) and the optimizer hooks find it
+through ``_native_hooks.loop_state(local)``, which caches it per OS thread, and read
 its fields in C. The ``local`` is kept for the process's life: a forked child
 gets a new state in it (and the cache is told), not a new ``local``.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, List, Tuple
 
-from stepscope.core import _native
 from stepscope.integrations._steps import StepTracker
+from stepscope.integrations.torch import _native_hooks
 
 
 _FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for threads it did not start
@@ -26,7 +26,7 @@ _FOREIGN = getattr(threading, "_DummyThread", ())  # threading's stand-in for th
 # forced_modes, iter_started, setting_mode, pending_root, tracker
 # (and the native-only optimizer_t0, fetch_t0, zero_grad_t0). A C struct (csrc/torch/loop.h): the
 # native wrappers on every step read and set it without attribute lookups.
-LoopState = _native.LoopState
+LoopState = _native_hooks.LoopState
 
 
 PREFETCHED = ("DataLoader batches were read in a background thread (a prefetcher such as "
@@ -51,7 +51,7 @@ class Loops:
         self.lock = threading.Lock()
         self.states: List[Tuple[int, LoopState]] = []  # (native thread id, state)
         self.local = _PerThread(self)
-        _native.loop_states_changed()  # the native cache of each thread's local.s
+        _native_hooks.loop_states_changed()  # the native cache of each thread's local.s
 
     def _new_state(self) -> LoopState:
         tracker = self.make_tracker()
@@ -73,7 +73,7 @@ class Loops:
 
     @property
     def here(self) -> LoopState:
-        return _native.loop_state(self.local)
+        return _native_hooks.loop_state(self.local)
 
     def close_all(self) -> None:
         """Closes every thread's open step (session end): another thread's step
@@ -94,4 +94,4 @@ class Loops:
         self.lock = threading.Lock()
         self.states = []
         self.local.s = self._new_state()
-        _native.loop_states_changed()
+        _native_hooks.loop_states_changed()

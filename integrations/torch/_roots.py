@@ -22,7 +22,7 @@ LightningModule's ``training_step`` calling ``self.encoder`` and
 ``self.decoder``): the model is never called, its submodules are, and they are
 the roots found. Their forwards, one after another, are then parts of one
 Forward: they share a group token, and the step tracker writes one span from
-the first part's start to the last one's end (``csrc/steps/steps.cc``). Found from
+the first part's start to the last one's end (``csrc/steps/reports.cc``). Found from
 the calling frames, once, when such a root is adopted.
 """
 
@@ -34,8 +34,9 @@ import sys
 import time
 import weakref
 
-from stepscope.core import _native
 from stepscope.integrations._steps import FORWARD, RECOMPUTE
+from stepscope.integrations.torch import _native_hooks
+from stepscope.integrations.torch._forward import is_training
 
 
 DISCOVERY_STEPS = 3  # steps without a new root before global discovery stops
@@ -58,9 +59,9 @@ class _Group:
 class Roots:
     """The root modules of one process, and the discovery hooks that find them."""
 
-    def __init__(self, inst, torch, fixed: bool):
-        self.inst = inst
-        self.torch = torch
+    def __init__(self, ctx, fixed: bool):
+        self.ctx = ctx
+        self.torch = ctx.torch
         self.fixed = fixed  # instrument(model=...): no discovery
         self.timed = weakref.WeakKeyDictionary()  # module -> (our call, the slot's value before us)
         self.groups = weakref.WeakKeyDictionary()  # a module whose forward is called directly -> _Group
@@ -132,11 +133,12 @@ class Roots:
         path of every step; the tracker is called once on each side of a forward
         and once after a loss. A weak reference: no cycle, the module's memory is
         freed when the user drops it."""
-        inst = self.inst
-        return _native.timed_root(weakref.ref(module), inner, self.torch.nn.Module._call_impl, inst.loops.local,
-                                  self, self.torch.is_grad_enabled, inst.is_training, inst.compiler, inst.fail,
-                                  self.is_loss(module), (FORWARD, RECOMPUTE),
-                                  self.group_of.get(module))
+        ctx = self.ctx
+        return _native_hooks.timed_root(
+            ref=weakref.ref(module), inner=inner, call_impl=self.torch.nn.Module._call_impl, local=ctx.loops.local,
+            roots=self, is_grad_enabled=self.torch.is_grad_enabled, is_training=is_training,
+            compiler=ctx.compiler, fail=ctx.fail, loss=self.is_loss(module), phases=(FORWARD, RECOMPUTE),
+            group=self.group_of.get(module))
 
     def group_for(self, module):
         """The group of a module called inside a model's method that the program (or a
@@ -212,8 +214,8 @@ class Roots:
     def _notify_every_step(self, on: bool) -> None:
         """Without discovery, step_completed only acts after a step with no forward:
         the trackers (one per thread) then skip calling it after the others."""
-        if self.inst.loops is not None:
-            for _, loop in list(self.inst.loops.states):
+        if self.ctx.loops is not None:
+            for _, loop in list(self.ctx.loops.states):
                 loop.tracker.every_step = on
 
     def look_again(self, until_known_root: bool = False) -> None:
@@ -221,7 +223,7 @@ class Roots:
         loop): discover for a few steps. ``until_known_root``: a weaker sign (a new
         pass over a DataLoader, model.train()): discovery ends as soon as a known
         root runs, so short epochs do not keep the global hooks on."""
-        loop = self.inst.loop
+        loop = self.ctx.loops.local.s
         if self.discovery is None:
             self.start_discovery()
             self.stop_at_known = loop if until_known_root else None
@@ -246,7 +248,7 @@ class Roots:
         (between its pre and post hooks): with the hooks gone, that thread would never
         see the call end and would count everything after it as nested in it. A later
         step stops discovery then."""
-        for _, loop in list(self.inst.loops.states):
+        for _, loop in list(self.ctx.loops.states):
             if loop.pending_root is not None:
                 return
         self.stop_discovery()
@@ -278,7 +280,7 @@ class Roots:
         every loop running (one per thread) had a few steps without a new root."""
         if had_forward and self.discovery is None:
             return  # the common case: nothing to look for
-        me = id(self.inst.loop)
+        me = id(self.ctx.loops.local.s)
         if self.set_up:
             self.set_up.pop(me, None)
         if not had_forward:
@@ -298,7 +300,7 @@ class Roots:
         meanwhile) has no step yet, and its first forward comes next. So does a thread
         that made an optimizer and has not stepped yet (look_again)."""
         now = time.monotonic_ns() if self.set_up else 0
-        for _, loop in self.inst.loops.states:
+        for _, loop in self.ctx.loops.states:
             tracker = loop.tracker
             running = tracker.mode is not None or tracker.pending is not None \
                 or loop.fetch_t0 or loop.iter_started is not None or self.set_up.get(id(loop), 0) > now
@@ -307,10 +309,10 @@ class Roots:
         return True
 
     def discover_pre(self, module, args):
-        inst = self.inst
-        if inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
+        ctx = self.ctx
+        if ctx.is_dynamo_compiling() or ctx.compiler._is_compiling_flag:
             return None  # first: dynamo, tracing this hook, must not see stepscope's state
-        loop = inst.loop
+        loop = ctx.loops.local.s
         if loop.depth or loop.pending_root is not None:
             return None
         try:
@@ -321,23 +323,23 @@ class Roots:
             if self.discovery is None:  # stopped by another thread meanwhile: no post hook will come
                 loop.pending_root = None
                 return None
-            inst.root_pre(module, loop)  # this call started before the module was a root
+            ctx.forwards.root_pre(module, loop)  # this call started before the module was a root
             self.quiet[id(loop)] = 0
         except Exception as exc:  # noqa: BLE001
-            inst.fail(exc)
+            ctx.fail(exc)
         return None
 
     def discover_post(self, module, args, output):
-        inst = self.inst
-        if inst.is_dynamo_compiling() or inst.compiler._is_compiling_flag:
+        ctx = self.ctx
+        if ctx.is_dynamo_compiling() or ctx.compiler._is_compiling_flag:
             return None
-        loop = inst.loop
+        loop = ctx.loops.local.s
         if module is loop.pending_root:
             loop.pending_root = None
             try:
-                inst.root_post(loop)
+                ctx.forwards.root_post(loop)
             except Exception as exc:  # noqa: BLE001
-                inst.fail(exc)
+                ctx.fail(exc)
         return None
 
 

@@ -19,36 +19,36 @@ from __future__ import annotations
 
 import functools
 
-from stepscope.core import _native
+from stepscope.core import recording
+from stepscope.core.recording import FRAMEWORK, intern
 from stepscope.core.vocabulary import LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY
 
-FRAMEWORK = _native.CATEGORIES.index("framework")
-FETCH = _native.intern(LOADER_FETCH)
-NUM_WORKERS = _native.intern(LOADER_NUM_WORKERS)
-PIN_MEMORY = _native.intern(LOADER_PIN_MEMORY)
+FETCH = intern(LOADER_FETCH)
+NUM_WORKERS = intern(LOADER_NUM_WORKERS)
+PIN_MEMORY = intern(LOADER_PIN_MEMORY)
 
 
-def install(inst, torch) -> None:
+def install(ctx) -> None:
     from torch.utils.data._utils import worker as worker_mod
 
     if hasattr(worker_mod, "_worker_loop"):
-        inst.patch(worker_mod, "_worker_loop", functools.partial(_wrap_worker_loop, inst, torch))
+        ctx.patch(worker_mod, "_worker_loop", functools.partial(_wrap_worker_loop, ctx.fail, ctx.torch))
 
 
 def loader_configured(loader) -> None:
     """A pass over ``loader`` begins (main process): note its worker setup."""
     workers = getattr(loader, "num_workers", 0)
     if workers:
-        _native.instant(FRAMEWORK, NUM_WORKERS, int(workers))
-        _native.instant(FRAMEWORK, PIN_MEMORY, int(bool(getattr(loader, "pin_memory", False))))
+        recording.instant(FRAMEWORK, NUM_WORKERS, int(workers))
+        recording.instant(FRAMEWORK, PIN_MEMORY, int(bool(getattr(loader, "pin_memory", False))))
 
 
-def _wrap_worker_loop(inst, torch, original):
+def _wrap_worker_loop(fail, torch, original):
     def _worker_loop(*args, **kwargs):
         try:
             _time_fetches(torch)
         except Exception as exc:  # noqa: BLE001 - the worker makes its batches regardless
-            inst.fail(exc)
+            fail(exc)
         return original(*args, **kwargs)
 
     return _worker_loop
@@ -59,7 +59,7 @@ def _time_fetches(torch) -> None:
     from torch.utils.data._utils import fetch as fetch_mod
 
     worker_id = [None]
-    now, span = _native.now, _native.span
+    now, span = recording.now, recording.span
 
     def timed(original):
         @functools.wraps(original)

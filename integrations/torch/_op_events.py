@@ -16,7 +16,19 @@ from stepscope.core.recording import OP
 from stepscope.core.vocabulary import pack_op_arg
 
 if TYPE_CHECKING:
-    from stepscope.integrations.torch._ops import Window
+    from stepscope.integrations._steps import StepTracker
+
+
+class Window:
+    """One open Kineto session."""
+
+    def __init__(self, tracker: StepTracker, first: int, last: int, opened: int):
+        self.tracker = tracker
+        self.first, self.last = first, last
+        self.opened = opened  # tick: the open began (cost accounting)
+        self.thread = threading.get_ident()
+        self.cuda = False
+
 
 SYNC_NAME = "aten::neg"  # the clock markers: tiny ops the window runs first and last
 SYNC_OPS = 4

@@ -51,7 +51,7 @@ from stepscope.core.quiet import native_logs_dropped
 from stepscope.core.recording import FRAMEWORK, intern
 from stepscope.core.vocabulary import TORCH_OP_WINDOW, TORCH_OP_WINDOW_OPEN
 from stepscope.integrations._steps import StepTracker
-from stepscope.integrations.torch._op_events import SYNC_OPS, OpWriter
+from stepscope.integrations.torch._op_events import SYNC_OPS, OpWriter, Window
 
 WINDOW_NAME = intern(TORCH_OP_WINDOW)
 OPEN_NAME = intern(TORCH_OP_WINDOW_OPEN)
@@ -67,17 +67,6 @@ MIN_GAP = 50  # steps between windows, at least
 KINETO_LOGS = re.compile(rb"^(?:USDT|STAGE|INFO|WARNING):\S* \S+ \d+:\d+ \S*ActivityProfiler\S*\.cpp")
 YIELD_MESSAGE = ("stepscope: the program started torch's profiler; stepscope ends its operator window and "
                  "opens none while it runs, the program continues unaffected")
-
-
-class Window:
-    """One open Kineto session."""
-
-    def __init__(self, tracker: StepTracker, first: int, last: int, opened: int):
-        self.tracker = tracker
-        self.first, self.last = first, last
-        self.opened = opened  # tick: the open began (cost accounting)
-        self.thread = threading.get_ident()
-        self.cuda = False
 
 
 class Windows:

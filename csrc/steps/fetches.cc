@@ -244,22 +244,6 @@ bool close(PyObject* self, unsigned long long thread) {
   return reset(t);
 }
 
-// Set operations on the tracker's sets hash and compare user keys (their __hash__ and
-// __eq__ run Python that may replace the set): each holds the set it works on.
-bool set_add(PyObject* set, PyObject* key) {
-  Py_INCREF(set);
-  int r = PySet_Add(set, key);
-  Py_DECREF(set);
-  return r == 0;
-}
-
-int set_contains(PyObject* set, PyObject* key) {
-  Py_INCREF(set);
-  int r = PySet_Contains(set, key);
-  Py_DECREF(set);
-  return r;
-}
-
 // An optimizer new to a loop whose steps each stepped the same other optimizers:
 // a second model's loop has begun (a GAN's optimizers all step in the previous step too).
 int another_loop(Tracker* t, PyObject* key) {

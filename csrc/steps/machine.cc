@@ -24,15 +24,6 @@ PyObject* g_marks = nullptr;
 
 namespace {
 
-// callable(arg) or callable(), on a reference of its own: the call may replace the
-// attribute that held it.
-PyObject* call_held(PyObject* callable, PyObject* arg) {
-  Py_INCREF(callable);
-  PyObject* r = arg ? PyObject_CallOneArg(callable, arg) : PyObject_CallNoArgs(callable);
-  Py_DECREF(callable);
-  return r;
-}
-
 // Whether r (a new reference, or null after an error) is true: 1, 0, or -1 on error.
 int truth_of(PyObject* r) {
   if (!r) return -1;
@@ -100,24 +91,6 @@ inline void flag_unfinished(Tracker* t) {
 }
 
 }  // namespace
-
-// A fetch's mode (new reference): as reported, or, where the fetch left it to
-// its work (None) and that work never showed, the integration's guess now.
-PyObject* mode_of(Tracker* t, PyObject* mode) {
-  if (mode != Py_None) return new_ref(mode);
-  if (t->guess == Py_None) return new_ref(g_train);
-  return call_held(t->guess, nullptr);
-}
-
-
-bool clear_more(Tracker* t) {
-  t->pass_begun = 0;
-  if (t->pending_more && PyList_CheckExact(t->pending_more) && PyList_GET_SIZE(t->pending_more) == 0) return true;
-  PyObject* l = PyList_New(0);
-  if (!l) return false;
-  Py_XSETREF(t->pending_more, l);
-  return true;
-}
 
 bool reset(Tracker* t) {
   ++t->resets;

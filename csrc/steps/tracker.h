@@ -115,11 +115,53 @@ inline bool forward_done(Tracker* t, PyObject* mode, unsigned long long t0, unsi
 bool write_held(Tracker* t);
 inline bool flush_held(Tracker* t) { return __builtin_expect(t->held_group == nullptr, 1) || write_held(t); }
 
+// Called once or twice a step from the other files (the fetch's mode at its commit, the
+// optimizers' sets): inline, as they were when the machine was one file.
+
+// callable(arg) or callable(), on a reference of its own: the call may replace the
+// attribute that held it.
+inline PyObject* call_held(PyObject* callable, PyObject* arg) {
+  Py_INCREF(callable);
+  PyObject* r = arg ? PyObject_CallOneArg(callable, arg) : PyObject_CallNoArgs(callable);
+  Py_DECREF(callable);
+  return r;
+}
+
+// A fetch's mode (new reference): as reported, or, where the fetch left it to
+// its work (None) and that work never showed, the integration's guess now.
+inline PyObject* mode_of(Tracker* t, PyObject* mode) {
+  if (mode != Py_None) return new_ref(mode);
+  if (t->guess == Py_None) return new_ref(g_train);
+  return call_held(t->guess, nullptr);
+}
+
+// Empties pending_more (and pass_begun).
+inline bool clear_more(Tracker* t) {
+  t->pass_begun = 0;
+  if (t->pending_more && PyList_CheckExact(t->pending_more) && PyList_GET_SIZE(t->pending_more) == 0) return true;
+  PyObject* l = PyList_New(0);
+  if (!l) return false;
+  Py_XSETREF(t->pending_more, l);
+  return true;
+}
+
+// Set operations on the tracker's sets hash and compare user keys (their __hash__ and
+// __eq__ run Python that may replace the set): each holds the set it works on.
+inline bool set_add(PyObject* set, PyObject* key) {
+  Py_INCREF(set);
+  int r = PySet_Add(set, key);
+  Py_DECREF(set);
+  return r == 0;
+}
+
+inline int set_contains(PyObject* set, PyObject* key) {
+  Py_INCREF(set);
+  int r = PySet_Contains(set, key);
+  Py_DECREF(set);
+  return r;
+}
+
 // --- machine.cc: steps begun and ended ----------------------------------------------------
-// A fetch's mode (new reference): as reported, or, where the fetch left it to its work
-// (None) and that work never showed, the integration's guess now.
-PyObject* mode_of(Tracker* t, PyObject* mode);
-bool clear_more(Tracker* t);  // empties pending_more (and pass_begun)
 bool reset(Tracker* t);       // a tracker between loops; the optimizers known kept
 bool flush_mark(Tracker* t);  // writes an eval step's mark held back
 bool begin(PyObject* self, PyObject* mode, unsigned long long at);
@@ -138,8 +180,6 @@ bool end_with_pending(PyObject* self, bool followed = false);
 bool loop_started(PyObject* self);
 bool loop_ended(PyObject* self, unsigned long long at);
 bool close(PyObject* self, unsigned long long thread);
-bool set_add(PyObject* set, PyObject* key);
-int set_contains(PyObject* set, PyObject* key);
 int another_loop(Tracker* t, PyObject* key);
 
 }  // namespace machine

@@ -40,8 +40,8 @@ WRITER = textwrap.dedent("""
     from stepscope.core import _native, gpu_records as rec
 
     root, name, steps, kernels = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    rank = int(sys.argv[5])
-    phases, shares, step_ns = {phases!r}, {shares!r}, {step_ns}
+    rank, step_ns = int(sys.argv[5]), int(sys.argv[6])
+    phases, shares = {phases!r}, {shares!r}
     run = stepscope.start(dir=root, name=name, buffer_mb=256, interval_ms=100, gpu="off")
     tpn = _native.clock_info()["ticks_per_ns"]
     phase_cat = _native.CATEGORIES.index("phase")
@@ -76,13 +76,13 @@ WRITER = textwrap.dedent("""
                     gpu(4, at, at + 4_000, corr, 0, 0, launch, thread=1)
                     gpu(0, at + 20_000, at + 20_000 + gap // 2, corr, rank % 8, 7, kernel_names[k % 3], config=cfg)
                     corr += 1
-            elif pid == ids[0]:  # the batch goes to the GPU
+            elif pid == ids[0] and kernels:  # the batch goes to the GPU
                 gpu(4, t + d - 30_000, t + d - 20_000, corr, 0, 0, copy_api, thread=1)
                 gpu(1, t + d - 10_000, t + d, corr, rank % 8, 7, 0, sub=1, sub2=1 | 3 << 4, bytes=4 << 20)
                 corr += 1
             t += d
         t_ns += length
-        while next_gauge < t_ns:  # NVML-style gauges every 100 ms
+        while kernels and next_gauge < t_ns:  # NVML-style gauges every 100 ms
             at = int(next_gauge * tpn)
             counter(system_cat, gauges[0], float(rng.uniform(70, 95)), None, at)
             counter(system_cat, gauges[1], float(30e9 + s), None, at)
@@ -91,15 +91,18 @@ WRITER = textwrap.dedent("""
     _native.end_step(int(t_ns * tpn))
     run.stop()
     print(run.stats["written"], run.stats["dropped"], run.stats["bytes"])
-""").format(phases=PHASES, shares=SHARES, step_ns=STEP_NS)
+""").format(phases=PHASES, shares=SHARES)
 
 
-def write_run(root: str, events: int, ranks: int, hours: float):
+def write_run(root: str, events: int, ranks: int, hours: float, cpu_only: bool = False):
     """Writes the run (one process per rank, two at a time); returns (path, records, bytes)."""
     steps = int(hours * 3600e9 / STEP_NS)
     per_rank = events / ranks
     kernels = max(3, int(round((per_rank / steps - PER_STEP_FIXED) / 2 / 3)) * 3)
-    if per_rank / steps < PER_STEP_FIXED + 6:  # too few events for an hour: fewer steps instead
+    step_ns = STEP_NS
+    if cpu_only:  # a step mark and five phases a step
+        steps, kernels, step_ns = int(per_rank // 6), 0, 1_000_000
+    elif per_rank / steps < PER_STEP_FIXED + 6:  # too few events for an hour: fewer steps instead
         steps = max(10, int(per_rank / (PER_STEP_FIXED + 6)))
         kernels = 3
     name = "scale"
@@ -111,7 +114,7 @@ def write_run(root: str, events: int, ranks: int, hours: float):
                    STEPSCOPE_PYSAMPLE_HZ="0", STEPSCOPE_OPS="0",
                    STEPSCOPE_FLUSH_MS="50")  # the GPU record queue drains 20 times a second
         procs.append(subprocess.Popen([sys.executable, "-c", WRITER, root, name, str(steps), str(kernels),
-                                       str(rank)], env=env, stdout=subprocess.PIPE, text=True))
+                                       str(rank), str(step_ns)], env=env, stdout=subprocess.PIPE, text=True))
         if len(procs) >= (os.cpu_count() or 2):
             w, d, b = _finish(procs.pop(0))
             written, dropped, size = written + w, dropped + d, size + b
@@ -154,6 +157,8 @@ def main():
     p.add_argument("--events", type=int, default=50_000_000)
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--hours", type=float, default=1.0, help="length of the synthetic run")
+    p.add_argument("--cpu-only", action="store_true",
+                   help="step marks and five phases only (no GPU records, no gauges): --events / 6 steps, 1 ms each")
     p.add_argument("--keep", help="write the run here and keep it (default: a temporary folder)")
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--run", help="time the analysis of this run (one --keep wrote earlier) instead of writing one")
@@ -164,9 +169,10 @@ def main():
         path, written = args.run, 0
     else:
         t = time.perf_counter()
-        path, written, dropped, size, steps, kernels = write_run(root, args.events, args.ranks, args.hours)
+        path, written, dropped, size, steps, kernels = write_run(root, args.events, args.ranks, args.hours,
+                                                                  args.cpu_only)
         print(f"wrote {written:,} records ({dropped:,} dropped) over {args.ranks} ranks in "
-              f"{time.perf_counter() - t:.0f} s: {steps:,} steps of 50 ms per rank, {kernels} kernels per step, "
+              f"{time.perf_counter() - t:.0f} s: {steps:,} steps per rank, {kernels} kernels per step, "
               f"{size / 2**20:,.0f} MiB of traces ({size / max(written, 1):.2f} bytes/record)", flush=True)
     summary = [sys.executable, "-m", "stepscope", "summary", "--json", path]
     rows = [("summary, every rule (first: builds the dataset)", measure(summary)),

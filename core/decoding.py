@@ -12,6 +12,9 @@ uses ``stepscope.core.recording``).
     file on several threads); ``events``/``gpu`` False leave those chunks
     undecoded. A damaged chunk is skipped and named in ``warnings``; a file
     that cannot be read raises ``OSError``/``ValueError`` naming it.
+``step_phases(kind, category, name, tid, start, end, arg, phase_of_name, op_window_name, ...codes)``
+    One process's steps and phases from its events' columns in start order
+    (csrc/aggregate/step_phases.h; analysis/tables/step_pass.py calls it).
 ``demangle(names)``
     C++ symbol names (kernels) as people read them; names that are not
     mangled come back unchanged.
@@ -23,6 +26,7 @@ from stepscope.core import _native
 
 read_trace = _native.read_trace
 demangle = _native.demangle
+step_phases = _native.step_phases
 FORMAT_VERSION = _native.FORMAT_VERSION
 
-__all__ = ["FORMAT_VERSION", "demangle", "read_trace"]
+__all__ = ["FORMAT_VERSION", "demangle", "read_trace", "step_phases"]

@@ -15,6 +15,7 @@
 
 #include "record/cupti.h"
 #include "record/gpu.h"
+#include "bindings/aggregate.h"
 #include "bindings/hot.h"
 #include "common/around.h"
 #include "record/pysampler.h"
@@ -133,6 +134,7 @@ NB_MODULE(_native, m) {
   if (!add_step_tracker(m.ptr()) || !add_around(m.ptr()) || !add_torch_submodule(m.ptr()))
     throw nb::python_error();
   if (!add_settings(m.ptr())) throw nb::python_error();
+  bindings::add_aggregate(m);
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
                                         "gpu", "counter", "internal", "framework");

@@ -31,7 +31,9 @@ MAY_IMPORT = {
 MAY_INCLUDE = {
     # the hot Python entry points (Span, span, now...), split out of module.cc: bindings
     # as module.cc is, so above every part
-    "bindings": {"common", "read", "record", "steps", "torch", "bindings"},
+    "bindings": {"aggregate", "common", "read", "record", "steps", "torch", "bindings"},
+    # the analysis's native passes over decoded columns: nothing of the recording side
+    "aggregate": {"common", "aggregate"},
     "common": {"common"},
     "read": {"common", "read"},
     "record": {"common", "record"},

@@ -403,6 +403,18 @@ def check_contiguous(run_path, truth):
                 f"{covered / (hi - lo):.1%} of its {(hi - lo) / 1e6:.1f} ms with its steps and named intervals")
 
 
+def check_step_pass(run_path):
+    """The native steps-and-phases pass equals its definition on this run (tests/test_step_pass.py)."""
+    import pandas as pd
+    import stepscope
+    from stepscope.analysis.tables import stepping
+
+    events = stepscope.load(run_path, cache=False, quiet=True).events
+    native, reference = stepping.steps_and_phases(events), stepping.steps_and_phases(events, native=False)
+    pd.testing.assert_frame_equal(native[0], reference[0])
+    pd.testing.assert_frame_equal(native[1], reference[1])
+
+
 def check_recorded(run_path, truth):
     import stepscope
 
@@ -480,6 +492,7 @@ def test_conformance(name, variant, tmp_path, plain_job):
     check_stepscope_lines(prof, truth)
     check_recorded(runs / "run", truth)
     check_contiguous(runs / "run", truth)
+    check_step_pass(runs / "run")
 
 
 def test_corpus_is_complete():

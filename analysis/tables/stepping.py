@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COLUMNS
+from stepscope.analysis.tables import step_pass
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
 
 
@@ -272,16 +273,15 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
     threads) overlap in time, so a running maximum over all rows would carry one
     process's late ends into the next one's steps and count their gaps as covered."""
     out = np.zeros(len(step_end), dtype=np.int64)
+    inside = row >= 0
+    if not inside.all():  # phases outside every step cover nothing
+        row, starts, ends = row[inside], starts[inside], ends[inside]
     if len(row) == 0:
         return out
-    outside = row < 0
-    if outside.any():  # give them the step before (zero length keeps them harmless)
-        row = np.maximum.accumulate(row).clip(0, None)
     if not (np.all(row[1:] >= row[:-1]) and np.all((row[1:] != row[:-1]) | (starts[1:] >= starts[:-1]))):
         order = np.lexsort((starts, row))  # phases usually come in this order already
-        row, starts, ends, outside = row[order], starts[order], ends[order], outside[order]
+        row, starts, ends = row[order], starts[order], ends[order]
     ends = np.minimum(ends, step_end[row])
-    np.copyto(ends, starts, where=outside)
     reach = pd.Series(ends).groupby(row, sort=False).cummax().to_numpy()  # furthest end so far, per step
     new_block = np.ones(len(row), dtype=bool)
     new_block[1:] = (row[1:] != row[:-1]) | (starts[1:] > reach[:-1])
@@ -291,8 +291,16 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
     return out
 
 
-def steps_and_phases(events: pd.DataFrame):
-    """(steps, phases): steps carry each phase's exclusive time and Other."""
+def steps_and_phases(events: pd.DataFrame, native: bool = True):
+    """(steps, phases): steps carry each phase's exclusive time and Other.
+
+    The functions above define both tables; ``native`` (the default) computes them
+    with one native pass per process (``step_pass``), which tests hold equal to
+    this definition (``native=False``)."""
+    if native:
+        out = step_pass.steps_and_phases(events)
+        if out is not None:
+            return out
     steps = _bare_steps(events)
     phases, row = phases_frame(events, steps)
     for name in PHASES:

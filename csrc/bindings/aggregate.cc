@@ -1,0 +1,80 @@
+// Bindings of the analysis's native passes: NumPy columns in, NumPy columns out (no
+// copies either way: inputs are read in place, outputs own their vectors).
+#include "bindings/aggregate.h"
+
+#include <nanobind/ndarray.h>
+
+#include <string>
+
+#include "aggregate/step_phases.h"
+
+namespace nb = nanobind;
+
+namespace stepscope {
+namespace bindings {
+namespace {
+
+template <typename T>
+using Column = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+nb::object owned(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  size_t shape[1] = {heap->size()};
+  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
+}
+
+nb::dict step_phases_py(Column<int8_t> kind, Column<int8_t> category, Column<int32_t> name, Column<int64_t> tid,
+                        Column<int64_t> start, Column<int64_t> end, Column<int64_t> arg, Column<int8_t> phase_of_name,
+                        Column<uint8_t> op_window_name, int kind_instant, int kind_span, int cat_step, int cat_phase,
+                        int cat_framework, int32_t end_mark, int32_t interrupted) {
+  size_t n = kind.shape(0);
+  for (size_t m : {category.shape(0), name.shape(0), tid.shape(0), start.shape(0), end.shape(0), arg.shape(0)})
+    if (m != n) throw nb::value_error("step_phases: the event columns differ in length");
+  if (phase_of_name.shape(0) != op_window_name.shape(0))
+    throw nb::value_error("step_phases: phase_of_name and op_window_name differ in length");
+  aggregate::EventColumns e{n, kind.data(), category.data(), name.data(), tid.data(), start.data(), end.data(), arg.data()};
+  aggregate::Codes c;
+  c.kind_instant = kind_instant, c.kind_span = kind_span;
+  c.cat_step = cat_step, c.cat_phase = cat_phase, c.cat_framework = cat_framework;
+  c.end_mark = end_mark, c.interrupted = interrupted;
+  c.names = int32_t(phase_of_name.shape(0));
+  c.phase_of_name = phase_of_name.data();
+  c.op_window_name = op_window_name.data();
+  aggregate::StepPhases s;
+  {
+    nb::gil_scoped_release nogil;
+    s = aggregate::step_phases(e, c);
+  }
+  nb::dict d;
+  d["step_row"] = owned(std::move(s.step_row));
+  d["step_tid"] = owned(std::move(s.step_tid));
+  d["step_start"] = owned(std::move(s.step_start));
+  d["step_end"] = owned(std::move(s.step_end));
+  d["step_interrupted"] = owned(std::move(s.step_interrupted));
+  d["interrupt_marks"] = s.interrupt_marks;
+  nb::list sums;
+  for (auto& v : s.phase_sum) sums.append(owned(std::move(v)));
+  d["phase_sums"] = sums;
+  d["other"] = owned(std::move(s.other));
+  d["phase_row"] = owned(std::move(s.phase_row));
+  d["phase_step"] = owned(std::move(s.phase_step));
+  d["phase_exclusive"] = owned(std::move(s.phase_exclusive));
+  return d;
+}
+
+}  // namespace
+
+void add_aggregate(nb::module_& m) {
+  m.def("step_phases", &step_phases_py, nb::arg("kind"), nb::arg("category"), nb::arg("name"), nb::arg("tid"),
+        nb::arg("start"), nb::arg("end"), nb::arg("arg"), nb::arg("phase_of_name"), nb::arg("op_window_name"),
+        nb::arg("kind_instant"), nb::arg("kind_span"), nb::arg("cat_step"), nb::arg("cat_phase"),
+        nb::arg("cat_framework"), nb::arg("end_mark"), nb::arg("interrupted"),
+        "One process's steps and phases from its events in start order (csrc/aggregate/step_phases.h): "
+        "step rows, their ends, interrupted flags, the five phases' exclusive sums and Other; each "
+        "phase span's row, step (index into the steps, -1: none) and exclusive time.");
+}
+
+}  // namespace bindings
+}  // namespace stepscope

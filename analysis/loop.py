@@ -14,7 +14,7 @@ thresholds are documented in docs/rules.md ("When the loop is not understood").
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,10 @@ import pandas as pd
 from stepscope.analysis.ending import frameworks_known, run_ending
 from stepscope.core.frameworks import step_marking_display_names
 from stepscope.core.vocabulary import BACKWARD, FORWARD, OPTIMIZER, TRAIN
+
+# The phases table, or what gives it when asked: it is read only for steps without a
+# backward and an optimizer step (a long run's phases are tens of millions of rows)
+Phases = Union[pd.DataFrame, Callable[[], pd.DataFrame]]
 
 MIN_FORWARDS = 8  # forwards piled up in one train step with no backward and no optimizer step
 MAX_FEW_STEPS = 3  # a process with at most this many train steps has "few steps"...
@@ -50,7 +54,7 @@ def _label(rank, process) -> str:
     return f"rank {int(rank)}" if rank is not None and not pd.isna(rank) else str(process)
 
 
-def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str, int]) -> List[dict]:
+def undelimited_steps(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int]) -> List[dict]:
     """Per process, its worst train step that stands for many iterations stepscope could not
     tell apart: a step with ``MIN_FORWARDS`` forwards or more and no backward and no
     optimizer step, or, in a process with at most ``MAX_FEW_STEPS`` train steps and no
@@ -63,6 +67,10 @@ def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Di
     codes, names = pd.factorize(train["process"])
     names = [str(q) for q in names]
     step = train["step"].to_numpy(dtype=np.int64)
+    blind = (train[BACKWARD].to_numpy() <= 0) & (train[OPTIMIZER].to_numpy() <= 0)
+    if not blind.any():  # every train step has its backward or optimizer step: the phases are not read
+        return []
+    phases = phases() if callable(phases) else phases
     fw = phases[(phases["name"] == FORWARD) & (phases["mode"] == TRAIN)]
     fw_codes, fw_names = pd.factorize(fw["process"])
     known = {q: i for i, q in enumerate(names)}
@@ -73,7 +81,6 @@ def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Di
     profiled = np.array([float(profiled_ns.get(q) or 0) for q in names])[codes]
     duration = train["duration_ns"].to_numpy(dtype=float)
     share = np.divide(duration, profiled, out=np.zeros(len(codes)), where=profiled > 0)
-    blind = (train[BACKWARD].to_numpy() <= 0) & (train[OPTIMIZER].to_numpy() <= 0)
     n = np.bincount(codes, minlength=len(names))[codes]
     all_blind = (np.bincount(codes, weights=~blind, minlength=len(names)) == 0)[codes]
     piled = blind & (count >= MIN_FORWARDS)
@@ -95,13 +102,14 @@ def undelimited_steps(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Di
     return out
 
 
-def loop_notes(steps: pd.DataFrame, phases: pd.DataFrame, profiled_ns: Dict[str, int], recorded: int,
+def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int], recorded: int,
                frameworks: Optional[List[str]] = None, ended: bool = True, duration_s: float = 0.0,
                ending: Optional[dict] = None) -> List[dict]:
     """Notes on a loop stepscope did not understand, each with a stable ``key``:
     ``steps_not_delimited``, ``no_steps``, ``nothing_recorded`` (see ``undelimited_steps``),
     ``forward_not_seen``.
 
+    phases: the phases table, or a function that gives it (read only if needed);
     profiled_ns: per process folder, the time from its first to its last event;
     recorded: events other than system samples; frameworks: the distributions the
     run had imported (None: not known, as in a run that did not close); ended: the run has
@@ -216,7 +224,7 @@ def run_loop_notes(run, ending: Optional[dict] = None) -> List[dict]:
     else:
         profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)
     frameworks = list(run.versions) if frameworks_known(run, ending) else None
-    return loop_notes(run.steps, run.phases, profiled, recorded, frameworks, ending["complete"], duration_s,
+    return loop_notes(run.steps, lambda: run.phases, profiled, recorded, frameworks, ending["complete"], duration_s,
                       ending)
 
 

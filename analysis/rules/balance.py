@@ -107,6 +107,9 @@ def _gpu_loads(run, warmup_steps):
     """Per node with two or more GPUs measured: (node, source, {gpu: busy %}, {gpu: rank}).
     Compute kernels (their busy time in the steps of the node's loop) where traced, as
     they tell real work from waiting in NCCL; NVML utilization means otherwise."""
+    util = run.system[run.system["metric"] == "gpu_util"]
+    if not len(run.kernel_steps) and not len(util):  # nothing measured of a GPU
+        return []
     steps = train_steps(run, warmup_steps)
     if steps.empty:
         return []
@@ -118,11 +121,10 @@ def _gpu_loads(run, warmup_steps):
         k = k[["process", "device", "mode", "step", "busy_ns"]].astype({"process": str, "mode": str}).merge(
             spans.astype({"process": str, "mode": str}), on=["process", "mode", "step"])
         k = k.assign(node=k["process"].map(nodes))
-    util = run.system[run.system["metric"] == "gpu_util"]
     out = []
     for node, s in steps.groupby("node", sort=True):
         t0, t1 = int(s["start_ns"].min()), int(s["end_ns"].max())
-        ranks = dict(zip(s["process"], s["rank"]))
+        ranks = dict(s[["process", "rank"]].drop_duplicates("process").itertuples(index=False))
         kn = k[(k["node"] == node) & (k["start_ns"] >= t0) & (k["end_ns"] <= t1)] if len(k) else k
         if len(kn) and len(kn.groupby(["process", "device"])) > 1:
             label = kn["process"].astype(str) + ":" + kn["device"].astype(str)

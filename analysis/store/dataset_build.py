@@ -137,7 +137,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     del kept
     # GPU records a part at a time (a GPU trace is mostly kernels): each part's tables are
     # one file, and the kernels are aggregated per step as they go
-    timeline, aggregates = gpu.Timeline(steps, phases), []
+    timeline, aggregates = gpu.Timeline(steps, phases) if gpu_parts else None, []
 
     def raw_of(k):  # the GPU columns of the k-th entry of gpu_parts (decoded again), None past the end
         if k >= len(gpu_parts):

@@ -28,7 +28,8 @@ def safe_partition(process: str) -> str:
 
 
 def write_file(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP_ROWS) -> None:
-    """One Parquet file, a row group at a time (Arrow holds one group, not a copy of the table)."""
+    """One Parquet file in row groups of ``row_group`` rows. The frame is handed to Arrow
+    once: its NumPy columns are wrapped, not copied (categoricals' codes included)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -39,9 +40,8 @@ def write_file(frame: pd.DataFrame, path: str, row_group: int = ROW_GROUP_ROWS) 
     schema = schema.with_metadata({**(schema.metadata or {}), COLUMNS_KEY: order.encode()})
     tmp = f"{path}.tmp{os.getpid()}"
     with pq.ParquetWriter(tmp, schema, **encodings(schema)) as writer:
-        for at in range(0, max(len(frame), 1), row_group):
-            writer.write_table(pa.Table.from_pandas(frame.iloc[at:at + row_group], schema=schema,
-                                                    preserve_index=False))
+        writer.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False),
+                           row_group_size=row_group)
     os.replace(tmp, path)
 
 

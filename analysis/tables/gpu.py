@@ -137,6 +137,10 @@ def _lookup(seg_start, seg_end, times):
 
 def _categories(values, known) -> list:
     """The distinct values, those of ``known`` first in its order, the rest sorted."""
+    if isinstance(values.dtype, pd.CategoricalDtype):  # the used categories: no object copy of millions of rows
+        codes = values.cat.codes.to_numpy()
+        used = np.bincount(codes[codes >= 0], minlength=len(values.cat.categories)) > 0
+        values = values.cat.categories[used]
     seen = {str(v) for v in pd.unique(np.asarray(values, dtype=object)) if v is not None and not pd.isna(v)}
     return [k for k in known if k in seen] + sorted(seen - set(known))
 

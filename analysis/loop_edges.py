@@ -36,11 +36,14 @@ def intervals(steps: pd.DataFrame) -> pd.DataFrame:
     for (process, tid), s in steps.groupby(["process", "tid"], observed=True, sort=False):
         s = s.sort_values("start_ns", kind="stable")
         start, end = s["start_ns"].to_numpy(), s["end_ns"].to_numpy()
-        modes = s["mode"].astype(str).to_numpy()
-        trained = np.cumsum(np.isin(modes, (TRAIN, INTERRUPTED))) > 0  # through each step
-        for i in np.flatnonzero(start[1:] > end[:-1]):
-            rows.append((process, tid, _kind(modes[i], modes[i + 1], bool(trained[i])), int(end[i]),
-                         int(start[i + 1])))
+        gaps = np.flatnonzero(start[1:] > end[:-1])
+        if not len(gaps):
+            continue
+        trained = np.cumsum(s["mode"].isin((TRAIN, INTERRUPTED)).to_numpy()) > 0  # through each step
+        before = s["mode"].iloc[gaps].astype(str).to_numpy()  # (strings of the steps around gaps only)
+        after = s["mode"].iloc[gaps + 1].astype(str).to_numpy()
+        for i, b, a in zip(gaps, before, after):
+            rows.append((process, tid, _kind(b, a, bool(trained[i])), int(end[i]), int(start[i + 1])))
     return pd.DataFrame(rows, columns=["process", "tid", "kind", "start_ns", "end_ns"])
 
 

@@ -25,6 +25,11 @@ from stepscope.core.vocabulary import RUN_JSON
 FOLDED_NAME = "(other names)"  # csrc/record/recorder.h kOverflowName
 
 
+def _rank_or_folder(proc) -> str:
+    rank = proc.meta.get("rank") if isinstance(proc.meta, dict) else None
+    return str(rank) if isinstance(rank, int) else os.path.basename(os.path.normpath(proc.folder))
+
+
 def _names_folded(meta) -> int:
     """The events a process recorded under FOLDED_NAME (process.json's writer stats)."""
     stats = meta.get("stats") if isinstance(meta, dict) else None
@@ -48,6 +53,8 @@ class Run:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
         self.warnings = info_notes + [w for p in self._procs for w in p.warnings]
         self.dropped_events = sum(p.dropped for p in self._procs)
+        # per rank (a process without one: its folder), those whose writer dropped events
+        self.dropped_by_rank = {_rank_or_folder(p): int(p.dropped) for p in self._procs if p.dropped}
         self.names_folded = sum(_names_folded(p.meta) for p in self._procs)
         if self.names_folded:
             self.warnings.append(f"{self.names_folded} events were recorded as {FOLDED_NAME!r}: their processes "

@@ -1,5 +1,6 @@
 """Many threads at once, and floods the writer cannot keep up with."""
 
+import os
 import threading
 
 from conftest import run_python
@@ -77,3 +78,23 @@ def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
     # (the system sampler's few events may be among the dropped ones)
     assert loaded_dropped == dropped
     assert 0 <= loaded_events + loaded_dropped - 20_000_000 <= 1000
+
+
+def test_drops_are_counted_per_rank(tmp_path):
+    """Two ranks, one flooding a 1 MiB buffer: the summary gives the drops per rank,
+    and the text names the rank."""
+    from stepscope.analysis.report.summary import format_text, summarize
+
+    for rank in (0, 1):
+        r = run_python(f"""
+            import stepscope
+            from stepscope.core import _native
+            run = stepscope.start(dir="runs", name="two", buffer_mb=1)
+            if {rank} == 1:
+                _native.bench_cpp_pair(3_000_000, _native.intern("flood"))
+            run.stop()
+        """, cwd=tmp_path, env={"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)})
+        assert r.returncode == 0, r.stderr
+    s = summarize(str(tmp_path / "runs" / "two"))
+    assert s["dropped_events"] > 0 and s["dropped_by_rank"] == {"1": s["dropped_events"]}
+    assert f"{s['dropped_events']:,} events dropped (the writer could not keep up): rank 1 " in format_text(s)

@@ -178,11 +178,20 @@ def _timeline(run: Run, summary: dict, steps_asked=None) -> str:
             f"<script type='application/json' id='tl-data'>{script_json(data)}</script><script>{js}</script>")
 
 
+def _dropped(summary: dict) -> str:
+    """The events the writers dropped, and per rank where more than one dropped some."""
+    by = summary.get("dropped_by_rank") or {}
+    text = f"{summary['dropped_events']:,}"
+    if len(by) > 1 or summary.get("ranks", 1) > 1:
+        text += " (" + ", ".join(f"{'rank ' + k if k.isdigit() else k}: {v:,}" for k, v in by.items()) + ")"
+    return text
+
+
 def _metadata(run: Run, summary: dict) -> str:
     info = dict(run.info)
     rows = [("run", run.name), ("path", run.path), ("command", " ".join(map(str, info.get("command", [])))),
             ("versions", json.dumps(info.get("versions", {}))), ("config", json.dumps(info.get("config", {}))),
-            ("dropped events", summary["dropped_events"])]
+            ("dropped events", _dropped(summary))]
     for note in run.notes:
         rows.append(("not measured", note))
     for w in run.warnings:

@@ -48,6 +48,7 @@ def summarize(run, params=None) -> dict:
         "system": summarize_system(r.system),
         "findings": [],
         "dropped_events": int(r.dropped_events),
+        "dropped_by_rank": dict(getattr(r, "dropped_by_rank", {})),  # {rank (or process folder): events}
         "names_folded": int(getattr(r, "names_folded", 0)),
         # a run that did not close is missing up to its last flush interval (analysis/ending.py)
         "complete": ending["complete"],
@@ -126,7 +127,10 @@ def format_text(s: dict) -> str:
     if sysb.get("memory_used_max_bytes"):
         lines.append(f"  memory     max {sysb['memory_used_max_bytes'] / 2**30:.2f} GiB used")
     if s["dropped_events"]:
-        lines.append(f"  {s['dropped_events']} events dropped (the writer could not keep up)")
+        by = s.get("dropped_by_rank") or {}
+        where = ", ".join(f"{_who(k)} {v:,}" for k, v in by.items()) if len(by) > 1 or s.get("ranks", 1) > 1 else ""
+        lines.append(f"  {s['dropped_events']:,} events dropped (the writer could not keep up)"
+                     + (f": {where}" if where else ""))
     if s.get("dropped_samples"):
         lines.append(f"  {s['dropped_samples']} Python stack samples dropped (their stacks were lost to damage)")
     for w in s.get("warnings", []):
@@ -148,3 +152,8 @@ def format_text(s: dict) -> str:
     else:
         lines.append("findings: no problems found")
     return "\n".join(lines)
+
+
+def _who(key: str) -> str:
+    """A ``dropped_by_rank`` key as a reader says it: "rank 3", or the process folder."""
+    return f"rank {key}" if key.isdigit() else key

@@ -16,7 +16,7 @@ import pandas as pd
 
 from stepscope.analysis.store.reader import start_order
 from stepscope.analysis.store.dataset_files import COLUMNS_KEY, PARTITION, partition_dir
-from stepscope.analysis.store.frames import concat
+from stepscope.analysis.store.frames import concat, without_unused
 from stepscope.analysis.store.py_samples import raw_frames
 from stepscope.analysis.store.schema import DATASET_TABLES, STACK_COLUMNS
 
@@ -45,6 +45,11 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
 
     code_of = {part: i for i, part in enumerate(partitions)}
     parts, files = [], files_of(root, table, partitions)
+    if filter is None:
+        kept = [(part, path) for part, path in files if keep_file is None or keep_file(part, path)]
+        frame, dtype = _read_files(kept, columns, code_of, processes) if len(kept) > 1 else (None, "")
+        if frame is not None:
+            return _finish(frame, table, files, dtype)
     for part, path in files:
         if keep_file is not None and not keep_file(part, path):
             continue
@@ -62,7 +67,12 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
         parts.append(frame)
     if not parts:
         return None
-    frame = parts[0] if len(parts) == 1 else concat(parts)
+    return _finish(parts[0] if len(parts) == 1 else concat(parts), table, files, dtype)
+
+
+def _finish(frame: pd.DataFrame, table: str, files: List[tuple], dtype: str) -> pd.DataFrame:
+    """The table as the in-memory store has it: a process decoded in parts in start order
+    again, the process column with the dtype it has there."""
     if table == "events" and len(files) > len({part for part, _ in files}) \
             and {PARTITION, "start_ns", "end_ns"} <= set(frame.columns):
         # a process decoded in parts: its events in start order again, as when decoded at once
@@ -70,13 +80,49 @@ def read_table(root: str, table: str, processes: List[str], partitions: List[str
     if PARTITION not in frame.columns:
         pass
     elif table in _CATEGORICAL_PROCESS or dtype == "category":
-        frame[PARTITION] = frame[PARTITION].cat.remove_unused_categories()
+        frame[PARTITION] = without_unused(frame[PARTITION].array)
     elif dtype:  # the dtype the in-memory table has (object or str)
         frame[PARTITION] = frame[PARTITION].astype(dtype)
     return frame
 
 
 SMALL_FILE_ROWS = 1 << 16
+
+
+def _read_files(files: List[tuple], columns, code_of: dict, processes: List[str]):
+    """(frame, process dtype) of several whole files, a column at a time across all of
+    them: Arrow reads each column's pieces, and pandas gets the column in one piece (no
+    concatenation of frames afterwards, and the peak is the frame plus one column).
+    (None, "") where the files' columns differ (the reader then takes a file at a time)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        first = pq.read_schema(files[0][1])
+        names = first.names if columns is None else [c for c in columns if c in first.names]
+        rows = [pq.ParquetFile(path).metadata.num_rows for _, path in files]
+        meta = first.pandas_metadata or {}
+        out = {}
+        for name in names:
+            pieces = [pq.read_table(path, columns=[name]) for _, path in files]
+            piece_meta = {b"pandas": json.dumps({**meta, "columns": [c for c in meta.get("columns", [])
+                                                                     if c.get("name") == name]}).encode()}
+            joined = pa.concat_tables([t.replace_schema_metadata(piece_meta if meta else None) for t in pieces])
+            del pieces
+            out[name] = joined.to_pandas(self_destruct=True)[name]
+            del joined
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
+        return None, ""
+    finally:
+        pa.default_memory_pool().release_unused()
+    frame = pd.DataFrame(out, copy=False) if out else pd.DataFrame(index=pd.RangeIndex(sum(rows)))
+    order = json.loads((first.metadata or {}).get(COLUMNS_KEY, b"[]")) or [""]
+    dtype = order.pop()
+    if columns is None or PARTITION in columns:
+        at = order.index(PARTITION) if PARTITION in order else 0
+        codes = np.repeat(np.array([code_of[part] for part, _ in files], dtype=np.int32), rows)
+        frame.insert(min(at, len(frame.columns)), PARTITION, pd.Categorical.from_codes(codes, categories=processes))
+    return frame, dtype
 
 
 def _to_pandas(data, names: List[str], filter=None) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.frames import without_unused
 from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COLUMNS
 from stepscope.core import decoding
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
@@ -24,17 +25,10 @@ def _code(categorical, value) -> int:
 
 
 def _taken(column: pd.Series, rows: np.ndarray, unused: bool = True) -> pd.Categorical:
-    """``column.iloc[rows]`` of a categorical as an array (``unused`` False: its
-    unused categories dropped, as ``remove_unused_categories`` does), in whole-column
-    operations: a bincount of the codes rather than a sort of them."""
-    cat = column.cat
-    codes = cat.codes.to_numpy()[rows]
-    if unused or not len(codes) or codes.min() < 0:
-        out = pd.Categorical.from_codes(codes, dtype=column.dtype)
-        return out if unused else out.remove_unused_categories()
-    used = np.bincount(codes, minlength=len(cat.categories)) > 0
-    remap = (np.cumsum(used) - 1).astype(codes.dtype)
-    return pd.Categorical.from_codes(remap[codes], cat.categories[used], ordered=cat.ordered)
+    """``column.iloc[rows]`` of a categorical as an array (``unused`` False: its unused
+    categories dropped, as ``remove_unused_categories`` does)."""
+    out = pd.Categorical.from_codes(column.cat.codes.to_numpy()[rows], dtype=column.dtype)
+    return out if unused else without_unused(out)
 
 
 def _blocks(process_codes: np.ndarray):

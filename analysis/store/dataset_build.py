@@ -33,7 +33,7 @@ from stepscope.analysis.store.reader import PROGRESS_BYTES, empty_events, events
 from stepscope.analysis.store import py_samples
 from stepscope.analysis.store.dataset_files import link_or_copy, partition_dir, safe_partition, write_file
 from stepscope.analysis.store.dataset_live import DERIVED_FROM, ended, keep_part, reused_part, trace_identity
-from stepscope.analysis.store.frames import concat
+from stepscope.analysis.store.frames import concat, concat_in_order
 from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES
 from stepscope.analysis.tables.system import system_frame
 from stepscope.core.vocabulary import TRACE_FILE
@@ -127,9 +127,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     if extent is not None:
         entry["extent"] = dict(zip(("start_ns", "end_ns", "events", "recorded"), extent))
     if len(kept) > 1:
-        kept = concat(kept)  # (parts kept from earlier builds may know fewer names)
-        kept = kept.iloc[start_order(kept["start_ns"].to_numpy(), kept["end_ns"].to_numpy())] \
-            .reset_index(drop=True)
+        kept = concat_in_order(kept, start_order)  # (parts kept from earlier builds may know fewer names)
     else:
         kept = kept[0] if kept else empty_events()
     steps, phases = stepping.steps_and_phases(kept)

@@ -34,3 +34,26 @@ def concat(parts: List[pd.DataFrame]) -> pd.DataFrame:
             frame[c] = union_categoricals([pd.Categorical(part[c]) for part in parts], ignore_order=True)
     return frame
 
+
+def concat_in_order(parts: List[pd.DataFrame], order_of) -> pd.DataFrame:
+    """``concat(parts)`` with its rows in ``order_of(start_ns, end_ns)``'s order, built a
+    column at a time: the parts and the result are held, not a concatenation besides."""
+    from pandas.api.types import union_categoricals
+
+    starts = np.concatenate([p["start_ns"].to_numpy() for p in parts])
+    order = order_of(starts, np.concatenate([p["end_ns"].to_numpy() for p in parts]))
+    del starts
+    if np.array_equal(order, np.arange(len(order))):
+        order = None
+    out = {}
+    for c in parts[0].columns:
+        dtype = parts[0][c].dtype
+        if isinstance(dtype, pd.CategoricalDtype):
+            joined = union_categoricals([p[c].array for p in parts], ignore_order=True)
+        elif isinstance(dtype, np.dtype):
+            joined = np.concatenate([p[c].to_numpy() for p in parts])
+        else:  # (nullable integers)
+            joined = type(parts[0][c].array)._concat_same_type([p[c].array for p in parts])
+        out[c] = joined if order is None else joined.take(order)
+        del joined
+    return pd.DataFrame(out, copy=False)

@@ -131,28 +131,34 @@ void exclusive(const EventColumns& e, const std::vector<size_t>& rows, const std
     if (T(k) == T(k - 1) && (S(k) < S(k - 1) || S(k) < E(k - 1))) simple = false;
   if (simple) return;
   // per thread, by start, the longer (the parent) first; stable. Events come in start
-  // order with parents first, so one thread's spans need no sort: only several threads'
-  struct Key {
-    int64_t tid, start, minus_length;
-    size_t k;
-    bool operator<(const Key& o) const {
-      if (tid != o.tid) return tid < o.tid;
-      if (start != o.start) return start < o.start;
-      return minus_length < o.minus_length;
-    }
+  // order with parents first, so one thread's spans need no sort (nor a copy of the
+  // order): only several threads' do
+  auto before = [&](size_t a, size_t b) {  // a sorts before b
+    if (T(a) != T(b)) return T(a) < T(b);
+    if (S(a) != S(b)) return S(a) < S(b);
+    return S(a) - E(a) < S(b) - E(b);
   };
-  std::vector<Key> keys(at.size());
   bool ordered = true;
-  for (size_t k = 0; k < at.size(); ++k) {
-    keys[k] = Key{T(k), S(k), S(k) - E(k), k};
-    if (k && keys[k] < keys[k - 1]) ordered = false;
+  for (size_t k = 1; k < at.size() && ordered; ++k) ordered = !before(k, k - 1);
+  std::vector<size_t> order;
+  if (!ordered) {
+    struct Key {
+      int64_t tid, start, minus_length;
+      size_t k;
+    };
+    std::vector<Key> keys(at.size());
+    for (size_t k = 0; k < at.size(); ++k) keys[k] = Key{T(k), S(k), S(k) - E(k), k};
+    std::stable_sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+      if (a.tid != b.tid) return a.tid < b.tid;
+      if (a.start != b.start) return a.start < b.start;
+      return a.minus_length < b.minus_length;
+    });
+    order.resize(at.size());
+    for (size_t k = 0; k < at.size(); ++k) order[k] = keys[k].k;
   }
-  if (!ordered) std::stable_sort(keys.begin(), keys.end());
-  std::vector<size_t> order(at.size());
-  for (size_t k = 0; k < at.size(); ++k) order[k] = keys[k].k;
-  keys = {};
   std::vector<size_t> stack;
-  for (size_t k : order) {
+  for (size_t n = 0; n < at.size(); ++n) {
+    size_t k = ordered ? n : order[n];
     while (!stack.empty() && (T(stack.back()) != T(k) || S(k) >= E(stack.back()))) stack.pop_back();
     if (!stack.empty()) {
       size_t parent = stack.back();

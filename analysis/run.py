@@ -68,6 +68,7 @@ class Run:
                 _warnings.warn(f"stepscope: {self.dropped_events} events were dropped while recording "
                                f"{self.name} (the writer could not keep up)", stacklevel=level)
         self._derived: dict = {}  # tables built here from the store's (ops, samples...)
+        self._memo: dict = {}  # what rules derive alike (``memo``)
         self._db = None
 
     @property
@@ -77,6 +78,14 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<stepscope.Run {self.path!r}: {len(self._procs)} process(es)>"
+
+    def memo(self, key, build):
+        """``build()``, computed once per loaded run: the frames several rules derive
+        alike (the train steps after warm-up, the loop's windows), which on a run of
+        millions of steps take a second each."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     # --- tables ---------------------------------------------------------------------
     @property

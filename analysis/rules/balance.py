@@ -4,9 +4,11 @@ and the GPUs of one node should carry the same load."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import node_of, train_steps
+from stepscope.analysis.store.frames import as_strings
 
 
 class LoadBalancing(Rule):
@@ -127,7 +129,7 @@ def _gpu_loads(run, warmup_steps):
         ranks = dict(s[["process", "rank"]].drop_duplicates("process").itertuples(index=False))
         kn = k[(k["node"] == node) & (k["start_ns"] >= t0) & (k["end_ns"] <= t1)] if len(k) else k
         if len(kn) and len(kn.groupby(["process", "device"])) > 1:
-            label = kn["process"].astype(str) + ":" + kn["device"].astype(str)
+            label = pd.Series(as_strings(kn["process"]), index=kn.index) + ":" + kn["device"].astype(str)
             pairs = kn[["process", "device"]].drop_duplicates()
             several = pairs["process"].nunique() > 1
             names = {f"{p}:{d}": (f"GPU {d} of {rank_label(ranks.get(p), p)}" if several else f"gpu{d}")

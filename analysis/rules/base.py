@@ -7,6 +7,8 @@ from typing import ClassVar, Dict, List, Optional, Tuple, Union
 
 import pandas as pd
 
+from stepscope.analysis.store.frames import as_strings
+
 #: Finding severities, least to most severe: ``--fail-on WARN`` gates on warning and
 #: error, ``--fail-on ERROR`` on error only; info never gates.
 SEVERITIES = ("info", "warning", "error")
@@ -90,7 +92,7 @@ def cost_floor_ms(run, finding: "Finding") -> float:
     if not len(steps):
         return MIN_COST_MS
     process = (finding.evidence or {}).get("process")
-    mine = steps[steps["process"].astype(str) == str(process)] if process is not None else steps.iloc[:0]
+    mine = steps[as_strings(steps["process"]) == str(process)] if process is not None else steps.iloc[:0]
     if mine.empty and finding.rank is not None:
         mine = steps[steps["rank"] == finding.rank]
     mine = steps if mine.empty else mine

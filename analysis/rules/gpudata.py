@@ -25,7 +25,18 @@ def no_gpu_reason(run, need: str) -> Optional[str]:
 
 
 def train_steps(run, warmup_steps: float) -> pd.DataFrame:
-    """Train steps of every process, each process's first warmup_steps left out."""
+    """Train steps of every process, each process's first warmup_steps left out (a
+    shallow copy: columns a rule adds stay its own)."""
+    return memo(run, ("train_steps", float(warmup_steps)), lambda: _train_steps(run, warmup_steps)).copy(deep=False)
+
+
+def memo(run, key, build):
+    """``run.memo(key, build)`` where the run keeps such values (a loaded ``Run``), else ``build()``."""
+    keep = getattr(run, "memo", None)
+    return keep(key, build) if callable(keep) else build()
+
+
+def _train_steps(run, warmup_steps: float) -> pd.DataFrame:
     train = run.steps[run.steps["mode"] == "train"]
     if train.empty:
         return train

@@ -4,12 +4,14 @@ warm-up (analysis/rules/steady.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule
 from stepscope.analysis.rules.gpudata import node_of
 from stepscope.analysis.rules.memory import MB
 from stepscope.analysis.rules.windows import _rank_of_gpu
+from stepscope.analysis.store.frames import as_strings
 
 
 class GPUMemoryIncrease(Rule):
@@ -39,14 +41,14 @@ class GPUMemoryIncrease(Rule):
     def evaluate(self, run, p):
         train = run.steps[run.steps["mode"] == "train"]
         nodes = node_of(run)
-        train = train.assign(node=train["process"].astype(str).map(nodes))
+        train = train.assign(node=pd.Series(as_strings(train["process"]), index=train.index).map(nodes))
         system = run.system
         used = system[system["metric"] == "gpu_memory_used"]
         total = system[system["metric"] == "gpu_memory_total"]
         out = []
         for node, s in train.groupby("node", sort=True):
             local = run.processes[(run.processes["host"].astype(str) == node)
-                                  & run.processes["process"].isin(set(s["process"].astype(str)))]
+                                  & run.processes["process"].isin(set(as_strings(s["process"])))]
             here = used[used["node"] == node]
             for gpu, g in here.groupby("device", sort=True):
                 rank = _rank_of_gpu(local, gpu)
@@ -91,8 +93,9 @@ def _loop_of(steps, local, rank):
     of the node's process with the most train steps."""
     if rank is not None:
         procs = set(local.loc[local["rank"] == rank, "process"].astype(str))
-        mine = steps[steps["process"].astype(str).isin(procs)]
+        mine = steps[np.isin(as_strings(steps["process"]), list(procs))]
         if len(mine):
             return mine
-    counts = steps["process"].astype(str).value_counts()
-    return steps[steps["process"].astype(str) == counts.index[0]]
+    names = as_strings(steps["process"])
+    counts = pd.Series(names).value_counts()
+    return steps[names == counts.index[0]]

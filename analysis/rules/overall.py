@@ -10,6 +10,7 @@ import pandas as pd
 
 from stepscope.analysis.quantities import phase_shares
 from stepscope.analysis.rules.base import Rule
+from stepscope.analysis.store.frames import as_strings
 from stepscope.core.vocabulary import OTHER
 
 SPAN_CATEGORIES = ("framework", "annotation", "module", "op")  # what Debugger called framework metrics
@@ -60,7 +61,7 @@ def _span_modes(events: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
         t = mine["start_ns"].to_numpy()
         i = np.searchsorted(s["start_ns"].to_numpy(), t, side="right") - 1
         ok = (i >= 0) & (t < s["end_ns"].to_numpy()[np.clip(i, 0, len(s) - 1)])
-        modes = np.where(ok, s["mode"].astype(str).to_numpy()[np.clip(i, 0, len(s) - 1)], None)
+        modes = np.where(ok, as_strings(s["mode"])[np.clip(i, 0, len(s) - 1)], None)
         out.loc[mine.index] = modes
     return out
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from stepscope.analysis.rules.base import MIN_COST_MS, MIN_COST_SHARE, Finding
 from stepscope.analysis.rules.gpudata import node_of
+from stepscope.analysis.store.frames import as_strings
 from stepscope.core.vocabulary import GETNEXT, TRAIN
 
 #: A primary explains a secondary's low-GPU time when its own cost covers at least this share of
@@ -44,7 +45,7 @@ def _window_steps(run, f: Finding, process) -> Tuple[float, "object"]:
     the primary process's train steps that ran in them."""
     windows = (f.evidence or {}).get("low_windows") or []
     idle = sum((w["end_s"] - w["start_s"]) * (1 - w.get("gpu_util", 100.0) / 100) * 1e3 for w in windows)
-    steps = run.steps[(run.steps["mode"] == TRAIN) & (run.steps["process"].astype(str) == str(process))]
+    steps = run.steps[(run.steps["mode"] == TRAIN) & (as_strings(run.steps["process"]) == str(process))]
     inside = np.zeros(len(steps), dtype=bool)
     for w in windows:
         if len(w.get("steps") or []) == 2:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.rules.base import Param
-from stepscope.analysis.rules.gpudata import node_of, train_steps
+from stepscope.analysis.rules.gpudata import memo, node_of, train_steps
 
 # Shared parameters: one definition, so the four rules read the same way.
 GPU_THRESHOLD = Param(50.0, "%", "a window is low when its GPU's mean NVML utilization (share of time a kernel "
@@ -65,7 +65,13 @@ def _window_means(samples: pd.DataFrame, edges: np.ndarray) -> pd.Series:
 
 
 def loop_windows(run, window_s: float, warmup_steps: float) -> pd.DataFrame:
-    """One row per (node, GPU, window): times, steps and the window's means."""
+    """One row per (node, GPU, window): times, steps and the window's means (a copy:
+    the rules that read them add columns of their own)."""
+    key = ("loop_windows", float(window_s), float(warmup_steps))
+    return memo(run, key, lambda: _loop_windows(run, window_s, warmup_steps)).copy()
+
+
+def _loop_windows(run, window_s: float, warmup_steps: float) -> pd.DataFrame:
     steps = train_steps(run, warmup_steps)
     system = run.system
     if steps.empty or system.empty:

@@ -100,11 +100,12 @@ def _read_files(files: List[tuple], columns, code_of: dict, processes: List[str]
     try:
         first = pq.read_schema(files[0][1])
         names = first.names if columns is None else [c for c in columns if c in first.names]
-        rows = [pq.ParquetFile(path).metadata.num_rows for _, path in files]
         meta = first.pandas_metadata or {}
+        opened = [pq.ParquetFile(path) for _, path in files]  # (each file's footer read once)
+        rows = [f.metadata.num_rows for f in opened]
         out = {}
         for name in names:
-            pieces = [pq.read_table(path, columns=[name]) for _, path in files]
+            pieces = [f.read(columns=[name]) for f in opened]
             piece_meta = {b"pandas": json.dumps({**meta, "columns": [c for c in meta.get("columns", [])
                                                                      if c.get("name") == name]}).encode()}
             joined = pa.concat_tables([t.replace_schema_metadata(piece_meta if meta else None) for t in pieces])

@@ -60,16 +60,24 @@ def raw_samples(events: pd.DataFrame) -> pd.DataFrame:
     sel = events[(events["category"] == "system") & (events["kind"] == "counter")]
     if sel.empty:
         return pd.DataFrame(columns=["process", "node", "raw", "device", "ts", "value"])
-    names = sel["name"].astype(str)
-    parts = names.str.split("|", n=1, expand=True)
+    # "metric|device" names: each distinct name split once, not each sample's
+    names = sel["name"].astype("category")
+    split = [str(n).split("|", 1) for n in names.cat.categories]
+    codes = names.cat.codes.to_numpy()
     return pd.DataFrame({
-        "process": sel["process"].astype(str).to_numpy(),
-        "node": sel["host"].astype(str).to_numpy(),
-        "raw": parts[0].to_numpy(),
-        "device": (parts[1] if 1 in parts else pd.Series("", index=parts.index)).fillna("").to_numpy(),
+        "process": _strings(sel["process"]),
+        "node": _strings(sel["host"]),
+        "raw": np.array([p[0] for p in split] or [""], dtype=object)[codes],
+        "device": np.array([p[1] if len(p) > 1 else "" for p in split] or [""], dtype=object)[codes],
         "ts": sel["start_ns"].to_numpy(),
         "value": sel["value"].to_numpy(),
     })
+
+
+def _strings(column: pd.Series) -> np.ndarray:
+    """A column's values as an array of str (a categorical's: each category converted once)."""
+    column = column.astype("category")
+    return np.array([str(c) for c in column.cat.categories] or [""], dtype=object)[column.cat.codes.to_numpy()]
 
 
 def _wide(raw: pd.DataFrame, prefix: str) -> pd.DataFrame:

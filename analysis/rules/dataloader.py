@@ -14,7 +14,7 @@ import pandas as pd
 from stepscope.analysis.quantities import ms, phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of
+from stepscope.analysis.rules.gpudata import node_of, train_groups
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY, TRAIN
 
 
@@ -103,8 +103,7 @@ class Dataloader(Rule):
 
     def _rows(self, run):
         cores, workers, nodes = core_counts(run), worker_counts(run), node_of(run)
-        train = run.steps[run.steps["mode"] == TRAIN]
-        for (process, rank), s in train.groupby(["process", "rank"], dropna=False, sort=True, observed=True):
+        for (process, rank), s in train_groups(run):
             node = nodes.get(process)
             if node not in cores or not len(s):
                 continue

@@ -6,6 +6,7 @@ from stepscope.analysis.quantities import epoch_start_wait, loop_starts, ms, per
 from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.gpudata import train_groups
 from stepscope.core.vocabulary import GETNEXT, TRAIN
 
 
@@ -41,8 +42,7 @@ class GetNextBottleneck(Rule):
         steps = run.steps
         framework = None
         starts = None
-        train = steps[steps["mode"] == TRAIN]
-        for (process, rank), s in train.groupby(["process", "rank"], dropna=False, sort=True, observed=True):
+        for (process, rank), s in train_groups(run):
             if not len(s) or s["duration_ns"].sum() <= 0:
                 continue
             share = phase_share(s, GETNEXT)  # the summary's figure (SPEC §7)

@@ -30,6 +30,23 @@ def train_steps(run, warmup_steps: float) -> pd.DataFrame:
     return memo(run, ("train_steps", float(warmup_steps)), lambda: _train_steps(run, warmup_steps)).copy(deep=False)
 
 
+def train_groups(run) -> list:
+    """[((process, rank), train steps)], as ``groupby(["process", "rank"], dropna=False,
+    sort=True, observed=True)`` gives them, split once per run (several rules walk them;
+    each split copies a run's millions of steps)."""
+    def build():
+        train = run.steps[run.steps["mode"] == "train"]
+        return list(train.groupby(["process", "rank"], dropna=False, sort=True, observed=True))
+    return memo(run, "train_groups", build)
+
+
+def process_ranks(steps: pd.DataFrame) -> list:
+    """The (process, rank) keys of ``steps.groupby(["process", "rank"], dropna=False,
+    sort=True, observed=True)``, in its order, without splitting the steps."""
+    pairs = steps[["process", "rank"]].drop_duplicates()
+    return [key for key, _ in pairs.groupby(["process", "rank"], dropna=False, sort=True, observed=True)]
+
+
 def memo(run, key, build):
     """``run.memo(key, build)`` where the run keeps such values (a loaded ``Run``), else ``build()``."""
     keep = getattr(run, "memo", None)

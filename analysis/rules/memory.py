@@ -9,7 +9,7 @@ import numpy as np
 
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of
+from stepscope.analysis.rules.gpudata import node_of, process_ranks
 
 MB = 1 << 20
 
@@ -60,7 +60,7 @@ class HostMemoryIncrease(Rule):
         # a rank and its children, summed per sample
         total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
         nodes = node_of(run)
-        for (process, rank), _ in run.steps.groupby(["process", "rank"], dropna=False, sort=True, observed=True):
+        for process, rank in process_ranks(run.steps):
             r = total[total["process"] == process].sort_values("timestamp_ns")
             g = steady.steady_growth(loop_steps(run.steps, process), r["timestamp_ns"].to_numpy(np.int64),
                                      r["value"].to_numpy(dtype=float), p)

@@ -17,7 +17,7 @@ import pandas as pd
 from stepscope.analysis.tables import ops, samples as pysamples
 from stepscope.analysis.store.reader import RunFormatError, resolve_run_path
 from stepscope.analysis.store.choose import open_store
-from stepscope.analysis.store.memory import overlapping_rows
+from stepscope.analysis.store.memory import overlapping_rows, phase_rows
 from stepscope.analysis.store.schema import GPU_TABLES, RUN_TABLES  # noqa: F401 - GPU_TABLES: the run's API
 from stepscope.core import files, metadata
 from stepscope.core.vocabulary import RUN_JSON
@@ -106,6 +106,11 @@ class Run:
         end_ns)], None: any time), without building the events table of a large run."""
         return self._store.select(categories, kinds, names, processes, columns, during)
 
+    def select_phases(self, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:
+        """The phases of these names, modes and step numbers (each a list, None: all),
+        ``columns`` only, without building the phases table of a large run."""
+        return self._store.select_phases(names, modes, steps, columns)
+
     def event_names(self, containing: Optional[str] = None) -> list:
         """The names events of this run carry (``containing``: only those with this text)."""
         return [n for n in self._store.event_names() if containing is None or containing in n]
@@ -131,7 +136,8 @@ class Run:
     def ops(self) -> pd.DataFrame:
         """Operator events of the sampled steps, with phase, self time, shapes (analysis/tables/ops.py)."""
         if "ops" not in self._derived:
-            self._derived["ops"] = ops.ops_frame(self.select(categories=["op"]), self.steps, self.phases)
+            events = self.select(categories=["op"])  # (the phases are read only where there are ops)
+            self._derived["ops"] = ops.ops_frame(events, self.steps, self.phases if len(events) else None)
         return self._derived["ops"]
 
     def op_summary(self, top: int = 0) -> pd.DataFrame:
@@ -210,7 +216,9 @@ class Run:
         if "samples" not in self._derived:
             raw = self._store.py_raw()
             self._derived["stacks"] = raw[1]
-            self._derived["samples"] = pysamples.samples_frame(raw[0], raw[1], self.steps, self.phases)
+            phases = self.select_phases(columns=["process", "tid", "name", "start_ns", "end_ns"]) \
+                if len(raw[0]) else pd.DataFrame()  # (a large run's phases are read only where there are samples)
+            self._derived["samples"] = pysamples.samples_frame(raw[0], raw[1], self.steps, phases)
         return self._derived["samples"]
 
     @property
@@ -301,6 +309,9 @@ class RunWindow:
     @property
     def phases(self) -> pd.DataFrame:
         return self._near(self._run.phases)
+
+    def select_phases(self, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:
+        return phase_rows(self.phases, names, modes, steps, columns)
 
     def _gpu(self, name: str) -> pd.DataFrame:
         if name not in self._tables:

@@ -153,7 +153,9 @@ def _timeline_note(run: Run, meta: dict) -> str:
             f"coverage bars of {meta['overview_quantum_ns'] / 1e6:g} ms" if meta["overview_quantum_ns"] else
             "every span") + (" (how many spans, how busy)" if merged else "")
     if large:
-        rest = f"its phases only (no GPU operations): {rest}"
+        every = meta.get("overview_phase_steps_every", 1)
+        rest = ("its phases only (no GPU operations" + (f"; those of every {every}th step" if every > 1 else "")
+                + f"): {rest}")
     detail = (f"; within them, spans shorter than {meta['detail_quantum_ns'] / 1e3:g} µs are merged too"
               if meta["detail_quantum_ns"] else "")
     size = "This run is large" if large else f"This run has {meta['spans']:,} spans"

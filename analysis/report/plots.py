@@ -282,7 +282,7 @@ def gpu_section(run, esc):
         rows.append((f"GPU {device} computing (compute kernels running; NCCL left out)",
                      f"{busy / 1e9:.3f} s of {wall / 1e9:.3f} s ({100 * busy / wall:.1f}%), "
                      f"{int(d['kernels'].sum()):,} kernels"))
-    phases = run.phases
+    phases = run.select_phases(columns=["start_ns", "end_ns"])
     if len(phases):
         cpu = busy_ns(phases["start_ns"].to_numpy(), phases["end_ns"].to_numpy())
         rows.append(("CPU active (inside a phase)", f"{cpu / 1e9:.3f} s ({100 * cpu / wall:.1f}%)"))

@@ -158,8 +158,7 @@ def loader_workers(run) -> pd.DataFrame:
 
 def getnext_stats(run) -> pd.DataFrame:
     """Per process, its train steps' GetNext durations in ms: count, p50, p95, p99, max."""
-    ph = run.phases
-    g = ph[(ph["name"] == GETNEXT) & (ph["mode"] == TRAIN)] if len(ph) else ph
+    g = run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["process", "duration_ns"])
     cols = ["process", "count", "p50", "p95", "p99", "max"]
     if g.empty:
         return pd.DataFrame(columns=cols)
@@ -228,8 +227,8 @@ def dataloading(run, esc):
                        for r in g.itertuples(index=False))
         parts.append("<table class='grid getnext'><tr><th>process</th><th>train steps' fetches</th><th>p50 ms</th>"
                      "<th>p95 ms</th><th>p99 ms</th><th>max ms</th></tr>" + rows + "</table>")
-        ph = run.phases
-        ms = ph[(ph["name"] == GETNEXT) & (ph["mode"] == TRAIN)]["duration_ns"].to_numpy() / 1e6
+        ms = run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["duration_ns"])["duration_ns"] \
+            .to_numpy() / 1e6
         counts, edges = np.histogram(ms, bins=min(GETNEXT_BINS, max(10, int(np.sqrt(len(ms))))))
         fig = go.Figure(go.Bar(x=_r((edges[:-1] + edges[1:]) / 2, 4), y=counts, width=_r(np.diff(edges), 4),
                                marker_color="#e45756"))

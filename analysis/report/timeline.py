@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
+from stepscope.analysis.store.frames import as_strings
 from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
                                                        reduce_items)
 
@@ -295,6 +297,8 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     duration = int(end.max()) if n else 0
     if getattr(run, "large", False):
         done["phases_only_outside_detail"] = True
+        every = _sampled_steps(run)
+        done["overview_phase_steps_every"] = every[2] - every[1] if every and len(every) > 2 else 1
     meta = {"items": n, "base_epoch_ns": str(base), "duration_ns": duration, **done, "detail_steps": chosen,
             "names": names, "cats": b.cats, "name_u16": name_u16, "nodes": b.nodes,
             "row_off": row_off.tolist(), "row_len": row_len.tolist(),
@@ -305,8 +309,10 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
 
 def _detail_windows(steps: pd.DataFrame, chosen: list) -> list:
     """[(start_ns, end_ns)] of the chosen steps, overlapping ones joined."""
-    keys = {(str(c["mode"]), int(c["step"])) for c in chosen}
-    mine = np.array([(str(m), int(k)) in keys for m, k in zip(steps["mode"], steps["step"])], dtype=bool)
+    mine = np.zeros(len(steps), dtype=bool)
+    modes, numbers = as_strings(steps["mode"]), steps["step"].to_numpy()
+    for mode, step in {(str(c["mode"]), int(c["step"])) for c in chosen}:
+        mine |= (numbers == step) & (modes == mode)
     return _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
 
 
@@ -319,14 +325,14 @@ def _large_run_events(run, windows: list) -> pd.DataFrame:
 
     columns = ["process", "tid", "kind", "category", "name", "start_ns", "end_ns", "arg"]
     detail = run.select(kinds=["span"], during=windows, columns=columns)
-    ph = run.phases
+    ph = run.select_phases(steps=_sampled_steps(run), columns=["process", "tid", "name", "start_ns", "end_ns"])
     if len(windows) and len(ph):
         lo, hi = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
         at = np.searchsorted(lo, ph["end_ns"].to_numpy(), side="left") - 1  # the last window starting before its end
         inside = (at >= 0) & (hi[np.maximum(at, 0)] > ph["start_ns"].to_numpy())
         ph = ph[~inside]
-    phases = pd.DataFrame({"process": ph["process"].astype(str).to_numpy(), "tid": ph["tid"].to_numpy(np.int64),
-                           "kind": "span", "category": "phase", "name": ph["name"].astype(str).to_numpy(),
+    phases = pd.DataFrame({"process": as_strings(ph["process"]), "tid": ph["tid"].to_numpy(np.int64),
+                           "kind": "span", "category": "phase", "name": as_strings(ph["name"]),
                            "start_ns": ph["start_ns"].to_numpy(np.int64), "end_ns": ph["end_ns"].to_numpy(np.int64),
                            "arg": np.int64(-1)})
     ev = pd.concat([detail[columns].astype({c: str for c in ("process", "kind", "category", "name")}), phases],
@@ -336,6 +342,25 @@ def _large_run_events(run, windows: list) -> pd.DataFrame:
         ev[c] = ev[c].astype("category")
     ev["kind"] = pd.Categorical(ev["kind"], categories=list(EVENT_KINDS))
     return ev
+
+
+# Phases outside the chosen steps a large run's overview reads at most about this many of
+# (the overview shows OVERVIEW_ITEMS coverage bars; a run of millions of steps has tens
+# of millions of phases, which would take minutes and many GB to lay out for that)
+OVERVIEW_PHASES = 1_000_000
+
+
+def _sampled_steps(run) -> Optional[list]:
+    """The step numbers whose phases a large run's overview shows: every k-th (and the
+    phases outside every step), k chosen to read about OVERVIEW_PHASES; None: all."""
+    total = run.rows("phases")
+    if not total or total <= OVERVIEW_PHASES:
+        return None
+    steps = run.steps["step"]
+    if not len(steps):
+        return None
+    k = -(-total // OVERVIEW_PHASES)
+    return [-1, *range(int(steps.min()) - int(steps.min()) % k, int(steps.max()) + 1, k)]
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> list:

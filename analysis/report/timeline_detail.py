@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.frames import as_strings
+
 DETAIL_ITEMS = 30_000  # spans of the chosen steps (about 27 bytes an item in the page)
 OVERVIEW_ITEMS = 15_000  # coverage bars for the rest of the run
 REQUESTED_ITEMS = 1_000_000  # when steps are asked for by hand, the user accepts a larger page
@@ -67,7 +69,7 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -
         if why not in reasons:
             reasons.append(why)
 
-    modes = steps["mode"].astype(str)
+    modes = pd.Series(as_strings(steps["mode"]), index=steps.index)  # (each mode's text made once)
     main = "train" if (modes == "train").any() else modes.value_counts().index[0]
     for mode, s in steps.groupby(modes, sort=True):
         per = s.groupby("step")["duration_ns"].max().sort_index()
@@ -86,18 +88,20 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -
         add(mode, rest_n[np.argmin(np.abs(rest_d - np.median(rest_d)))], "median step")
         for i in np.argsort(-rest_d, kind="stable")[:SLOWEST]:
             add(mode, rest_n[i], "slowest")
-        known = set(nums.tolist())
         for f in findings:
-            named = [n for n in _finding_steps(f.get("evidence", {})) if n in known]
+            named = _finding_steps(f.get("evidence", {}))
+            named = [n for n, ok in zip(named, np.isin(named, nums)) if ok]
             for n in named[:PER_FINDING]:
                 add(mode, n, f"named by {f.get('rule', 'a finding')}")
         for lo, hi in requested or ():
             for n in nums[(nums >= lo) & (nums <= hi)]:
                 add(mode, n, "asked for")
-    known = set(zip(modes, steps["step"].astype(int)))
-    for mode, n in sampled:
-        if (str(mode), int(n)) in known:
-            add(mode, n, "operators sampled")
+    sampled = list(sampled)
+    if sampled:  # (a run of millions of steps has no set of them built for nothing)
+        known = set(zip(modes, steps["step"].astype(int)))
+        for mode, n in sampled:
+            if (str(mode), int(n)) in known:
+                add(mode, n, "operators sampled")
     return [{"mode": m, "step": n, "why": ", ".join(w)} for (m, n), w in sorted(chosen.items())]
 
 
@@ -183,7 +187,7 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
             continue
         bounds = np.unique(np.append(s["start_ns"].to_numpy(), s["end_ns"].max()))
         bucket[mask] = np.searchsorted(bounds, start[mask], side="right")  # 0: before the first step
-        ids = (s[["mode", "step"]].astype({"mode": str, "step": np.int64})
+        ids = (pd.DataFrame({"mode": pd.Series(as_strings(s["mode"]), dtype=str), "step": s["step"].to_numpy(np.int64)})
                .merge(wanted, how="left", on=["mode", "step"])
                ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
         picked = s[ids >= 0].assign(k=ids[ids >= 0]).sort_values("start_ns")
@@ -219,11 +223,18 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
         parts.append(tuple(a[d] for a in items) + (np.ones(len(d), np.int64), np.full(len(d), 255, np.uint8)))
     o = np.flatnonzero(~in_detail)
     if len(o) > overview_cap and process_steps:
-        per_bar = 1
-        while _groups(_step_groups(row[o], bucket[o], per_bar)) > overview_cap and per_bar < 1 << 40:
-            per_bar *= 2
-        done["overview_steps_per_bar"] = per_bar
-        parts.append(merge(*(a[o] for a in items), _step_groups(row[o], bucket[o], per_bar), mixed))
+        # the fewest steps per bar (a power of two) that fit: the bars only merge as it
+        # doubles, so a binary search over the powers finds it (a million steps: 6 tries, not 20)
+        ro, bo = row[o], bucket[o]
+        lo, hi = 0, 40
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _groups(_step_groups(ro, bo, 1 << mid)) > overview_cap:
+                lo = mid + 1
+            else:
+                hi = mid
+        done["overview_steps_per_bar"] = per_bar = 1 << lo
+        parts.append(merge(*(a[o] for a in items), _step_groups(ro, bo, per_bar), mixed))
         merged = True
     elif len(o) > overview_cap:  # a run without steps: time buckets instead
         done["overview_quantum_ns"] = q = _fit_quantum(row[o], start[o], end[o], overview_cap)

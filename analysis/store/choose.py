@@ -3,7 +3,8 @@ is large, else memory. Both have one interface (``Run`` calls nothing else):
 
 ``procs`` (the processes' traces, metadata and counts), ``root`` (the dataset's folder,
 None in memory), ``from_cache``, ``large``, ``has(table)``, ``table(name)``,
-``select(...)``, ``gpu_select(table, during, columns)`` (None: filter the whole table),
+``select(...)``, ``select_phases(names, modes, steps, columns)``, ``gpu_select(table,
+during, columns)`` (None: filter the whole table),
 ``event_names()``, ``ranks_with_events()``, ``extents()``, ``rows(table)`` (None: count
 the built table), ``py_raw()``, ``sql_views(con)``, ``link_tables(out_dir)``.
 """

@@ -21,7 +21,7 @@ import pandas as pd
 from stepscope.analysis.store.reader import ProcessTrace, process_folders
 from stepscope.analysis.store import dataset_build
 from stepscope.analysis.store.dataset_read import Dataset, duckdb_views, overlapping
-from stepscope.analysis.store.memory import select_rows  # (a dataset small enough to hold its events)
+from stepscope.analysis.store.memory import phase_rows, select_rows  # (a dataset small enough to hold its events)
 from stepscope.analysis.store.schema import CACHE_VERSION, DATASET_TABLES
 from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR
@@ -93,6 +93,20 @@ class DatasetStore:
         if not len(during):
             return self.data.table(table, columns=columns).iloc[:0]
         return self.data.table(table, filter=overlapping(during), columns=columns, during=during)
+
+    def select_phases(self, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:
+        """Phases of these names, modes and step numbers; a large run's read with the
+        filter pushed into the scan (its phases table may be tens of millions of rows)."""
+        if not self.large or "phases" in self._tables:
+            return phase_rows(self.table("phases"), names, modes, steps, columns)
+        import pyarrow.dataset as ds
+
+        conditions = [ds.field(c).isin([str(w) for w in wanted] if c != "step" else [int(w) for w in wanted])
+                      for c, wanted in (("name", names), ("mode", modes), ("step", steps)) if wanted is not None]
+        where = None
+        for c in conditions:
+            where = c if where is None else where & c
+        return self.data.table("phases", filter=where, columns=columns)
 
     def event_names(self) -> list:
         return self.data.names()

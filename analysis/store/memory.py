@@ -111,6 +111,9 @@ class MemoryStore:
     def gpu_select(self, table: str, during=None, columns=None) -> Optional[pd.DataFrame]:
         return None  # nothing cheaper than the whole table
 
+    def select_phases(self, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:
+        return phase_rows(self.table("phases"), names, modes, steps, columns)
+
     def event_names(self) -> list:
         return [str(n) for n in self.table("events")["name"].cat.categories]
 
@@ -235,3 +238,13 @@ def write_parquet(frame: pd.DataFrame, path: str, rows_per_group: int = 1 << 20)
         for at in range(0, max(len(frame), 1), rows_per_group):
             part = pa.Table.from_pandas(frame.iloc[at:at + rows_per_group], schema=schema, preserve_index=False)
             writer.write_table(part)
+
+
+def phase_rows(phases: pd.DataFrame, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:
+    """The phases of these names, modes and step numbers (each a list, None: all)."""
+    keep = np.ones(len(phases), dtype=bool)
+    for column, wanted in (("name", names), ("mode", modes), ("step", steps)):
+        if wanted is not None:
+            keep &= phases[column].isin(list(wanted)).to_numpy()
+    out = phases if keep.all() else phases[keep]
+    return out if columns is None else out[[c for c in columns if c in out.columns]]

@@ -32,10 +32,10 @@ using namespace stepscope;
 
 namespace {
 
-template <typename T>
-nb::object to_numpy(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+template <typename T, typename A>
+nb::object to_numpy(std::vector<T, A>&& v) {
+  auto* heap = new std::vector<T, A>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T, A>*>(p); });
   size_t shape[1] = {heap->size()};
   return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
 }

@@ -8,27 +8,17 @@
 namespace stepscope {
 namespace decode {
 
-void events(Columns& c, const uint8_t* p, uint32_t len, const std::string& path, size_t offset) {
+uint64_t events_at(Columns& c, size_t base, uint64_t room, const uint8_t* p, uint32_t len, const std::string& path,
+                   size_t offset, std::vector<std::string>& warnings) {
   Cursor cur{p, p + len};
   const int64_t track = int64_t(cur.varint());
   const uint64_t n = cur.varint();
   int64_t prev_end = unzigzag(cur.varint());
   int64_t prev_step = unzigzag(cur.varint());
-  if (!cur.ok || n > len) {
-    c.warnings.push_back(path + ": malformed events chunk at offset " + std::to_string(offset) +
-                         ", skipped");
-    return;
+  if (!cur.ok || n > len || n > room) {
+    warnings.push_back(path + ": malformed events chunk at offset " + std::to_string(offset) + ", skipped");
+    return 0;
   }
-  const size_t base = c.kind.size();
-  c.kind.resize(base + n);
-  c.cat.resize(base + n);
-  c.name.resize(base + n);
-  c.track.resize(base + n);
-  c.start.resize(base + n);
-  c.end.resize(base + n);
-  c.arg.resize(base + n);
-  c.step.resize(base + n);
-  c.value.resize(base + n);
   uint64_t i = 0;
   for (; i < n && cur.ok; ++i) {
     const uint8_t b0 = cur.byte();
@@ -59,16 +49,11 @@ void events(Columns& c, const uint8_t* p, uint32_t len, const std::string& path,
   if (!cur.ok) {
     // The CRC matched, so this is a writer bug or an unknown encoding: keep
     // the events decoded before the damage.
-    c.warnings.push_back(path + ": undecodable event in chunk at offset " +
-                         std::to_string(offset) + ", rest of chunk skipped");
-    const size_t keep = base + (i > 0 ? i - 1 : 0);
-    for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(keep);
-    c.kind.resize(keep);
-    c.cat.resize(keep);
-    c.name.resize(keep);
-    c.step.resize(keep);
-    c.value.resize(keep);
+    warnings.push_back(path + ": undecodable event in chunk at offset " + std::to_string(offset) +
+                       ", rest of chunk skipped");
+    return i > 0 ? i - 1 : 0;
   }
+  return n;
 }
 
 void gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& path, size_t offset) {

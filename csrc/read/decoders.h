@@ -35,8 +35,12 @@ inline T& at_id(std::vector<T>& v, uint64_t id, const T& fill = T()) {
   return v[id];
 }
 
+// One events chunk's records into the columns (sized already) from row `base` on, at most
+// `room` of them; returns how many it decoded (fewer at damage, with a warning naming
+// path and offset). Chunks write disjoint rows: several decode at once.
+uint64_t events_at(Columns& c, size_t base, uint64_t room, const uint8_t* p, uint32_t len, const std::string& path,
+                   size_t offset, std::vector<std::string>& warnings);
 // Each appends one chunk's records to the columns, warning (path, offset) at damage.
-void events(Columns& c, const uint8_t* p, uint32_t len, const std::string& path, size_t offset);
 void gpu(Columns& c, const uint8_t* p, uint32_t len, const std::string& path, size_t offset);
 void pystacks(Columns& c, Cursor& cur, const std::string& path, size_t offset, Defined& defined);
 void pysamples(Columns& c, Cursor& cur, const std::string& path, size_t offset);

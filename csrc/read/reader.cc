@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "common/encoding.h"
 #include "common/format.h"
@@ -83,6 +84,66 @@ void warn_unknown_chunks(Columns& c, const std::map<uint8_t, std::vector<size_t>
                          "; written by a newer stepscope, or damaged)");
 }
 
+// An events chunk of the part: its index, the first row it may fill, how many it holds
+// (declared), how many it decoded.
+struct EventChunk {
+  size_t chunk, base, room, decoded;
+};
+
+constexpr size_t kRowsPerThread = size_t(1) << 20;  // fewer rows than this a thread: not worth one
+
+// The part's events chunks into the columns (sized for the rows they declare), on a few
+// threads for a large part: each chunk fills its own rows. Rows a damaged chunk left
+// unfilled are closed up afterwards, so the columns are the chunks' events in file order.
+void decode_events(Columns& c, const uint8_t* d, const std::vector<ChunkRef>& chunks, std::vector<EventChunk>& todo,
+                   const std::string& path, std::vector<std::vector<std::string>>& warnings) {
+  const size_t rows = todo.empty() ? 0 : todo.back().base + todo.back().room;
+  size_t threads = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 8, rows / kRowsPerThread});
+  threads = std::max<size_t>(threads, 1);
+  auto run = [&](size_t from, size_t to) {
+    for (size_t k = from; k < to; ++k) {
+      EventChunk& e = todo[k];
+      const ChunkRef& ch = chunks[e.chunk];
+      try {  // (nothing may escape a thread: out of memory for a warning's text, say)
+        e.decoded = decode::events_at(c, e.base, e.room, d + ch.offset, ch.len, path, ch.offset - kChunkHeader,
+                                      warnings[e.chunk]);
+      } catch (...) {
+        e.decoded = 0;
+      }
+    }
+  };
+  if (threads == 1) {
+    run(0, todo.size());
+  } else {  // contiguous runs of chunks, about the same rows each
+    std::vector<std::thread> pool;
+    size_t from = 0;
+    for (size_t t = 1; t <= threads && from < todo.size(); ++t) {
+      size_t to = from;
+      const size_t until = rows * t / threads;
+      while (to < todo.size() && (to == from || todo[to].base < until)) ++to;
+      if (t == threads) to = todo.size();
+      pool.emplace_back(run, from, to);
+      from = to;
+    }
+    for (auto& th : pool) th.join();
+  }
+  size_t at = 0;  // close up what damaged chunks left unfilled
+  for (const EventChunk& e : todo) {
+    if (at != e.base) {
+      auto move = [&](auto& v) { std::copy(v.begin() + long(e.base), v.begin() + long(e.base + e.decoded), v.begin() + long(at)); };
+      move(c.kind), move(c.cat), move(c.name), move(c.track), move(c.start), move(c.end), move(c.arg), move(c.step),
+          move(c.value);
+    }
+    at += e.decoded;
+  }
+  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(at);
+  c.kind.resize(at);
+  c.cat.resize(at);
+  c.name.resize(at);
+  c.step.resize(at);
+  c.value.resize(at);
+}
+
 }  // namespace
 
 Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint64_t part_bytes, bool events_wanted,
@@ -150,6 +211,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
     n_gpu += ch.type == kChunkGpu;
   }
   std::vector<bool> mine(chunks.size(), true);
+  std::vector<EventChunk> event_chunks;
   auto in_part = [&](size_t i, size_t& nth, size_t n) {
     if (part_bytes > 0) return (chunks[i].offset - kChunkHeader) / part_bytes == part;
     return nth++ * parts / n == part;
@@ -169,33 +231,34 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
                            std::to_string(chunks[i].offset - kChunkHeader) + ", chunk skipped");
       mine[i] = false;
     }
-    if (chunks[i].type == kChunkEvents) {
-      if (mine[i]) {
-        Cursor cur{d + chunks[i].offset, d + chunks[i].offset + chunks[i].len};
-        cur.varint();
-        events += size_t(std::min<uint64_t>(cur.varint(), chunks[i].len));  // an event takes a byte at least
-      }
+    if (chunks[i].type == kChunkEvents && mine[i]) {
+      Cursor cur{d + chunks[i].offset, d + chunks[i].offset + chunks[i].len};
+      cur.varint();
+      // the rows it holds (at most its bytes: an event takes one at least)
+      event_chunks.push_back({i, events, size_t(std::min<uint64_t>(cur.varint(), chunks[i].len)), 0});
+      events += event_chunks.back().room;
     }
   }
-  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->reserve(events);
-  c.kind.reserve(events);
-  c.cat.reserve(events);
-  c.name.reserve(events);
-  c.step.reserve(events);
-  c.value.reserve(events);
+  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(events);
+  c.kind.resize(events);
+  c.cat.resize(events);
+  c.name.resize(events);
+  c.step.resize(events);
+  c.value.resize(events);
 
-  // Pass 2: decode.
+  // Pass 2: decode. Warnings per chunk, gathered in file order at the end.
+  std::vector<std::vector<std::string>> chunk_warnings(chunks.size());
+  decode_events(c, d, chunks, event_chunks, path, chunk_warnings);
   std::map<uint8_t, std::vector<size_t>> unknown;  // type -> offsets of the chunks skipped
   decode::Defined defined;
+  const size_t before = c.warnings.size();
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!mine[i]) continue;
+    if (!mine[i] || chunks[i].type == kChunkEvents) continue;
     const ChunkRef& ch = chunks[i];
     const uint8_t* p = d + ch.offset;
     Cursor cur{p, p + ch.len};
+    const size_t noted = c.warnings.size();
     switch (ch.type) {
-      case kChunkEvents:
-        decode::events(c, p, ch.len, path, ch.offset - kChunkHeader);
-        break;
       case kChunkNames: {
         uint64_t n = cur.varint();
         for (uint64_t i = 0; i < n && cur.ok; ++i) {
@@ -260,7 +323,11 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
         unknown[ch.type].push_back(ch.offset - kChunkHeader);
         break;
     }
+    chunk_warnings[i].assign(c.warnings.begin() + long(noted), c.warnings.end());
+    c.warnings.resize(noted);
   }
+  c.warnings.resize(before);
+  for (auto& w : chunk_warnings) c.warnings.insert(c.warnings.end(), w.begin(), w.end());
   warn_unknown_chunks(c, unknown, path);
   return c;
 }

@@ -3,11 +3,38 @@
 // tail (a process killed mid-write) ends the read with a warning.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace stepscope {
+
+// An allocator whose resize() leaves numbers uninitialised: the event columns are sized
+// for a part's rows and then filled by the decoders (zeroing them first was most of a
+// read's time: page faults, and a pass over hundreds of MB).
+template <typename T, typename A = std::allocator<T>>
+struct DefaultInit : A {
+  using traits = std::allocator_traits<A>;
+  template <typename U>
+  struct rebind {
+    using other = DefaultInit<U, typename traits::template rebind_alloc<U>>;
+  };
+  using A::A;
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    traits::construct(static_cast<A&>(*this), p, std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+using RowVector = std::vector<T, DefaultInit<T>>;
 
 struct TrackInfo {
   uint64_t id;
@@ -40,11 +67,11 @@ struct PyColumns {
 };
 
 struct Columns {
-  std::vector<uint8_t> kind, cat;
-  std::vector<uint32_t> name;
-  std::vector<int64_t> track, start, end, arg;  // arg = -1 when absent
-  std::vector<int32_t> step;
-  std::vector<double> value;  // NaN unless a counter
+  RowVector<uint8_t> kind, cat;
+  RowVector<uint32_t> name;
+  RowVector<int64_t> track, start, end, arg;  // arg = -1 when absent
+  RowVector<int32_t> step;
+  RowVector<double> value;  // NaN unless a counter
   std::vector<std::string> names;  // index = name id
   std::vector<TrackInfo> tracks;
   GpuColumns gpu;

@@ -15,6 +15,9 @@ uses ``stepscope.core.recording``).
 ``step_phases(kind, category, name, tid, start, end, arg, phase_of_name, op_window_name, ...codes)``
     One process's steps and phases from its events' columns in start order
     (csrc/aggregate/step_phases.h; analysis/tables/step_pass.py calls it).
+``kernel_steps(process, device, start, end, step, mode, phase, duration, launched, latency, ...)``
+    Compute kernels aggregated per step and per phase (csrc/aggregate/kernel_steps.h;
+    analysis/tables/kernel_steps.py calls it).
 ``demangle(names)``
     C++ symbol names (kernels) as people read them; names that are not
     mangled come back unchanged.
@@ -27,6 +30,7 @@ from stepscope.core import _native
 read_trace = _native.read_trace
 demangle = _native.demangle
 step_phases = _native.step_phases
+kernel_steps = _native.kernel_steps
 FORMAT_VERSION = _native.FORMAT_VERSION
 
-__all__ = ["FORMAT_VERSION", "demangle", "read_trace", "step_phases"]
+__all__ = ["FORMAT_VERSION", "demangle", "kernel_steps", "read_trace", "step_phases"]

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.schema import KERNEL_NAME_COLUMNS, KERNEL_PHASE_COLUMNS, KERNEL_STEP_COLUMNS
+from stepscope.core import decoding
 
 # An idle gap is a launch gap when the kernel after it was launched once the GPU had run dry
 # (give or take the few microseconds a launch takes to reach the GPU) and the gap is short.
@@ -46,9 +47,11 @@ def is_compute(names: pd.Series) -> np.ndarray:
         else np.zeros(len(names), dtype=bool)
 
 
-def aggregate(kernels: pd.DataFrame, max_gap_ns: float = LAUNCH_GAP_NS) -> dict:
-    """{"kernel_steps", "kernel_phases", "kernel_names"} of a kernels table (any number of processes)."""
-    steps, phases = _steps(kernels, max_gap_ns)
+def aggregate(kernels: pd.DataFrame, max_gap_ns: float = LAUNCH_GAP_NS, native: bool = True) -> dict:
+    """{"kernel_steps", "kernel_phases", "kernel_names"} of a kernels table (any number of processes).
+    ``native``: the per-step figures from the native pass (csrc/aggregate/kernel_steps.cc),
+    which tests hold equal to ``_steps`` here, their definition (``native=False``)."""
+    steps, phases = _steps(kernels, max_gap_ns, native)
     return {"kernel_steps": steps, "kernel_phases": phases, "kernel_names": names(kernels)}
 
 
@@ -56,7 +59,7 @@ _READS = ["process", "rank", "device", "mode", "step", "phase", "start_ns", "end
           "launch_latency_ns"]
 
 
-def _steps(kernels: pd.DataFrame, max_gap_ns: float):
+def _steps(kernels: pd.DataFrame, max_gap_ns: float, native: bool = False):
     compute = is_compute(kernels["name"]) if len(kernels) else np.zeros(0, dtype=bool)
     if not compute.any():
         return _empty(STEP_COLUMNS), _empty(PHASE_COLUMNS)
@@ -88,6 +91,10 @@ def _steps(kernels: pd.DataFrame, max_gap_ns: float):
     has_prev[1:] &= step[1:] == step[:-1]
     gap = np.where(has_prev, np.clip(start - prev_reach, 0, None), 0)
     launched = k["launch_start_ns"].to_numpy(dtype=float, na_value=np.nan)[order]
+    if native:
+        out = _native_steps(k, order, pcode, device, start, end, step, launched, process, max_gap_ns)
+        if out is not None:
+            return out
     waited = has_prev & (launched >= prev_reach - LAUNCH_SLACK_NS) & (gap > 0) & (gap < max_gap_ns)
     latency = k["launch_latency_ns"].to_numpy(dtype=float, na_value=np.nan)[order]
     rows = pd.DataFrame({
@@ -106,6 +113,34 @@ def _steps(kernels: pd.DataFrame, max_gap_ns: float):
         kernels=("duration", "size"), kernel_ns=("duration", "sum"), busy_ns=("busy", "sum"),
         launch_gap_ns=("launch_gap", "sum")).reset_index()
     return _typed(steps, STEP_COLUMNS), _typed(phases, PHASE_COLUMNS)
+
+
+def _native_steps(k, order, pcode, device, start, end, step, launched, process, max_gap_ns):
+    """``_steps``' two tables from the native pass; None where it does not apply (a
+    process whose kernels carry more than one rank)."""
+    rank = k["rank"].array.take(order)
+    firsts = np.flatnonzero(np.append(True, pcode[1:] != pcode[:-1]))
+    if pd.Series(rank).groupby(pcode).nunique(dropna=False).max() > 1:
+        return None
+    mode, phase = _labels(k["mode"], order), _labels(k["phase"], order)
+    r = decoding.kernel_steps(
+        process=pcode, device=device, start=start, end=end, step=step,
+        mode=np.asarray(mode.codes, dtype=np.int64), phase=np.asarray(phase.codes, dtype=np.int64),
+        duration=k["duration_ns"].to_numpy(dtype=np.int64)[order], launched=launched,
+        latency=k["launch_latency_ns"].to_numpy(dtype=float, na_value=np.nan)[order],
+        max_gap_ns=float(max_gap_ns), launch_slack_ns=LAUNCH_SLACK_NS)
+    rank_of = dict(zip(pcode[firsts].tolist(), rank.take(firsts)))
+    out = []
+    for table, columns in ((r["steps"], STEP_COLUMNS), (r["phases"], PHASE_COLUMNS)):
+        frame = pd.DataFrame({
+            "process": pd.Categorical.from_codes(table["process"], categories=process.cat.categories),
+            "rank": pd.array([rank_of[p] for p in table["process"].tolist()], dtype="Int64"),
+            "device": table["device"], "mode": pd.Categorical.from_codes(table["mode"], dtype=mode.dtype),
+            "step": table["step"],
+            **({"phase": pd.Categorical.from_codes(table["phase"], dtype=phase.dtype)} if "phase" in table else {}),
+            **{c: table[c] for c in columns if c in table and c not in ("process", "device", "mode", "step", "phase")}})
+        out.append(_typed(frame, columns))
+    return tuple(out)
 
 
 def _labels(column: pd.Series, order: np.ndarray):

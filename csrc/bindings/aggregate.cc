@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "aggregate/kernel_steps.h"
 #include "aggregate/step_phases.h"
 
 namespace nb = nanobind;
@@ -64,9 +65,56 @@ nb::dict step_phases_py(Column<int8_t> kind, Column<int8_t> category, Column<int
   return d;
 }
 
+nb::dict groups_dict(aggregate::KernelGroups& g, bool by_phase) {
+  nb::dict d;
+  d["process"] = owned(std::move(g.process));
+  d["device"] = owned(std::move(g.device));
+  d["mode"] = owned(std::move(g.mode));
+  d["step"] = owned(std::move(g.step));
+  d["kernels"] = owned(std::move(g.kernels));
+  d["kernel_ns"] = owned(std::move(g.kernel_ns));
+  d["busy_ns"] = owned(std::move(g.busy_ns));
+  d["launch_gap_ns"] = owned(std::move(g.launch_gap_ns));
+  if (by_phase) {
+    d["phase"] = owned(std::move(g.phase));
+  } else {
+    d["gap_ns"] = owned(std::move(g.gap_ns));
+    d["launch_gaps"] = owned(std::move(g.launch_gaps));
+    d["kernel_ns_median"] = owned(std::move(g.kernel_ns_median));
+    d["launch_gap_ns_median"] = owned(std::move(g.launch_gap_ns_median));
+    d["launch_latency_ns_median"] = owned(std::move(g.launch_latency_ns_median));
+  }
+  return d;
+}
+
+nb::dict kernel_steps_py(Column<int64_t> process, Column<int64_t> device, Column<int64_t> start, Column<int64_t> end,
+                         Column<int64_t> step, Column<int64_t> mode, Column<int64_t> phase, Column<int64_t> duration,
+                         Column<double> launched, Column<double> latency, double max_gap_ns, int64_t launch_slack_ns) {
+  size_t n = process.shape(0);
+  for (size_t m : {device.shape(0), start.shape(0), end.shape(0), step.shape(0), mode.shape(0), phase.shape(0),
+                   duration.shape(0), launched.shape(0), latency.shape(0)})
+    if (m != n) throw nb::value_error("kernel_steps: the kernel columns differ in length");
+  aggregate::KernelColumns k{n, process.data(), device.data(), start.data(), end.data(), step.data(),
+                             mode.data(), phase.data(), duration.data(), launched.data(), latency.data()};
+  aggregate::KernelAggregates a;
+  {
+    nb::gil_scoped_release nogil;
+    a = aggregate::kernel_steps(k, max_gap_ns, launch_slack_ns);
+  }
+  nb::dict d;
+  d["steps"] = groups_dict(a.steps, false);
+  d["phases"] = groups_dict(a.phases, true);
+  return d;
+}
+
 }  // namespace
 
 void add_aggregate(nb::module_& m) {
+  m.def("kernel_steps", &kernel_steps_py, nb::arg("process"), nb::arg("device"), nb::arg("start"), nb::arg("end"),
+        nb::arg("step"), nb::arg("mode"), nb::arg("phase"), nb::arg("duration"), nb::arg("launched"),
+        nb::arg("latency"), nb::arg("max_gap_ns"), nb::arg("launch_slack_ns"),
+        "Compute kernels in (process, device, start) order aggregated per (process, device, mode, step) and per "
+        "phase besides (csrc/aggregate/kernel_steps.h): {'steps': columns, 'phases': columns}.");
   m.def("step_phases", &step_phases_py, nb::arg("kind"), nb::arg("category"), nb::arg("name"), nb::arg("tid"),
         nb::arg("start"), nb::arg("end"), nb::arg("arg"), nb::arg("phase_of_name"), nb::arg("op_window_name"),
         nb::arg("kind_instant"), nb::arg("kind_span"), nb::arg("cat_step"), nb::arg("cat_phase"),

@@ -17,6 +17,7 @@
 #include "record/gpu.h"
 #include "bindings/aggregate.h"
 #include "bindings/hot.h"
+#include "bindings/numpy.h"
 #include "common/around.h"
 #include "record/pysampler.h"
 #include "read/reader.h"
@@ -32,13 +33,7 @@ using namespace stepscope;
 
 namespace {
 
-template <typename T, typename A>
-nb::object to_numpy(std::vector<T, A>&& v) {
-  auto* heap = new std::vector<T, A>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T, A>*>(p); });
-  size_t shape[1] = {heap->size()};
-  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
-}
+using bindings::to_numpy;
 
 nb::str text_of(const std::string& s);
 nb::list texts_of(const std::vector<std::string>& v);

@@ -1,6 +1,5 @@
 """Many threads at once, and floods the writer cannot keep up with."""
 
-import os
 import threading
 
 from conftest import run_python

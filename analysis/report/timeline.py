@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -28,7 +27,7 @@ import pandas as pd
 from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.store.frames import as_strings
 from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
-                                                       reduce_items)
+                                                       reduce_items, sampled_steps)
 
 NAME_CHARS = 300  # longer names (templated kernels) are cut in the page; the exports keep them whole
 MAX_FLOWS = 10_000  # launch arrows
@@ -297,7 +296,7 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     duration = int(end.max()) if n else 0
     if getattr(run, "large", False):
         done["phases_only_outside_detail"] = True
-        every = _sampled_steps(run)
+        every = sampled_steps(run)
         done["overview_phase_steps_every"] = every[2] - every[1] if every and len(every) > 2 else 1
     meta = {"items": n, "base_epoch_ns": str(base), "duration_ns": duration, **done, "detail_steps": chosen,
             "names": names, "cats": b.cats, "name_u16": name_u16, "nodes": b.nodes,
@@ -325,7 +324,7 @@ def _large_run_events(run, windows: list) -> pd.DataFrame:
 
     columns = ["process", "tid", "kind", "category", "name", "start_ns", "end_ns", "arg"]
     detail = run.select(kinds=["span"], during=windows, columns=columns)
-    ph = run.select_phases(steps=_sampled_steps(run), columns=["process", "tid", "name", "start_ns", "end_ns"])
+    ph = run.select_phases(steps=sampled_steps(run), columns=["process", "tid", "name", "start_ns", "end_ns"])
     if len(windows) and len(ph):
         lo, hi = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
         at = np.searchsorted(lo, ph["end_ns"].to_numpy(), side="left") - 1  # the last window starting before its end
@@ -342,25 +341,6 @@ def _large_run_events(run, windows: list) -> pd.DataFrame:
         ev[c] = ev[c].astype("category")
     ev["kind"] = pd.Categorical(ev["kind"], categories=list(EVENT_KINDS))
     return ev
-
-
-# Phases outside the chosen steps a large run's overview reads at most about this many of
-# (the overview shows OVERVIEW_ITEMS coverage bars; a run of millions of steps has tens
-# of millions of phases, which would take minutes and many GB to lay out for that)
-OVERVIEW_PHASES = 1_000_000
-
-
-def _sampled_steps(run) -> Optional[list]:
-    """The step numbers whose phases a large run's overview shows: every k-th (and the
-    phases outside every step), k chosen to read about OVERVIEW_PHASES; None: all."""
-    total = run.rows("phases")
-    if not total or total <= OVERVIEW_PHASES:
-        return None
-    steps = run.steps["step"]
-    if not len(steps):
-        return None
-    k = -(-total // OVERVIEW_PHASES)
-    return [-1, *range(int(steps.min()) - int(steps.min()) % k, int(steps.max()) + 1, k)]
 
 
 def _merged(starts: np.ndarray, ends: np.ndarray) -> list:

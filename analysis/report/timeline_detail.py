@@ -13,6 +13,8 @@ zoomable; the Perfetto export has every event.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
@@ -247,3 +249,22 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
     out = [a[order] for a in out]
     done["merged"] = merged
     return out, done
+
+
+# Phases outside the chosen steps a large run's overview reads at most about this many of
+# (the overview shows OVERVIEW_ITEMS coverage bars; a run of millions of steps has tens
+# of millions of phases, which would take minutes and many GB to lay out for that)
+OVERVIEW_PHASES = 1_000_000
+
+
+def sampled_steps(run) -> Optional[list]:
+    """The step numbers whose phases a large run's overview shows: every k-th (and the
+    phases outside every step), k chosen to read about OVERVIEW_PHASES; None: all."""
+    total = run.rows("phases")
+    if not total or total <= OVERVIEW_PHASES:
+        return None
+    steps = run.steps["step"]
+    if not len(steps):
+        return None
+    k = -(-total // OVERVIEW_PHASES)
+    return [-1, *range(int(steps.min()) - int(steps.min()) % k, int(steps.max()) + 1, k)]

@@ -8,6 +8,7 @@
 
 #include "aggregate/kernel_steps.h"
 #include "aggregate/step_phases.h"
+#include "bindings/numpy.h"
 
 namespace nb = nanobind;
 
@@ -18,13 +19,6 @@ namespace {
 template <typename T>
 using Column = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-template <typename T>
-nb::object owned(std::vector<T>&& v) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  size_t shape[1] = {heap->size()};
-  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), 1, shape, owner));
-}
 
 nb::dict step_phases_py(Column<int8_t> kind, Column<int8_t> category, Column<int32_t> name, Column<int64_t> tid,
                         Column<int64_t> start, Column<int64_t> end, Column<int64_t> arg, Column<int8_t> phase_of_name,
@@ -49,40 +43,40 @@ nb::dict step_phases_py(Column<int8_t> kind, Column<int8_t> category, Column<int
     s = aggregate::step_phases(e, c);
   }
   nb::dict d;
-  d["step_row"] = owned(std::move(s.step_row));
-  d["step_tid"] = owned(std::move(s.step_tid));
-  d["step_start"] = owned(std::move(s.step_start));
-  d["step_end"] = owned(std::move(s.step_end));
-  d["step_interrupted"] = owned(std::move(s.step_interrupted));
+  d["step_row"] = to_numpy(std::move(s.step_row));
+  d["step_tid"] = to_numpy(std::move(s.step_tid));
+  d["step_start"] = to_numpy(std::move(s.step_start));
+  d["step_end"] = to_numpy(std::move(s.step_end));
+  d["step_interrupted"] = to_numpy(std::move(s.step_interrupted));
   d["interrupt_marks"] = s.interrupt_marks;
   nb::list sums;
-  for (auto& v : s.phase_sum) sums.append(owned(std::move(v)));
+  for (auto& v : s.phase_sum) sums.append(to_numpy(std::move(v)));
   d["phase_sums"] = sums;
-  d["other"] = owned(std::move(s.other));
-  d["phase_row"] = owned(std::move(s.phase_row));
-  d["phase_step"] = owned(std::move(s.phase_step));
-  d["phase_exclusive"] = owned(std::move(s.phase_exclusive));
+  d["other"] = to_numpy(std::move(s.other));
+  d["phase_row"] = to_numpy(std::move(s.phase_row));
+  d["phase_step"] = to_numpy(std::move(s.phase_step));
+  d["phase_exclusive"] = to_numpy(std::move(s.phase_exclusive));
   return d;
 }
 
 nb::dict groups_dict(aggregate::KernelGroups& g, bool by_phase) {
   nb::dict d;
-  d["process"] = owned(std::move(g.process));
-  d["device"] = owned(std::move(g.device));
-  d["mode"] = owned(std::move(g.mode));
-  d["step"] = owned(std::move(g.step));
-  d["kernels"] = owned(std::move(g.kernels));
-  d["kernel_ns"] = owned(std::move(g.kernel_ns));
-  d["busy_ns"] = owned(std::move(g.busy_ns));
-  d["launch_gap_ns"] = owned(std::move(g.launch_gap_ns));
+  d["process"] = to_numpy(std::move(g.process));
+  d["device"] = to_numpy(std::move(g.device));
+  d["mode"] = to_numpy(std::move(g.mode));
+  d["step"] = to_numpy(std::move(g.step));
+  d["kernels"] = to_numpy(std::move(g.kernels));
+  d["kernel_ns"] = to_numpy(std::move(g.kernel_ns));
+  d["busy_ns"] = to_numpy(std::move(g.busy_ns));
+  d["launch_gap_ns"] = to_numpy(std::move(g.launch_gap_ns));
   if (by_phase) {
-    d["phase"] = owned(std::move(g.phase));
+    d["phase"] = to_numpy(std::move(g.phase));
   } else {
-    d["gap_ns"] = owned(std::move(g.gap_ns));
-    d["launch_gaps"] = owned(std::move(g.launch_gaps));
-    d["kernel_ns_median"] = owned(std::move(g.kernel_ns_median));
-    d["launch_gap_ns_median"] = owned(std::move(g.launch_gap_ns_median));
-    d["launch_latency_ns_median"] = owned(std::move(g.launch_latency_ns_median));
+    d["gap_ns"] = to_numpy(std::move(g.gap_ns));
+    d["launch_gaps"] = to_numpy(std::move(g.launch_gaps));
+    d["kernel_ns_median"] = to_numpy(std::move(g.kernel_ns_median));
+    d["launch_gap_ns_median"] = to_numpy(std::move(g.launch_gap_ns_median));
+    d["launch_latency_ns_median"] = to_numpy(std::move(g.launch_latency_ns_median));
   }
   return d;
 }

@@ -90,6 +90,15 @@ struct EventChunk {
   size_t chunk, base, room, decoded;
 };
 
+void resize_events(Columns& c, size_t rows) {  // (new rows are left uninitialised: RowVector)
+  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(rows);
+  c.kind.resize(rows);
+  c.cat.resize(rows);
+  c.name.resize(rows);
+  c.step.resize(rows);
+  c.value.resize(rows);
+}
+
 constexpr size_t kRowsPerThread = size_t(1) << 20;  // fewer rows than this a thread: not worth one
 
 // The part's events chunks into the columns (sized for the rows they declare), on a few
@@ -136,12 +145,7 @@ void decode_events(Columns& c, const uint8_t* d, const std::vector<ChunkRef>& ch
     }
     at += e.decoded;
   }
-  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(at);
-  c.kind.resize(at);
-  c.cat.resize(at);
-  c.name.resize(at);
-  c.step.resize(at);
-  c.value.resize(at);
+  resize_events(c, at);
 }
 
 }  // namespace
@@ -239,12 +243,7 @@ Columns read_trace(const std::string& path, uint32_t part, uint32_t parts, uint6
       events += event_chunks.back().room;
     }
   }
-  for (auto* v : {&c.track, &c.start, &c.end, &c.arg}) v->resize(events);
-  c.kind.resize(events);
-  c.cat.resize(events);
-  c.name.resize(events);
-  c.step.resize(events);
-  c.value.resize(events);
+  resize_events(c, events);
 
   // Pass 2: decode. Warnings per chunk, gathered in file order at the end.
   std::vector<std::vector<std::string>> chunk_warnings(chunks.size());

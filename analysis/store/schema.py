@@ -118,5 +118,6 @@ DATASET_TABLES = ("events", *DATASET_DERIVED, *DATASET_SAMPLES)  # the folders o
 
 # The version of the cached tables (the in-memory cache and the dataset): a cache of another is rebuilt.
 # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
-# 5: kernels aggregated per step, syncs' GPU idle time after them; 6: the large GPU tables' strings categorical
-CACHE_VERSION = 6
+# 5: kernels aggregated per step, syncs' GPU idle time after them; 6: the large GPU tables' strings categorical;
+# 7: steps' Other where a process ran loops on several threads and had phases outside every step (issue 43)
+CACHE_VERSION = 7

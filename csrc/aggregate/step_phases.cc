@@ -15,6 +15,10 @@ bool is(const EventColumns& e, size_t i, int cat, int kind) {
   return cat >= 0 && kind >= 0 && e.category[i] == cat && e.kind[i] == kind;
 }
 
+bool named(const EventColumns& e, size_t i, int32_t code) {  // (-1: the run has no such name)
+  return code >= 0 && e.name[i] == code;
+}
+
 int phase_of(const Codes& c, int32_t name) {  // PHASES index, or -1: not one of the five
   return name >= 0 && name < c.names ? c.phase_of_name[name] : -1;
 }
@@ -26,10 +30,10 @@ void find_steps(const EventColumns& e, const Codes& c, StepPhases& out) {
   for (size_t i = 0; i < e.n; ++i) {
     last_end = std::max(last_end, e.end[i]);
     if (!is(e, i, c.cat_step, c.kind_instant)) continue;
-    (e.name[i] == c.interrupted ? flags : marks).push_back(i);
+    (named(e, i, c.interrupted) ? flags : marks).push_back(i);
   }
   auto thread = [&](size_t i) {
-    return e.name[i] == c.end_mark && e.arg[i] > 0 ? e.arg[i] : e.tid[i];
+    return named(e, i, c.end_mark) && e.arg[i] > 0 ? e.arg[i] : e.tid[i];
   };
   // by thread, then start; stable (the event order breaks ties)
   std::stable_sort(marks.begin(), marks.end(), [&](size_t a, size_t b) {
@@ -41,7 +45,7 @@ void find_steps(const EventColumns& e, const Codes& c, StepPhases& out) {
   for (size_t k = 0; k < marks.size(); ++k) {
     size_t i = marks[k];
     bool last = k + 1 == marks.size() || thread(marks[k + 1]) != thread(i);
-    if (e.name[i] == c.end_mark) continue;  // an end mark only ends the step before it
+    if (named(e, i, c.end_mark)) continue;  // an end mark only ends the step before it
     kept.push_back(i);
     ends.push_back(last ? last_end : e.start[marks[k + 1]]);
   }

@@ -26,7 +26,7 @@ from typing import Optional
 from stepscope.analysis.report import plots
 from stepscope.analysis.report import sections as sections_
 from stepscope.analysis.report.flame import flame_section
-from stepscope.analysis.report.summary import summarize
+from stepscope.analysis.report.summary import dropped_where, summarize
 from stepscope.analysis.report.timeline import script_json, timeline_data
 from stepscope.analysis.run import Run
 from stepscope.core import files
@@ -180,20 +180,12 @@ def _timeline(run: Run, summary: dict, steps_asked=None) -> str:
             f"<script type='application/json' id='tl-data'>{script_json(data)}</script><script>{js}</script>")
 
 
-def _dropped(summary: dict) -> str:
-    """The events the writers dropped, and per rank where more than one dropped some."""
-    by = summary.get("dropped_by_rank") or {}
-    text = f"{summary['dropped_events']:,}"
-    if len(by) > 1 or summary.get("ranks", 1) > 1:
-        text += " (" + ", ".join(f"{'rank ' + k if k.isdigit() else k}: {v:,}" for k, v in by.items()) + ")"
-    return text
-
-
 def _metadata(run: Run, summary: dict) -> str:
     info = dict(run.info)
     rows = [("run", run.name), ("path", run.path), ("command", " ".join(map(str, info.get("command", [])))),
             ("versions", json.dumps(info.get("versions", {}))), ("config", json.dumps(info.get("config", {}))),
-            ("dropped events", _dropped(summary))]
+            ("dropped events", f"{summary['dropped_events']:,}"
+             + (f" ({dropped_where(summary)})" if dropped_where(summary) else ""))]
     for note in run.notes:
         rows.append(("not measured", note))
     for w in run.warnings:

@@ -127,8 +127,7 @@ def format_text(s: dict) -> str:
     if sysb.get("memory_used_max_bytes"):
         lines.append(f"  memory     max {sysb['memory_used_max_bytes'] / 2**30:.2f} GiB used")
     if s["dropped_events"]:
-        by = s.get("dropped_by_rank") or {}
-        where = ", ".join(f"{_who(k)} {v:,}" for k, v in by.items()) if len(by) > 1 or s.get("ranks", 1) > 1 else ""
+        where = dropped_where(s)
         lines.append(f"  {s['dropped_events']:,} events dropped (the writer could not keep up)"
                      + (f": {where}" if where else ""))
     if s.get("dropped_samples"):
@@ -154,6 +153,10 @@ def format_text(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _who(key: str) -> str:
-    """A ``dropped_by_rank`` key as a reader says it: "rank 3", or the process folder."""
-    return f"rank {key}" if key.isdigit() else key
+def dropped_where(s: dict) -> str:
+    """Which ranks the dropped events were lost on ("rank 1 1,234, rank 3 56"; a process
+    without a rank by its folder), where the run has more than one; else ""."""
+    by = s.get("dropped_by_rank") or {}
+    if not (len(by) > 1 or s.get("ranks", 1) > 1):
+        return ""
+    return ", ".join(f"{'rank ' + k if k.isdigit() else k} {v:,}" for k, v in by.items())

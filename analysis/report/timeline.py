@@ -27,7 +27,7 @@ import pandas as pd
 from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.store.frames import as_strings
 from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
-                                                       reduce_items, sampled_steps)
+                                                       phase_sample, reduce_items, sampled_steps)
 
 NAME_CHARS = 300  # longer names (templated kernels) are cut in the page; the exports keep them whole
 MAX_FLOWS = 10_000  # launch arrows
@@ -296,8 +296,7 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
     duration = int(end.max()) if n else 0
     if getattr(run, "large", False):
         done["phases_only_outside_detail"] = True
-        every = sampled_steps(run)
-        done["overview_phase_steps_every"] = every[2] - every[1] if every and len(every) > 2 else 1
+        done["overview_phase_steps_every"] = phase_sample(run)
     meta = {"items": n, "base_epoch_ns": str(base), "duration_ns": duration, **done, "detail_steps": chosen,
             "names": names, "cats": b.cats, "name_u16": name_u16, "nodes": b.nodes,
             "row_off": row_off.tolist(), "row_len": row_len.tolist(),

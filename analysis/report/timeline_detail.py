@@ -257,14 +257,18 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
 OVERVIEW_PHASES = 1_000_000
 
 
-def sampled_steps(run) -> Optional[list]:
-    """The step numbers whose phases a large run's overview shows: every k-th (and the
-    phases outside every step), k chosen to read about OVERVIEW_PHASES; None: all."""
+def phase_sample(run) -> int:
+    """k: a large run's overview shows the phases of every k-th step, to read about
+    OVERVIEW_PHASES of them (1: every phase)."""
     total = run.rows("phases")
-    if not total or total <= OVERVIEW_PHASES:
+    return -(-total // OVERVIEW_PHASES) if total and total > OVERVIEW_PHASES and len(run.steps) else 1
+
+
+def sampled_steps(run) -> Optional[list]:
+    """The step numbers of every ``phase_sample``-th step, and -1 (the phases outside every
+    step); None: every step."""
+    k = phase_sample(run)
+    if k == 1:
         return None
-    steps = run.steps["step"]
-    if not len(steps):
-        return None
-    k = -(-total // OVERVIEW_PHASES)
-    return [-1, *range(int(steps.min()) - int(steps.min()) % k, int(steps.max()) + 1, k)]
+    first, last = int(run.steps["step"].min()), int(run.steps["step"].max())
+    return [-1, *range(first - first % k, last + 1, k)]

@@ -22,6 +22,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.frames import without_unused
 from stepscope.analysis.store.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
@@ -138,9 +139,7 @@ def _lookup(seg_start, seg_end, times):
 def _categories(values, known) -> list:
     """The distinct values, those of ``known`` first in its order, the rest sorted."""
     if isinstance(values.dtype, pd.CategoricalDtype):  # the used categories: no object copy of millions of rows
-        codes = values.cat.codes.to_numpy()
-        used = np.bincount(codes[codes >= 0], minlength=len(values.cat.categories)) > 0
-        values = values.cat.categories[used]
+        values = without_unused(values.array).categories
     seen = {str(v) for v in pd.unique(np.asarray(values, dtype=object)) if v is not None and not pd.isna(v)}
     return [k for k in known if k in seen] + sorted(seen - set(known))
 

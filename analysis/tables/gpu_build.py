@@ -17,7 +17,7 @@ import pandas as pd
 
 from stepscope.analysis.store import gpu_raw
 from stepscope.analysis.tables import gpu
-from stepscope.analysis.store.frames import concat
+from stepscope.analysis.store.frames import concat, without_unused
 from stepscope.analysis.store.schema import (API_COLUMNS, GPU_TABLES, KERNEL_COLUMNS, MEMCPY_COLUMNS, MEMSET_COLUMNS,
                                              SYNC_COLUMNS)
 from stepscope.core import decoding
@@ -41,18 +41,6 @@ def gpu_tables(raw, steps: pd.DataFrame, phases: pd.DataFrame, other_api: Option
     if len(parts) == 1:
         return parts[0]
     return {table: concat([p[table] for p in parts]) for table in GPU_TABLES}
-
-
-def _used(values: pd.Categorical) -> pd.Categorical:
-    """A categorical with only the categories its values use (a process's name table
-    holds every name it interned: API calls, phases, kernels)."""
-    codes = np.asarray(values.codes, dtype=np.int64)
-    used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values.categories)))
-    if len(used) == len(values.categories):
-        return values
-    remap = np.full(len(values.categories) + 1, -1, dtype=np.int64)
-    remap[used] = np.arange(len(used))
-    return pd.Categorical.from_codes(remap[codes], [values.categories[i] for i in used])
 
 
 def _names_and_precision(mangled: pd.Categorical):
@@ -117,7 +105,7 @@ class _Builder:
         start = L.start[safe] if len(L.start) else np.zeros(len(rows), dtype=np.int64)
         name_codes = np.where(found, L.name_codes[safe] if len(L.start) else -1, -1)
         if categorical:
-            out["launch_api"] = _used(pd.Categorical.from_codes(name_codes, L.names))
+            out["launch_api"] = without_unused(pd.Categorical.from_codes(name_codes, L.names))
         else:
             out["launch_api"] = np.asarray([*L.names, None], dtype=object)[name_codes]
         out["launch_start_ns"] = pd.arrays.IntegerArray(start.astype(np.int64), ~found)
@@ -136,7 +124,7 @@ class _Builder:
     def kernels(self, rows: np.ndarray) -> pd.DataFrame:
         out = self._common(rows, KERNEL_COLUMNS)
         self._launch(out, rows, categorical=True)
-        out["mangled"] = _used(self.cols["name"].take(rows))
+        out["mangled"] = without_unused(self.cols["name"].take(rows))
         out["name"], out["precision"] = _names_and_precision(out["mangled"])
         out.update(zip(gpu_raw.CONFIG_FIELDS, gpu_raw.config_values(self.cols, rows)))
         return pd.DataFrame(out, columns=KERNEL_COLUMNS, copy=False)  # (no copy into 2-D blocks)
@@ -178,6 +166,6 @@ class _Builder:
     def cuda_api(self, rows: np.ndarray) -> pd.DataFrame:
         out = self._common(rows, API_COLUMNS)
         out["api"] = pd.Categorical.from_codes((self.cols["type"][rows] != 4).astype(np.int8), ["runtime", "driver"])
-        out["name"] = _used(self.cols["name"].take(rows))
+        out["name"] = without_unused(self.cols["name"].take(rows))
         self._attribute(out, out["start_ns"], categorical=True)
         return pd.DataFrame(out, columns=API_COLUMNS, copy=False)

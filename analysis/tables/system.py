@@ -19,6 +19,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.frames import as_strings
 from stepscope.analysis.store.schema import SYSTEM_COLUMNS
 
 COLUMNS = SYSTEM_COLUMNS
@@ -65,19 +66,13 @@ def raw_samples(events: pd.DataFrame) -> pd.DataFrame:
     split = [str(n).split("|", 1) for n in names.cat.categories]
     codes = names.cat.codes.to_numpy()
     return pd.DataFrame({
-        "process": _strings(sel["process"]),
-        "node": _strings(sel["host"]),
+        "process": as_strings(sel["process"]),
+        "node": as_strings(sel["host"]),
         "raw": np.array([p[0] for p in split] or [""], dtype=object)[codes],
         "device": np.array([p[1] if len(p) > 1 else "" for p in split] or [""], dtype=object)[codes],
         "ts": sel["start_ns"].to_numpy(),
         "value": sel["value"].to_numpy(),
     })
-
-
-def _strings(column: pd.Series) -> np.ndarray:
-    """A column's values as an array of str (a categorical's: each category converted once)."""
-    column = column.astype("category")
-    return np.array([str(c) for c in column.cat.categories] or [""], dtype=object)[column.cat.codes.to_numpy()]
 
 
 def _wide(raw: pd.DataFrame, prefix: str) -> pd.DataFrame:

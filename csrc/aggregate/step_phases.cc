@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 
 namespace stepscope {
 namespace aggregate {
@@ -64,14 +65,21 @@ void find_steps(const EventColumns& e, const Codes& c, StepPhases& out) {
   }
   out.step_interrupted.assign(out.step_row.size(), 0);
   out.interrupt_marks = flags.size();
-  for (size_t f : flags) {  // the latest step of its thread with its number begun by then
-    int64_t best = -1;
-    for (size_t s = 0; s < out.step_row.size(); ++s) {
-      if (out.step_tid[s] == e.tid[f] && e.arg[size_t(out.step_row[s])] == e.arg[f] && out.step_start[s] <= e.start[f] &&
-          (best < 0 || out.step_start[s] > out.step_start[size_t(best)]))
-        best = int64_t(s);
-    }
-    if (best >= 0) out.step_interrupted[size_t(best)] = 1;
+  if (flags.empty()) return;
+  // per mark, the latest step of its thread with its number begun by then (the first in
+  // table order of equals): steps by (thread, number, start), a binary search each
+  std::vector<size_t> by(out.step_row.size());
+  std::iota(by.begin(), by.end(), 0);
+  auto key = [&](size_t s) { return std::make_tuple(out.step_tid[s], e.arg[size_t(out.step_row[s])], out.step_start[s]); };
+  std::stable_sort(by.begin(), by.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  for (size_t f : flags) {
+    auto mark = std::make_tuple(e.tid[f], e.arg[f], e.start[f]);
+    auto it = std::upper_bound(by.begin(), by.end(), mark, [&](const auto& m, size_t s) { return m < key(s); });
+    if (it == by.begin()) continue;
+    size_t s = *--it;
+    if (out.step_tid[s] != e.tid[f] || e.arg[size_t(out.step_row[s])] != e.arg[f]) continue;  // none begun by then
+    while (it != by.begin() && key(*(it - 1)) == key(s)) s = *--it;  // equal starts: the first in table order
+    out.step_interrupted[s] = 1;
   }
 }
 

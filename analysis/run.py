@@ -133,6 +133,15 @@ class Run:
         return self._store.table("phases")
 
     @property
+    def collectives(self) -> pd.DataFrame:
+        """One row per collective a process issued (torch.distributed, DDP's buckets):
+        kind, group, number in its group, bytes, its call and its completion
+        (``analysis/tables/comm.py``)."""
+        from stepscope.analysis.communication import comm_tables
+
+        return comm_tables(self)[0]
+
+    @property
     def ops(self) -> pd.DataFrame:
         """Operator events of the sampled steps, with phase, self time, shapes (analysis/tables/ops.py)."""
         if "ops" not in self._derived:

@@ -14,7 +14,7 @@ Names and categories
     str; the table is bounded: past ``MAX_NAMES`` every new name shares one
     overflow id). Category ids: ``ANNOTATION``, ``PHASE``, ``STEP``, ``OP``,
     ``MODULE``, ``SYSTEM``, ``GPU``, ``COUNTER``, ``INTERNAL``,
-    ``FRAMEWORK``, or ``category(name)``.
+    ``FRAMEWORK``, ``COMM``, or ``category(name)``.
 
 Events (each does nothing while no session records; ``enabled()`` says)
     ``span(category, name_id, t0, t1=None, arg=None)``: a span from tick t0
@@ -62,9 +62,9 @@ def category(name: str) -> int:
         raise ValueError(f"unknown event category {name!r}; known: {', '.join(CATEGORIES)}") from None
 
 
-(ANNOTATION, PHASE, STEP, OP, MODULE, SYSTEM, GPU, COUNTER, INTERNAL, FRAMEWORK) = (
+(ANNOTATION, PHASE, STEP, OP, MODULE, SYSTEM, GPU, COUNTER, INTERNAL, FRAMEWORK, COMM) = (
     category(name) for name in ("annotation", "phase", "step", "op", "module", "system", "gpu", "counter",
-                                "internal", "framework"))
+                                "internal", "framework", "comm"))
 
 # --- events ------------------------------------------------------------------------------
 span = _native.span
@@ -89,7 +89,7 @@ StepTracker = _native.StepTracker
 # --- wrapping ----------------------------------------------------------------------------
 around = _native.around
 
-__all__ = ["ANNOTATION", "COUNTER", "FRAMEWORK", "GPU", "INTERNAL", "MAX_NAMES", "MODULE", "OP", "PHASE",
+__all__ = ["ANNOTATION", "COMM", "COUNTER", "FRAMEWORK", "GPU", "INTERNAL", "MAX_NAMES", "MODULE", "OP", "PHASE",
            "PHASES", "STEP", "SYSTEM", "Span", "annotate", "annotation_begin", "annotation_end", "around",
            "begin_step", "category", "clock_info", "counter", "current_step", "enabled", "end_step", "instant",
            "intern", "interrupt_step", "now", "phase", "span", "StepTracker"]

@@ -40,9 +40,9 @@ END_MARK = "end"
 INTERRUPTED = "interrupted"
 
 # --- events (docs/format.md) ------------------------------------------------------------
-#: Event categories by number (the category byte of a record; numbers 10-15 are free).
+#: Event categories by number (the category byte of a record; numbers 11-15 are free).
 CATEGORIES = ("annotation", "phase", "step", "op", "module", "system", "gpu", "counter", "internal",
-              "framework")
+              "framework", "comm")
 MAX_CATEGORIES = 16
 #: Event kinds by number.
 EVENT_KINDS = ("span", "instant", "counter")
@@ -52,6 +52,25 @@ EVENT_KINDS = ("span", "instant", "counter")
 #: 1 + its place in OP_PHASES).
 OP_INDEX_MASK = (1 << 27) - 1
 OP_PHASES = (*PHASE_NAMES, OTHER)
+
+
+#: Collectives (docs/format.md, "Collectives"): a ``comm`` span named ``<kind>@<group>``
+#: (COMM_KINDS; the group's name, the same on every rank) is the issuing call, on the
+#: thread that made it; the same name and sequence number with COMM_DONE set is the
+#: collective's completion, recorded when the backend finished it (async ones); a
+#: ``comm`` counter of that name at the call's start holds its bytes. A ``comm`` span
+#: named COMM_WAIT is a time the process waited for communication (``Work.wait``, DDP's
+#: end of backward). The argument: the collective's number in its group, from 1 (bits
+#: 0-39), and the flags below (bits 40-47).
+COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather",
+              "scatter", "barrier")
+COMM_WAIT = "wait"
+COMM_ASYNC, COMM_DONE, COMM_DDP, COMM_LAST_BUCKET = 1, 2, 4, 8
+COMM_SEQ_BITS = 40
+
+
+def pack_comm_arg(seq: int, flags: int = 0) -> int:
+    return (seq & ((1 << COMM_SEQ_BITS) - 1)) | (flags & 0xFF) << COMM_SEQ_BITS
 
 
 def pack_op_arg(seq: int, index: int, phase: "str | None" = None) -> int:

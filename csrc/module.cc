@@ -132,7 +132,7 @@ NB_MODULE(_native, m) {
   bindings::add_aggregate(m);
 
   m.attr("CATEGORIES") = nb::make_tuple("annotation", "phase", "step", "op", "module", "system",
-                                        "gpu", "counter", "internal", "framework");
+                                        "gpu", "counter", "internal", "framework", "comm");
   m.attr("FORMAT_VERSION") = nb::make_tuple(kFormatMajor, kFormatMinor);
   m.attr("MAX_NAMES") = kMaxNames;
   m.attr("MAX_NAME_BYTES") = kMaxNameBytes;

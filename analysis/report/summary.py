@@ -9,6 +9,7 @@ from __future__ import annotations
 # stepscope's operator windows cost a short run this share of its step time, or more:
 # the summary's notes say so (their time is in Other, not in the phase they interrupted)
 
+from stepscope.analysis.communication import communication, format_lines as communication_lines
 from stepscope.analysis.ending import run_ending
 from stepscope.analysis.epochs import between_epochs, format_line as between_epochs_line
 from stepscope.analysis.loop import run_loop_notes
@@ -69,6 +70,9 @@ def summarize(run, params=None) -> dict:
     other = other_share(summary_steps(steps))
     if other is not None:
         out["other"] = other  # the steps' time in no phase, over the same steps as the phases
+    comm = communication(r)
+    if comm is not None:
+        out["communication"] = comm  # collectives: in flight, exposed, overlapped; who waited for whom
     windows = profiler_windows(r, steps)
     if windows is not None:
         out["profiler_windows"] = windows
@@ -112,6 +116,8 @@ def format_text(s: dict) -> str:
         o = s["other"]
         where = f"of the {o['sampled_steps']} sampled steps' time" if "sampled_steps" in o else "of train step time"
         lines.append(f"  {'Other':<10} {percent(o['share']):>6} {where}, in no phase ({o['total_ms']:.1f} ms)")
+    if s.get("communication"):
+        lines.extend(communication_lines(s["communication"], s["phases"]))
     if s.get("profiler_windows", {}).get("share", 0) >= PROFILER_NOTE_SHARE:
         w = s["profiler_windows"]
         lines.append(f"  (stepscope {percent(w['share']):>6} of step time in {w['windows']} operator "

@@ -14,7 +14,7 @@ from stepscope.core.vocabulary import PROCESS_JSON, TRACE_FILE
 
 LIVE_VERSION = 2  # of the parts kept between builds of a trace still being written (2: GPU records decoded again)
 # What the derived tables are built from: a small share of a large trace's events.
-DERIVED_FROM = ("step", "phase", "system")
+DERIVED_FROM = ("step", "phase", "system", "comm")
 
 
 def trace_identity(folder: str, part_bytes: int) -> Optional[list]:

@@ -26,7 +26,8 @@ DTYPES = {
                      ("category", _C), ("name", _C), ("start_ns", _I), ("end_ns", _I), ("duration_ns", _I),
                      ("step", _I32), ("arg", _I), ("value", _F)),
     "steps": _table(("process", _C), ("pid", _I32), ("rank", _NI), ("tid", _I), ("mode", _C), ("step", _I),
-                    ("start_ns", _I), ("end_ns", _I), ("duration_ns", _I), *((p, _I) for p in PHASES), (OTHER, _I)),
+                    ("start_ns", _I), ("end_ns", _I), ("duration_ns", _I), *((p, _I) for p in PHASES), (OTHER, _I),
+                    ("comm_ns", _I), ("comm_exposed_ns", _I), ("comm_overlapped_ns", _I)),
     "phases": _table(("process", _C), ("pid", _I32), ("rank", _NI32), ("tid", _I), ("mode", _C), ("step", _I32),
                      ("name", _C), ("start_ns", _I), ("end_ns", _I), ("duration_ns", _I), ("exclusive_ns", _I)),
     "system": _table(("timestamp", "datetime64[ns, UTC]"), ("timestamp_ns", _I), ("node", _S), ("process", _S),
@@ -91,6 +92,10 @@ DESCRIPTIONS = {
 COLUMNS = {table: list(dtypes) for table, dtypes in DTYPES.items()}
 EVENT_COLUMNS = COLUMNS["events"]
 STEP_COLUMNS = COLUMNS["steps"]
+#: per step, the communication in flight, the part of it the process waited on, the rest
+#: (analysis/tables/comm.py); the columns before them come from the steps and phases
+STEP_COMM_COLUMNS = ("comm_ns", "comm_exposed_ns", "comm_overlapped_ns")
+STEP_PHASE_COLUMNS = [c for c in STEP_COLUMNS if c not in STEP_COMM_COLUMNS]
 PHASE_COLUMNS = COLUMNS["phases"]
 SYSTEM_COLUMNS = COLUMNS["system"]
 KERNEL_COLUMNS = COLUMNS["kernels"]
@@ -119,5 +124,6 @@ DATASET_TABLES = ("events", *DATASET_DERIVED, *DATASET_SAMPLES)  # the folders o
 # The version of the cached tables (the in-memory cache and the dataset): a cache of another is rebuilt.
 # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
 # 5: kernels aggregated per step, syncs' GPU idle time after them; 6: the large GPU tables' strings categorical;
+# 8: steps' communication columns (issue 46)
 # 7: steps' Other where a process ran loops on several threads and had phases outside every step (issue 43)
-CACHE_VERSION = 7
+CACHE_VERSION = 8

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.frames import without_unused
-from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COLUMNS
+from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_PHASE_COLUMNS
 from stepscope.core import decoding
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
 
@@ -100,7 +100,7 @@ def steps_and_phases(events: pd.DataFrame) -> Optional[Tuple[pd.DataFrame, pd.Da
     steps["Other"] = join("other")
     rows = join("phase_row")
     if not len(rows):
-        return steps[STEP_COLUMNS], pd.DataFrame({c: [] for c in PHASE_COLUMNS})
+        return steps[STEP_PHASE_COLUMNS], pd.DataFrame({c: [] for c in PHASE_COLUMNS})
     labels = join("phase_step")
     has = labels >= 0
     safe = np.where(has, labels, 0)
@@ -117,4 +117,4 @@ def steps_and_phases(events: pd.DataFrame) -> Optional[Tuple[pd.DataFrame, pd.Da
         "name": _taken(events["name"], rows, unused=False),
         "start_ns": start, "end_ns": end, "duration_ns": events["duration_ns"].to_numpy()[rows],
         "exclusive_ns": join("phase_exclusive")}, copy=False)
-    return steps[STEP_COLUMNS], phases[PHASE_COLUMNS]
+    return steps[STEP_PHASE_COLUMNS], phases[PHASE_COLUMNS]

@@ -16,8 +16,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COLUMNS
-from stepscope.analysis.tables import step_pass
+from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_PHASE_COLUMNS
+from stepscope.analysis.tables import comm, step_pass
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
 
 
@@ -42,7 +42,7 @@ def _bare_steps(events: pd.DataFrame) -> pd.DataFrame:
     if len(flags):
         rows = np.setdiff1d(rows, flags, assume_unique=True)
     if not len(rows):
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_COLUMNS[:9]})
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in STEP_PHASE_COLUMNS[:9]})
     all_codes = events["process"].cat.codes.to_numpy()
     all_ends = events["end_ns"].to_numpy()
     names = events["name"].iloc[rows].cat.remove_unused_categories()
@@ -292,15 +292,18 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
 
 
 def steps_and_phases(events: pd.DataFrame, native: bool = True):
-    """(steps, phases): steps carry each phase's exclusive time and Other.
+    """(steps, phases): steps carry each phase's exclusive time, Other and the step's
+    communication (``comm.step_columns``).
 
     The functions above define both tables; ``native`` (the default) computes them
     with one native pass per process (``step_pass``), which tests hold equal to
     this definition (``native=False``)."""
-    if native:
-        out = step_pass.steps_and_phases(events)
-        if out is not None:
-            return out
+    out = step_pass.steps_and_phases(events) if native else None
+    steps, phases = out if out is not None else _steps_and_phases(events)
+    return comm.step_columns(steps, events), phases
+
+
+def _steps_and_phases(events: pd.DataFrame):
     steps = _bare_steps(events)
     phases, row = phases_frame(events, steps)
     for name in PHASES:
@@ -325,4 +328,4 @@ def steps_and_phases(events: pd.DataFrame, native: bool = True):
         if taken is not None:
             covered = np.maximum(covered - taken, 0)
         steps["Other"] = np.maximum(steps["duration_ns"].to_numpy() - covered, 0)
-    return steps[STEP_COLUMNS], phases[PHASE_COLUMNS]
+    return steps[STEP_PHASE_COLUMNS], phases[PHASE_COLUMNS]

@@ -14,6 +14,8 @@
 * Optimizer the global optimizer step pre-hook (``_optimizer.py``), to the exit of torch's
             ``Optimizer.step#`` range around it (natively); ``zero_grad`` is a
             framework annotation (its ``record_function`` range, natively).
+* Collectives torch.distributed's calls, ``Work.wait`` and DDP's bucketed all-reduce
+            (``_collectives.py``).
 * Annotations the user's code already makes for other tools:
             ``record_function`` and ``torch.cuda.nvtx`` ranges (``_annotations.py``).
 
@@ -33,7 +35,8 @@ import weakref
 from stepscope.core import runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import StepTracker
-from stepscope.integrations.torch import _amp, _annotations, _fetch, _handover, _native_hooks, _ops, _workers
+from stepscope.integrations.torch import (_amp, _annotations, _collectives, _fetch, _handover, _native_hooks, _ops,
+                                          _workers)
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._context import TorchContext
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
@@ -129,6 +132,7 @@ class TorchInstrumentor(Instrumentor):
         _ops.install(ctx)
         _annotations.install(ctx)
         patch_init_process_group(ctx)
+        _collectives.install(ctx)
         for name in ("trace", "trace_module"):  # tracing runs the model: no steps, no phases
             self.patch(torch.jit, name, self.forwards.hiding)
         self.patch(torch.nn.Module, "train", self.forwards.wrap_train)

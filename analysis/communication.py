@@ -1,0 +1,134 @@
+"""A run's communication, as the summary, the rules and the report give it.
+
+``communication(run)`` (None for a run without collectives):
+
+* over the train steps (the steps the phase shares are over): the share of step time with a collective in flight, the exposed share (the process blocked on one) and
+  the overlapped share, and what that costs a step;
+* per phase, the exposed time inside it ("Backward 41% ... of which waiting for
+  all_reduce 9%"), and the kind of collective in flight then;
+* per kind: collectives, bytes, time in flight;
+* who waits for whom: per rank that arrived last, the time the others were blocked
+  waiting for it (``comm.arrivals``, ``comm.waited_for``).
+
+The tables and their definitions are in ``analysis/tables/comm.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.quantities import summary_steps
+from stepscope.analysis.tables import comm
+from stepscope.core.vocabulary import PHASES
+
+def _ms(ns) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+def comm_tables(run):
+    """(collectives, waits), computed once per loaded run."""
+    def build():
+        events = run.select(categories=["comm"])
+        colls = comm.collectives(events)
+        return colls, comm.waits(events, colls)
+
+    return run.memo("comm_tables", build)
+
+
+def communication(run) -> Optional[dict]:
+    colls, blocked = comm_tables(run)
+    if not len(colls):
+        return None
+    steps = summary_steps(run.steps)  # the steps the phase shares are over
+    total = float(steps["duration_ns"].sum()) if len(steps) else 0.0
+    n = max(len(steps), 1)
+    out = {
+        "collectives": int(len(colls)),
+        "bytes": int(colls["bytes"].sum()),
+        "steps": int(len(steps)),
+        "share": round(float(steps["comm_ns"].sum()) / total, 4) if total else 0.0,
+        "exposed_share": round(float(steps["comm_exposed_ns"].sum()) / total, 4) if total else 0.0,
+        "overlapped_share": round(float(steps["comm_overlapped_ns"].sum()) / total, 4) if total else 0.0,
+        "ms_per_step": _ms(steps["comm_ns"].sum() / n) if len(steps) else 0.0,
+        "exposed_ms_per_step": _ms(steps["comm_exposed_ns"].sum() / n) if len(steps) else 0.0,
+        "by_kind": {}, "by_phase": {}, "waited_for": [],
+        "sources": {"ddp": int(colls["ddp"].sum()), "calls": int((~colls["ddp"]).sum())},
+    }
+    for kind, c in colls.groupby("kind", sort=False):
+        out["by_kind"][str(kind)] = {"count": int(len(c)), "bytes": int(c["bytes"].sum()),
+                                     "total_ms": _ms(c["duration_ns"].sum()),
+                                     "async": int(c["is_async"].sum())}
+    if len(steps):
+        out["by_phase"] = _exposed_by_phase(run, colls, blocked, steps, total)
+    arr = run.memo("comm_arrivals", lambda: comm.arrivals(colls, blocked))
+    for row in comm.waited_for(arr, blocked).itertuples():
+        if row.waited_ns <= 0:
+            continue
+        out["waited_for"].append({"rank": int(row.rank), "last_at": int(row.last_at),
+                                  "of": int(arr.groupby(["group", "seq"]).ngroups),
+                                  "waited_ms": _ms(row.waited_ns),
+                                  "ms_per_step": _ms(row.waited_ns / max(len(steps), 1))})
+    return out
+
+
+def _exposed_by_phase(run, colls, blocked, steps, total) -> dict:
+    """{phase: {exposed_ms, share (of step time), kind}}: the exposed communication inside
+    each canonical phase of the steps, and the kind of collective mostly in flight then."""
+    phases = run.select_phases(names=list(PHASES), modes=["train"],
+                               columns=["process", "name", "step", "start_ns", "end_ns"])
+    if not len(phases):
+        return {}
+    keep = set(zip(steps["process"].astype(str), steps["step"]))
+    proc = phases["process"].astype(str).to_numpy()
+    mask = np.fromiter((k in keep for k in zip(proc, phases["step"].to_numpy())), bool, len(phases))
+    phases = phases[mask]
+    proc = proc[mask]
+    by = {}
+    for p, c in colls.groupby("process", sort=False):
+        rows = proc == p
+        if not rows.any():
+            continue
+        w = blocked[blocked["process"].to_numpy() == p]
+        hidden = comm.intersect(comm.union(c["start_ns"].to_numpy(), c["end_ns"].to_numpy()),
+                                comm.union(w["start_ns"].to_numpy(), w["end_ns"].to_numpy()))
+        ph = phases[rows]
+        exposed = comm.measure(hidden, ph["start_ns"].to_numpy(), ph["end_ns"].to_numpy())
+        for name, ns in pd.Series(exposed).groupby(ph["name"].astype(str).to_numpy()).sum().items():
+            entry = by.setdefault(name, {"exposed_ns": 0, "kinds": {}})
+            entry["exposed_ns"] += int(ns)
+        for kind, k in c.groupby("kind", sort=False):
+            kh = comm.intersect(comm.union(k["start_ns"].to_numpy(), k["end_ns"].to_numpy()), hidden)
+            inside = comm.measure(kh, ph["start_ns"].to_numpy(), ph["end_ns"].to_numpy())
+            for name, ns in pd.Series(inside).groupby(ph["name"].astype(str).to_numpy()).sum().items():
+                kinds = by.setdefault(name, {"exposed_ns": 0, "kinds": {}})["kinds"]
+                kinds[kind] = kinds.get(kind, 0) + int(ns)
+    out = {}
+    for name in PHASES:
+        e = by.get(name)
+        if not e or e["exposed_ns"] <= 0:
+            continue
+        kind = max(e["kinds"], key=e["kinds"].get) if e["kinds"] else None
+        out[name] = {"exposed_ms": _ms(e["exposed_ns"]), "share": round(e["exposed_ns"] / total, 4), "kind": kind}
+    return out
+
+
+def format_lines(c: dict, phase_shares: dict) -> list:
+    """The summary's lines about communication."""
+    from stepscope.analysis.quantities import percent
+
+    kinds = ", ".join(f"{k} {v['count']}x {v['bytes'] / 1e6:.1f} MB" for k, v in c["by_kind"].items())
+    lines = [f"  {'Comm':<10} {percent(c['share']):>6} of train step time with a collective in flight "
+             f"({c['ms_per_step']:.2f} ms a step): exposed {percent(c['exposed_share'])}, "
+             f"overlapped {percent(c['overlapped_share'])}; {kinds}"]
+    for phase, e in c["by_phase"].items():
+        whole = phase_shares.get(phase, {}).get("share")
+        head = f"{phase} {percent(whole)}" if whole is not None else phase
+        lines.append(f"  {'':<10} {head}: of which waiting for {e['kind'] or 'communication'} "
+                     f"{percent(e['share'])} ({e['exposed_ms']:.1f} ms)")
+    for w in c["waited_for"][:3]:
+        lines.append(f"  {'':<10} waited for rank {w['rank']}: {w['waited_ms']:.1f} ms in all "
+                     f"({w['ms_per_step']:.2f} ms a step), it arrived last at {w['last_at']} of {w['of']} collectives")
+    return lines

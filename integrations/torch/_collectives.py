@@ -1,0 +1,314 @@
+"""Collectives: every one a process issues through torch.distributed, zero edits.
+
+What is patched (each undone by ``uninstrument``):
+
+* the collective functions (``all_reduce``, ``all_gather``, ``all_gather_single``,
+  ``reduce_scatter``, ``reduce_scatter_single``, ``broadcast``, ``reduce``,
+  ``all_to_all``, ``all_to_all_single``, ``gather``, ``scatter``, ``barrier``) under both
+  their names (``torch.distributed`` and ``distributed_c10d``), and
+  ``_broadcast_coalesced`` (DDP's parameter and buffer broadcasts). Deprecated aliases
+  (``all_gather_into_tensor``, ``reduce_scatter_tensor``) call the wrapped ones. A call
+  made inside another (``all_gather_object``'s) is recorded once, as the innermost
+  collective that reaches the backend. Each wrapper is added to dynamo's table of
+  collectives it rewrites, beside the original: a compiled function traces as before.
+* ``Work.wait``: the time the caller blocks in it (a synchronous collective's call is
+  such a wait as a whole: its own ``wait`` inside is not recorded again).
+* DDP: the reducer's bucketed all-reduce is C++, seen by no Python function. A comm
+  hook is registered at a model's first forward, unless the program registered one
+  (then its hook's own ``dist`` calls are recorded); the hook is torch's
+  ``allreduce_hook``, which torch documents as giving DDP's results unchanged. A hook
+  the program registers later takes its place inside stepscope's hook (DDP allows
+  one). The last bucket's completion is the end of the wait DDP makes at the end of
+  backward.
+
+Each collective is recorded as ``comm`` events (docs/format.md, "Collectives"): the
+issuing call, its bytes and, for an async one, its completion (a callback on its
+future, run on the backend's thread). Recording happens after the call returns; a
+failure here turns stepscope off and the collective's result is the caller's, as is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import weakref
+
+from stepscope.core.recording import COMM, counter, enabled, intern, now, span
+from stepscope.core.vocabulary import (COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_WAIT,
+                                       pack_comm_arg)
+
+# function -> (kind, the parameter whose tensors' bytes are counted); the group and
+# async_op parameters are found by name in the function's signature
+FUNCTIONS = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "all_gather": ("all_gather", "tensor_list"),
+    "all_gather_single": ("all_gather", "output_tensor"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor"),
+    "reduce_scatter": ("reduce_scatter", "input_list"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "broadcast": ("broadcast", "tensor"),
+    "reduce": ("reduce", "tensor"),
+    "all_to_all": ("all_to_all", "input_tensor_list"),
+    "all_to_all_single": ("all_to_all", "input"),
+    "gather": ("gather", "tensor"),
+    "scatter": ("scatter", "tensor"),
+    "barrier": ("barrier", None),
+}
+# deprecated aliases, wrapped only where the function they call is missing (older torch)
+ALIASES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
+
+
+def _bytes(tensors) -> int:
+    if tensors is None:
+        return 0
+    if isinstance(tensors, (list, tuple)):
+        return sum(_bytes(t) for t in tensors)
+    try:
+        return int(tensors.numel()) * int(tensors.element_size())
+    except Exception:  # noqa: BLE001 - not a tensor: no bytes
+        return 0
+
+
+class _Group:
+    """A process group's names and its collectives' count, in this process."""
+
+    __slots__ = ("name", "seq", "ids")
+
+    def __init__(self, name: str):
+        self.name, self.seq, self.ids = name, 0, {}
+
+    def name_id(self, kind: str) -> int:
+        found = self.ids.get(kind)
+        if found is None:
+            found = self.ids[kind] = intern(f"{kind}@{self.name}")
+        return found
+
+
+class Collectives:
+    """The recording side: wrappers of the collective functions, of ``Work.wait`` and
+    the DDP hook. One per ``instrument()``."""
+
+    def __init__(self, ctx, dist):
+        self.ctx, self.dist = ctx, dist
+        self.c10d = dist.distributed_c10d
+        self.local = threading.local()  # .inside: in a recorded call; .ddp: flags of the DDP bucket issuing
+        self.groups = {}  # group name -> _Group
+        self.wait_id = intern(COMM_WAIT)
+        self.hooked = weakref.WeakKeyDictionary()  # DDP module -> _HookState of the reducer we hooked
+        self.own_hooks = weakref.WeakSet()  # DDP modules whose program registered a hook first
+
+    # --- the collective functions -------------------------------------------------------------
+    def install(self) -> None:
+        c10d, dist = self.c10d, self.dist
+        for fname, (kind, tensor_param) in FUNCTIONS.items():
+            original = getattr(c10d, fname, None)
+            if original is None or (fname in ALIASES and hasattr(c10d, ALIASES[fname])):
+                continue
+            positions = _positions(original, tensor_param)
+            if positions is None:
+                continue  # a signature this version does not have: left alone
+            wrapped = self.ctx.patch(c10d, fname, functools.partial(self.wrap, kind, positions))
+            if getattr(dist, fname, None) is original:
+                self.ctx.replace(dist, fname, wrapped)
+            self._let_dynamo_rewrite(original, wrapped)
+        coalesced = getattr(dist, "_broadcast_coalesced", None)
+        if coalesced is not None:  # (process_group, tensors, buffer_size, src): blocking
+            self.ctx.patch(dist, "_broadcast_coalesced",
+                           functools.partial(self.wrap, "broadcast", (1, "tensors", 0, "process_group", -1, "")))
+        work = getattr(c10d, "Work", None)
+        if work is not None and callable(getattr(work, "wait", None)):
+            self.ctx.patch(work, "wait", self.wrap_wait)
+
+    def _let_dynamo_rewrite(self, original, wrapped) -> None:
+        """Dynamo rewrites a traced ``dist.all_reduce`` into its functional form by looking
+        the function up in a table: the wrapper maps where the original does."""
+        import sys
+
+        fcol = sys.modules.get("torch.distributed._functional_collectives")
+        remaps = getattr(fcol, "traceable_collective_remaps", None)
+        if isinstance(remaps, dict) and original in remaps:
+            remaps[wrapped] = remaps[original]
+
+    def group_of(self, group) -> _Group:
+        if group is None:
+            group = self.c10d._get_default_group()
+        name = str(getattr(group, "group_name", "") or "?")
+        found = self.groups.get(name)
+        if found is None:
+            found = self.groups[name] = _Group(name)
+        return found
+
+    def wrap(self, kind, positions, original):
+        tensor_at, tensor_kw, group_at, group_kw, async_at, async_kw = positions
+        local, ctx = self.local, self.ctx
+
+        def collective(*args, **kwargs):
+            if getattr(local, "inside", False) or not enabled() or ctx.is_compiling():
+                return original(*args, **kwargs)
+            local.inside = True
+            t0 = now()
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.inside = False
+            try:
+                self.record(kind, t0, result, args, kwargs, tensor_at, tensor_kw, group_at, group_kw, async_at,
+                            async_kw)
+            except Exception as exc:  # noqa: BLE001 - the collective is the job's
+                ctx.fail(exc)
+            return result
+
+        return collective
+
+    def record(self, kind, t0, result, args, kwargs, tensor_at, tensor_kw, group_at, group_kw, async_at,
+               async_kw) -> None:
+        t1 = now()
+        n = len(args)
+        group = self.group_of(args[group_at] if n > group_at else kwargs.get(group_kw))
+        is_async = bool(args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
+        group.seq += 1
+        flags = (COMM_ASYNC if is_async else 0) | (getattr(self.local, "ddp", 0) or 0)
+        name, arg = group.name_id(kind), pack_comm_arg(group.seq, flags)
+        span(COMM, name, t0, t1, arg)
+        if tensor_kw is not None:
+            counter(COMM, name, _bytes(args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)), arg, t0)
+        if is_async:
+            done = functools.partial(_completed, name, t0, t1, pack_comm_arg(group.seq, flags | COMM_DONE),
+                                     self.wait_id if flags & COMM_LAST_BUCKET else -1)
+            result.get_future().then(done)
+
+    def wrap_wait(self, original):
+        wait_id, local = self.wait_id, self.local
+
+        def wait(work, *args, **kwargs):
+            if getattr(local, "inside", False) or not enabled():
+                return original(work, *args, **kwargs)
+            t0 = now()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                span(COMM, wait_id, t0)
+
+        return wait
+
+    # --- DDP ----------------------------------------------------------------------------------
+    def install_ddp(self, ddp_class) -> None:
+        self.ctx.patch(ddp_class, "_pre_forward", self.wrap_pre_forward)
+        self.ctx.patch(ddp_class, "register_comm_hook", self.wrap_register)
+        self.ctx.patch(ddp_class, "_register_builtin_comm_hook", self.wrap_register_builtin)
+
+    def wrap_pre_forward(self, original):
+        inst = self
+
+        def _pre_forward(module, *inputs, **kwargs):
+            if module not in inst.hooked and not inst.ctx.is_compiling():
+                try:
+                    inst.hook_ddp(module)
+                except Exception as exc:  # noqa: BLE001
+                    inst.ctx.fail(exc)
+            return original(module, *inputs, **kwargs)
+
+        return _pre_forward
+
+    def hook_ddp(self, module) -> None:
+        reducer = getattr(module, "reducer", None)
+        if (reducer is None or module in self.own_hooks or getattr(module, "_comm_hooks", None)
+                or getattr(module, "_use_python_reducer", False) or getattr(module, "_ddp_stepscope_off", False)):
+            self.hooked[module] = None  # the program's hook (or none possible): its dist calls are recorded
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        state = _HookState(default_hooks.allreduce_hook, module.process_group)
+        self.dist._register_comm_hook(reducer, state, functools.partial(_ddp_hook, self.local))
+        self.hooked[module] = state
+
+    def wrap_register(self, original):
+        inst = self
+
+        def register_comm_hook(module, state, hook):
+            ours = inst.hooked.get(module)
+            if ours is None:
+                inst.own_hooks.add(module)
+                return original(module, state, hook)
+            module._check_comm_hook(hook)
+            ours.inner, ours.inner_state = hook, state  # DDP takes one hook: the program's runs inside ours
+            module._comm_hooks.append((hook, state))
+            return None
+
+        return register_comm_hook
+
+    def wrap_register_builtin(self, original):
+        inst = self
+
+        def _register_builtin_comm_hook(module, comm_hook_type):
+            ours = inst.hooked.get(module)
+            if ours is None:
+                inst.own_hooks.add(module)
+                return original(module, comm_hook_type)
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            python_hook = {"ALLREDUCE": default_hooks.allreduce_hook,
+                           "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(getattr(comm_hook_type, "name", ""))
+            if python_hook is None:
+                raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+            ours.inner, ours.inner_state = python_hook, module.process_group
+            return None
+
+        return _register_builtin_comm_hook
+
+
+class _HookState:
+    """What stepscope's DDP hook calls: torch's allreduce hook, or the program's."""
+
+    __slots__ = ("inner", "inner_state", "__weakref__")
+
+    def __init__(self, inner, inner_state):
+        self.inner, self.inner_state = inner, inner_state
+
+
+def install(ctx) -> None:
+    """Records torch.distributed's collectives (nothing where it is not built in)."""
+    dist = getattr(ctx.torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return
+    collectives = Collectives(ctx, dist)
+    collectives.install()
+    from torch.nn.parallel import distributed as ddp
+
+    collectives.install_ddp(ddp.DistributedDataParallel)
+
+
+def _ddp_hook(local, state, bucket):
+    try:
+        local.ddp = COMM_DDP | (COMM_LAST_BUCKET if bucket.is_last() else 0)
+    except Exception:  # noqa: BLE001
+        local.ddp = COMM_DDP
+    try:
+        return state.inner(state.inner_state, bucket)
+    finally:
+        local.ddp = 0
+
+
+def _completed(name, t0, issued, arg, wait_id, future):
+    """On the backend's thread, when an async collective completes."""
+    try:
+        span(COMM, name, t0, None, arg)
+        if wait_id >= 0:  # DDP's last bucket: the loop waits from its issue to here
+            span(COMM, wait_id, issued, None, 0)
+    except Exception:  # noqa: BLE001 - a backend thread: nothing to report to
+        pass
+
+
+def _positions(function, tensor_param):
+    """(tensor index, tensor name, group index, group name, async_op index, async_op name) in
+    ``function``'s signature; None when it lacks one of them."""
+    try:
+        params = list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+    if "group" not in params or "async_op" not in params or (tensor_param and tensor_param not in params):
+        return None
+    tensor_at = params.index(tensor_param) if tensor_param else -1
+    return tensor_at, tensor_param, params.index("group"), "group", params.index("async_op"), "async_op"

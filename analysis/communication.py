@@ -8,7 +8,8 @@
   all_reduce 9%"), and the kind of collective in flight then;
 * per kind: collectives, bytes, time in flight;
 * who waits for whom: per rank that arrived last, the time the others were blocked
-  waiting for it (``comm.arrivals``, ``comm.waited_for``).
+  waiting for it (``comm.arrivals``, ``comm.waited_for``), in all and per step of a
+  waiting rank.
 
 The tables and their definitions are in ``analysis/tables/comm.py``.
 """
@@ -64,13 +65,15 @@ def communication(run) -> Optional[dict]:
     if len(steps):
         out["by_phase"] = _exposed_by_phase(run, colls, blocked, steps, total)
     arr = run.memo("comm_arrivals", lambda: comm.arrivals(colls, blocked))
+    ranks = steps["rank"].dropna().astype(int).value_counts() if len(steps) else pd.Series(dtype=int)
     for row in comm.waited_for(arr, blocked).itertuples():
         if row.waited_ns <= 0:
             continue
+        others = int(ranks.sum() - ranks.get(int(row.rank), 0))  # the steps of the ranks that waited
         out["waited_for"].append({"rank": int(row.rank), "last_at": int(row.last_at),
                                   "of": int(arr.groupby(["group", "seq"]).ngroups),
                                   "waited_ms": _ms(row.waited_ns),
-                                  "ms_per_step": _ms(row.waited_ns / max(len(steps), 1))})
+                                  "ms_per_step": _ms(row.waited_ns / max(others, 1))})
     return out
 
 

@@ -49,6 +49,9 @@ and ``stepscope.load``):
   of the loop's span (SPEC §3). A loop is a Keras ``fit`` (its ``keras.fit``
   span, from its first step), else a run of one thread's steps up to an end
   mark (a loader that ran out, a loop's end).
+* ``collectives``: per rank, {kind: count} or {kind: [count, bytes]} of the collectives
+  it issued (``run.collectives``); each step's exposed and overlapped communication
+  add up to its communication.
 * ``launch``: ``"torchrun"`` runs the script under ``torch.distributed.run``
   with two processes.
 
@@ -463,6 +466,18 @@ def check_recorded(run_path, truth):
             if n:
                 got.setdefault(str(int(rank)), {})[mode] = int(n)
         assert got == truth["ranks"], f"steps per rank: recorded {got}, truth {truth['ranks']}"
+    if "collectives" in truth:  # per rank: {kind: count} or {kind: [count, bytes]}
+        colls = run.collectives
+        got = {}
+        for (rank, kind), c in colls.groupby(["rank", "kind"]):
+            got.setdefault(str(int(rank)), {})[kind] = [len(c), int(c["bytes"].sum())]
+        want = {r: {k: v if isinstance(v, list) else [v, got.get(r, {}).get(k, [0, 0])[1]] for k, v in kinds.items()}
+                for r, kinds in truth["collectives"].items()}
+        assert got == want, f"collectives per rank (count, bytes): recorded {got}, truth {want}"
+        for c in ("comm_exposed_ns", "comm_overlapped_ns"):
+            assert (steps[c] >= 0).all()
+        assert (steps["comm_exposed_ns"] + steps["comm_overlapped_ns"] == steps["comm_ns"]).all()
+        assert (steps["comm_ns"] <= steps["duration_ns"]).all()
     if "note" in truth:
         with open(os.path.join(run_path, "run.json")) as f:
             notes = json.load(f).get("notes", [])

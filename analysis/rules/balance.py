@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.communication import communication
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import node_of, train_steps
 from stepscope.analysis.store.frames import as_strings
@@ -67,7 +68,9 @@ class LoadBalancing(Rule):
     def _ranks(self, run, p):
         # Fast ranks wait for the slow one inside Backward (DDP's all-reduce runs in
         # backward hooks), so a rank's own work per step is its step time outside
-        # Backward: the rank with the most is the one the others wait for.
+        # Backward: the rank with the most is the one the others wait for. Where the
+        # collectives were recorded, the straggler is named by its cost to the others:
+        # the time they were blocked waiting for it to arrive (analysis/communication.py).
         train = run.steps[(run.steps["mode"] == "train") & run.steps["rank"].notna()]
         per_rank = {}
         for (process, rank), s in train.groupby(["process", "rank"], sort=True):
@@ -77,10 +80,28 @@ class LoadBalancing(Rule):
                 per_rank[int(rank)] = (float(np.median(work)), process, float(s["duration_ns"].median()))
         if len(per_rank) < 2:
             return []
+        step_ms = float(np.median([v[2] for v in per_rank.values()])) / 1e6
+        work = {str(r): round(v[0] / 1e6, 3) for r, v in sorted(per_rank.items())}
+        c = communication(run)
+        waited = c["waited_for"][0] if c and c["waited_for"] else None
+        if waited is not None:
+            slow, cost = waited["rank"], waited["ms_per_step"]
+            if cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
+                return []
+            return [Finding(
+                rule=self.name, rank=clean_rank(slow), severity="warning",
+                message=(f"rank {slow} is the straggler: it arrives last at {waited['last_at']} of {waited['of']} "
+                         f"collectives, and the other rank(s) wait for it {cost:.1f} ms per step "
+                         f"({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
+                recommendation=_EVEN_OUT.format(rank=slow),
+                evidence={"slow_rank": slow, "waited_ms_per_step": cost, "waited_ms": waited["waited_ms"],
+                          "last_at": waited["last_at"], "collectives": waited["of"],
+                          "waited_for": c["waited_for"][:4], "step_ms_median": round(step_ms, 3),
+                          "work_outside_backward_ms": work},
+                cost_ms_per_step=cost)]
         slow = max(per_rank, key=lambda r: per_rank[r][0])
         others = [v[0] for r, v in per_rank.items() if r != slow]
         extra = per_rank[slow][0] - float(np.median(others))
-        step_ms = float(np.median([v[2] for v in per_rank.values()])) / 1e6
         if extra / 1e6 <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
             return []
         return [Finding(
@@ -88,13 +109,15 @@ class LoadBalancing(Rule):
             message=(f"rank {slow} is the straggler: it works {extra / 1e6:.1f} ms longer per step outside "
                      f"the gradient all-reduce, and the other {len(others)} rank(s) wait for it in Backward "
                      f"({100 * extra / 1e6 / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
-            recommendation=(f"Even out the work: look at what rank {slow} does that the others do not (extra "
-                            "logging or evaluation on one rank, uneven batch sizes or sequence lengths, a slower "
-                            "device or host, data loading on a busy node)."),
+            recommendation=_EVEN_OUT.format(rank=slow),
             evidence={"slow_rank": slow, "extra_ms_per_step": round(extra / 1e6, 3),
-                      "step_ms_median": round(step_ms, 3),
-                      "work_outside_backward_ms": {str(r): round(v[0] / 1e6, 3) for r, v in sorted(per_rank.items())}},
+                      "step_ms_median": round(step_ms, 3), "work_outside_backward_ms": work},
             cost_ms_per_step=extra / 1e6)]
+
+
+_EVEN_OUT = ("Even out the work: look at what rank {rank} does that the others do not (extra logging or evaluation on "
+             "one rank, uneven batch sizes or sequence lengths, a slower device or host, data loading on a busy "
+             "node).")
 
 
 def _multi_gpu(run) -> bool:

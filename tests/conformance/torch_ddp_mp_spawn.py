@@ -2,7 +2,9 @@
 torch.multiprocessing.spawn (3 epochs x 2 batches per rank)."""
 # expect: {"train": 12, "ranks": {"0": {"train": 6}, "1": {"train": 6}},
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]},
-# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"]}}
+# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"]},
+# expect:  "collectives": {"0": {"all_reduce": [7, 3868], "broadcast": [1, 644], "barrier": [1, 0]},
+# expect:                  "1": {"all_reduce": [7, 3868], "broadcast": [1, 644], "barrier": [1, 0]}}}
 import os
 import socket
 

@@ -1,8 +1,11 @@
 """DistributedDataParallel over gloo, started by torchrun with 2 processes
-(DistributedSampler, 2 epochs x 4 batches per rank); rank 0 saves the weights."""
+(DistributedSampler, 2 epochs x 4 batches per rank); rank 0 saves the weights. Collectives:
+DDP's parameter broadcast, one 644-byte bucket a step, a loss all-reduce per epoch, a barrier."""
 # expect: {"launch": "torchrun", "train": 16, "ranks": {"0": {"train": 8}, "1": {"train": 8}},
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]},
-# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"]}}
+# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"]},
+# expect:  "collectives": {"0": {"all_reduce": [10, 5160], "broadcast": [1, 644], "barrier": [1, 0]},
+# expect:                  "1": {"all_reduce": [10, 5160], "broadcast": [1, 644], "barrier": [1, 0]}}}
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -1,0 +1,79 @@
+"""CommunicationBound: the training loop waits on collectives for a large share of its steps."""
+
+from __future__ import annotations
+
+from stepscope.analysis.communication import communication
+from stepscope.analysis.rules.base import Finding, Param, Rule
+
+
+class CommunicationBound(Rule):
+    name = "CommunicationBound"
+    summary = ("The processes spend a large share of their train steps blocked on collectives (exposed "
+               "communication: waiting in Work.wait, in a synchronous torch.distributed call, or in DDP's wait for "
+               "its last gradient bucket at the end of backward), time not hidden behind computation. The advice "
+               "follows the cause: a rank the others wait for, buckets that start too late, synchronous calls in "
+               "the loop, FSDP's gathers.")
+    params = {
+        "threshold": Param(0.10, "ratio", "fire when exposed communication exceeds this share of train step time"),
+        "straggler_share": Param(0.5, "ratio", "name a straggler rank as the cause when the others' wait for it is "
+                                               "at least this share of the exposed communication"),
+    }
+
+    def not_applicable(self, run):
+        if not (run.steps["mode"] == "train").any():
+            return "no train steps"
+        if communication(run) is None:
+            return "no collectives recorded (a job that is not distributed, or not through torch.distributed)"
+        return None
+
+    def evaluate(self, run, p):
+        c = communication(run)
+        if c is None or c["exposed_share"] <= p["threshold"] or not c["steps"]:
+            return []
+        exposed_ms = c["exposed_ms_per_step"]
+        kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
+        main_kind = kinds[0][0] if kinds else "collectives"
+        phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
+        cause, advice = _cause(c, p, main_kind, phase)
+        where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
+        return [Finding(
+            rule=self.name, rank=None, severity="warning",
+            message=(f"the loop is blocked on communication {100 * c['exposed_share']:.0f}% of train step time "
+                     f"({exposed_ms:.2f} ms a step{where}); of {100 * c['share']:.0f}% with a collective in flight, "
+                     f"{100 * c['overlapped_share']:.0f}% is hidden behind work. {cause}"),
+            recommendation=advice,
+            evidence={"exposed_share": c["exposed_share"], "share": c["share"],
+                      "overlapped_share": c["overlapped_share"], "exposed_ms_per_step": exposed_ms,
+                      "by_phase": c["by_phase"], "by_kind": c["by_kind"], "waited_for": c["waited_for"][:4],
+                      "sources": c["sources"], "cause": cause},
+            cost_ms_per_step=exposed_ms)]
+
+
+def _cause(c: dict, p: dict, kind: str, phase) -> tuple:
+    """(what causes it, what to do), from what the collectives show."""
+    exposed_total = c["exposed_ms_per_step"] * c["steps"]
+    top = c["waited_for"][0] if c["waited_for"] else None
+    if top and exposed_total > 0 and top["waited_ms"] >= p["straggler_share"] * exposed_total:
+        return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
+                f"{top['of']} collectives ({top['ms_per_step']:.2f} ms a step of the others'): a straggler.",
+                f"Even out the work of rank {top['rank']}: what it does that the others do not (logging, evaluation "
+                "or checkpointing on one rank, uneven batches or sequence lengths, a slower host or device, a busy "
+                "data loader). Faster communication will not help while the others wait for it.")
+    ddp = c["sources"]["ddp"]
+    if ddp and phase == "Backward":
+        per_step = ddp / max(c["steps"], 1)
+        return (f"DDP's gradient all-reduce ends after backward's computation ({per_step:.1f} bucket(s) a step): "
+                "its buckets are not overlapped with backward.",
+                "Let DDP start all-reducing earlier: a smaller bucket_cap_mb (default 25; a single large bucket "
+                "starts only when backward is done), gradient_as_bucket_view=True (no copy into buckets), and no "
+                "synchronization in backward (a .item() or a hook that waits) that holds the buckets back. With "
+                "gradient accumulation, run the micro-batches but the last under model.no_sync() so that only one "
+                "all-reduce a step happens. Compression (the fp16 or bf16 comm hook, PowerSGD) cuts the bytes.")
+    if kind in ("all_gather", "reduce_scatter"):
+        return ("FSDP-style gathers and reduce-scatters are waited on rather than prefetched.",
+                "With FSDP2 (fully_shard), prefetch the next layer's all-gather (set_modules_to_forward_prefetch, "
+                "set_modules_to_backward_prefetch), keep the root unsharded after forward "
+                "(reshard_after_forward=False for the last blocks), and shard fewer, larger modules.")
+    return (f"Synchronous {kind} calls in the loop block it until every rank arrives.",
+            f"Issue {kind} with async_op=True and wait for it only when its result is needed, or less often (a loss "
+            "reduced for logging every N steps, not every step); several small tensors in one call, not one each.")

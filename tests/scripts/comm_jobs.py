@@ -1,0 +1,77 @@
+"""DDP jobs whose communication is known, for tests/test_communication.py (torchrun, 2 ranks):
+
+    straggler  rank 1 sleeps DELAY_S in every forward: rank 0 waits for it in the all-reduce
+    exposed    one large bucket (bucket_cap_mb=1000): its all-reduce starts when backward is done
+    healthy    compute-heavy steps, a small model: the all-reduce hides behind backward
+    own_hook   the program registers its own comm hook (counting buckets) before training
+    late_hook  ...after the first step (it then runs inside stepscope's)
+
+Prints the buckets the program's hook counted (own_hook, late_hook) as ``buckets <n>``."""
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+DELAY_S = 0.03
+STEPS = 12
+
+
+class Slow(nn.Module):
+    def __init__(self, inner, delay):
+        super().__init__()
+        self.inner, self.delay = inner, delay
+
+    def forward(self, x):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.inner(x)
+
+
+def main(job):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if job == "healthy":  # buckets of about one layer each: all but the first layer's overlap backward
+        width, batch = 256, 2048
+        inner = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(6)], nn.Linear(256, 1))
+    elif job == "exposed":
+        width, batch = 768, 16
+        inner = nn.Sequential(*[nn.Sequential(nn.Linear(768, 768), nn.ReLU()) for _ in range(4)], nn.Linear(768, 1))
+    else:
+        width, batch = 64, 32
+        inner = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    delay = DELAY_S if job == "straggler" and rank == 1 else 0.0
+    model = DDP(Slow(inner, delay), bucket_cap_mb={"exposed": 1000, "healthy": 0.3}.get(job, 25))
+    counted = [0]
+
+    def counting(state, bucket):
+        counted[0] += 1
+        return default_hooks.allreduce_hook(state, bucket)
+
+    if job == "own_hook":
+        model.register_comm_hook(None, counting)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = torch.randn(batch, width), torch.randn(batch, 1)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if job == "late_hook" and step == 0:
+            model.register_comm_hook(None, counting)
+    if job in ("own_hook", "late_hook"):
+        print(f"rank {rank} buckets {counted[0]}")
+    if rank == 0:
+        print(f"loss {loss.item():.4f}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,142 @@
+"""Communication (issue 46): collectives recorded zero-edit from real gloo DDP jobs under
+torchrun (tests/scripts/comm_jobs.py), and the interval arithmetic they are measured with.
+
+The corpus (tests/conformance: torch_ddp_torchrun, torch_ddp_mp_spawn, torch_ddp_no_sync,
+torch_fsdp2_torchrun) holds the collective counts and bytes against the truth; here: the
+straggler's cost, exposed communication, a healthy job's silence, and the program's own
+comm hook (registered before or after stepscope's)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+import stepscope
+from stepscope.analysis.report.summary import summarize
+from stepscope.analysis.tables import comm
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "comm_jobs.py")
+DELAY_MS = 30.0
+STEPS = 12
+
+
+def _torchrun(job, tmp, profiled=True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    if profiled:
+        env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp), STEPSCOPE_RUN=job)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                          SCRIPT, job], cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stepscope:" not in out.stderr, out.stderr[-3000:]
+    return out.stdout, os.path.join(str(tmp), job)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("comm")
+    return {job: _torchrun(job, tmp) for job in ("straggler", "exposed", "healthy", "own_hook", "late_hook")}
+
+
+def _findings(run_path):
+    return {f["rule"]: f for f in summarize(run_path)["findings"]}
+
+
+def _exposed_per_step(run, rank):
+    s = run.steps[(run.steps["mode"] == "train") & (run.steps["rank"] == rank)].sort_values("step").iloc[2:]
+    return s["comm_exposed_ns"].to_numpy() / 1e6
+
+
+def test_the_straggler_costs_the_others_its_delay(jobs):
+    run = stepscope.load(jobs["straggler"][1], quiet=True)
+    steps = run.steps
+    assert (steps["comm_exposed_ns"] + steps["comm_overlapped_ns"] == steps["comm_ns"]).all()
+    waiting = _exposed_per_step(run, 0)
+    assert np.median(waiting) >= 0.8 * DELAY_MS, waiting  # rank 0 waits out rank 1's sleep in the all-reduce
+    assert np.median(_exposed_per_step(run, 1)) < 0.3 * DELAY_MS  # the slow rank itself hardly waits
+    c = summarize(run)["communication"]
+    top = c["waited_for"][0]
+    assert top["rank"] == 1 and top["ms_per_step"] >= 0.8 * DELAY_MS, c["waited_for"]
+    found = _findings(run.path)
+    assert found["LoadBalancing"]["rank"] == 1 and found["LoadBalancing"]["cost_ms_per_step"] >= 0.8 * DELAY_MS
+    assert "straggler" in found["CommunicationBound"]["message"] and "rank 1" in found["CommunicationBound"]["message"]
+
+
+def test_one_large_bucket_is_exposed_communication(jobs):
+    run = stepscope.load(jobs["exposed"][1], quiet=True)
+    colls = run.collectives
+    ddp = colls[colls["ddp"]]
+    assert len(ddp) == 2 * STEPS and ddp["last_bucket"].all()  # one bucket a step, every one the last
+    assert (ddp["bytes"] == (4 * (768 * 768 + 768) + 769) * 4).all()
+    found = _findings(run.path)
+    f = found["CommunicationBound"]
+    assert "bucket_cap_mb" in f["recommendation"] and f["evidence"]["exposed_share"] > 0.1
+    assert f["evidence"]["by_phase"]["Backward"]["kind"] == "all_reduce"
+    s = summarize(run)
+    assert f["cost_ms_per_step"] == s["communication"]["exposed_ms_per_step"]  # the finding's figure is the summary's
+
+
+def test_a_healthy_ddp_job_overlaps_and_is_not_flagged(jobs):
+    run = stepscope.load(jobs["healthy"][1], quiet=True)
+    found = _findings(run.path)
+    assert "CommunicationBound" not in found and "LoadBalancing" not in found, found
+    c = summarize(run)["communication"]
+    assert c["overlapped_share"] > c["exposed_share"], c
+    per_step = run.collectives.query("ddp").groupby(["rank", "seq"]).size()
+    assert len(per_step) > 4 * STEPS  # several buckets a step
+
+
+@pytest.mark.parametrize("job", ["own_hook", "late_hook"])
+def test_the_programs_comm_hook_runs_and_its_collectives_count(jobs, job, tmp_path):
+    stdout, path = jobs[job]
+    counted = {int(r): int(n) for r, n in re.findall(r"rank (\d) buckets (\d+)", stdout)}
+    colls = stepscope.load(path, quiet=True).collectives
+    for rank, n in counted.items():
+        mine = colls[(colls["rank"] == rank) & (colls["kind"] == "all_reduce")]
+        if job == "own_hook":  # the program's hook from the start: its dist.all_reduce calls are recorded
+            assert n == STEPS and len(mine) == n and not mine["ddp"].any()
+        else:  # from step 1, inside stepscope's hook (DDP takes one)
+            assert n == STEPS - 1 and len(mine) == STEPS and mine["ddp"].all()
+    plain, _ = _torchrun(job, tmp_path, profiled=False)
+    assert sorted(plain.splitlines()) == sorted(stdout.splitlines())  # the same losses, the same buckets
+
+
+def test_interval_arithmetic_against_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a_s = rng.integers(0, 1000, rng.integers(0, 12))
+        a = comm.union(a_s, a_s + rng.integers(0, 200, len(a_s)))
+        b_s = rng.integers(0, 1000, rng.integers(0, 12))
+        b = comm.union(b_s, b_s + rng.integers(0, 200, len(b_s)))
+        grid = np.arange(0, 1300)
+
+        def covered(u):
+            m = np.zeros(len(grid), bool)
+            for s, e in zip(*u):
+                m[(grid >= s) & (grid < e)] = True
+            return m
+
+        both = comm.intersect(a, b)
+        assert (covered(both) == (covered(a) & covered(b))).all()
+        lo = rng.integers(0, 1200, 5)
+        hi = lo + rng.integers(0, 300, 5)
+        want = [int(covered(a)[(grid >= x) & (grid < y)].sum()) for x, y in zip(lo, hi)]
+        assert list(comm.measure(a, lo, hi)) == want
+
+
+def test_a_run_without_collectives_has_zero_communication(tmp_path):
+    code = ("import torch\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for _ in range(3):\n    opt.zero_grad()\n    model(torch.randn(2, 4)).sum().backward()\n    opt.step()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path), STEPSCOPE_RUN="plain")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=120)
+    run = stepscope.load(str(tmp_path / "plain"), quiet=True)
+    assert len(run.steps) == 3
+    assert (run.steps[["comm_ns", "comm_exposed_ns", "comm_overlapped_ns"]] == 0).all().all()
+    assert run.collectives.empty and "communication" not in summarize(run)
+    assert isinstance(run.collectives, pd.DataFrame)

@@ -2,8 +2,9 @@
 
 ``communication(run)`` (None for a run without collectives):
 
-* over the train steps (the steps the phase shares are over): the share of step time with a collective in flight, the exposed share (the process blocked on one) and
-  the overlapped share, and what that costs a step;
+* over the train steps (the steps the phase shares are over): the share of step time
+  with a collective in flight, the exposed share (the process blocked on one) and the
+  overlapped share, and what that costs a step;
 * per phase, the exposed time inside it ("Backward 41% ... of which waiting for
   all_reduce 9%"), and the kind of collective in flight then;
 * per kind: collectives, bytes, time in flight;

@@ -40,8 +40,8 @@ from stepscope.analysis.rules.relate import relate
 
 RULES: List[Rule] = [GetNextBottleneck(), StepOutlier(), HostMemoryIncrease(), MaxInitializationTime(),
                      LoadBalancing(), LowGPUUtilization(), CPUBottleneck(), IOBottleneck(), BatchSize(),
-                     GPUMemoryIncrease(), KernelLaunchBound(), HostSyncStall(), CommunicationBound(), Dataloader(), OverallSystemUsage(),
-                     OverallFrameworkMetrics(), ProfilerReport()]
+                     GPUMemoryIncrease(), KernelLaunchBound(), HostSyncStall(), CommunicationBound(), Dataloader(),
+                     OverallSystemUsage(), OverallFrameworkMetrics(), ProfilerReport()]
 BY_NAME = {r.name: r for r in RULES}  # the built-in rules; registry.by_name() adds custom ones
 registry.set_builtin(RULES)
 

@@ -34,7 +34,7 @@ class CommunicationBound(Rule):
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
-        cause, advice = _cause(c, p, main_kind, phase)
+        cause, advice, straggler = _cause(c, p, main_kind, phase)
         where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
         return [Finding(
             rule=self.name, rank=None, severity="warning",
@@ -45,12 +45,12 @@ class CommunicationBound(Rule):
             evidence={"exposed_share": c["exposed_share"], "share": c["share"],
                       "overlapped_share": c["overlapped_share"], "exposed_ms_per_step": exposed_ms,
                       "by_phase": c["by_phase"], "by_kind": c["by_kind"], "waited_for": c["waited_for"][:4],
-                      "sources": c["sources"], "cause": cause},
+                      "sources": c["sources"], "cause": cause, "straggler_rank": straggler},
             cost_ms_per_step=exposed_ms)]
 
 
 def _cause(c: dict, p: dict, kind: str, phase) -> tuple:
-    """(what causes it, what to do), from what the collectives show."""
+    """(what causes it, what to do, the straggler rank or None), from what the collectives show."""
     exposed_total = c["exposed_ms_per_step"] * c["steps"]
     top = c["waited_for"][0] if c["waited_for"] else None
     if top and exposed_total > 0 and top["waited_ms"] >= p["straggler_share"] * exposed_total:
@@ -58,7 +58,7 @@ def _cause(c: dict, p: dict, kind: str, phase) -> tuple:
                 f"{top['of']} collectives ({top['ms_per_step']:.2f} ms a step of the others'): a straggler.",
                 f"Even out the work of rank {top['rank']}: what it does that the others do not (logging, evaluation "
                 "or checkpointing on one rank, uneven batches or sequence lengths, a slower host or device, a busy "
-                "data loader). Faster communication will not help while the others wait for it.")
+                "data loader). Faster communication will not help while the others wait for it.", top["rank"])
     ddp = c["sources"]["ddp"]
     if ddp and phase == "Backward":
         per_step = ddp / max(c["steps"], 1)
@@ -68,12 +68,13 @@ def _cause(c: dict, p: dict, kind: str, phase) -> tuple:
                 "starts only when backward is done), gradient_as_bucket_view=True (no copy into buckets), and no "
                 "synchronization in backward (a .item() or a hook that waits) that holds the buckets back. With "
                 "gradient accumulation, run the micro-batches but the last under model.no_sync() so that only one "
-                "all-reduce a step happens. Compression (the fp16 or bf16 comm hook, PowerSGD) cuts the bytes.")
+                "all-reduce a step happens. Compression (the fp16 or bf16 comm hook, PowerSGD) cuts the bytes.", None)
     if kind in ("all_gather", "reduce_scatter"):
         return ("FSDP-style gathers and reduce-scatters are waited on rather than prefetched.",
                 "With FSDP2 (fully_shard), prefetch the next layer's all-gather (set_modules_to_forward_prefetch, "
                 "set_modules_to_backward_prefetch), keep the root unsharded after forward "
-                "(reshard_after_forward=False for the last blocks), and shard fewer, larger modules.")
+                "(reshard_after_forward=False for the last blocks), and shard fewer, larger modules.", None)
     return (f"Synchronous {kind} calls in the loop block it until every rank arrives.",
             f"Issue {kind} with async_op=True and wait for it only when its result is needed, or less often (a loss "
-            "reduced for logging every N steps, not every step); several small tensors in one call, not one each.")
+            "reduced for logging every N steps, not every step); several small tensors in one call, not one each.",
+            None)

@@ -131,6 +131,20 @@ def _minor_sync(f: Finding, params) -> Optional[str]:
             f"({100 * f.cost_ms_per_step / step:.1f}% of the step): the GPU stays busy while the host waits")
 
 
+def _straggler_wait(findings: List[Finding]) -> List[Tuple[Finding, Finding, str]]:
+    """LoadBalancing's straggler -> CommunicationBound whose exposed communication is mostly
+    the others waiting for that rank: one problem (the run-wide finding names no place)."""
+    out = []
+    for f in findings:
+        rank = (f.evidence or {}).get("straggler_rank") if f.rule == "CommunicationBound" else None
+        for p in findings if rank is not None else ():
+            if p.rule == "LoadBalancing" and p.rank == rank:
+                out.append((p, f, f"the exposed communication is mostly the other ranks waiting for rank {rank} "
+                                   "at the collectives"))
+                break
+    return out
+
+
 def _link(primary: Finding, secondary: Finding, why: str) -> None:
     secondary.related_to = {"rule": primary.rule, "rank": primary.rank, "why": why}
     primary.explains.append({"rule": secondary.rule, "rank": secondary.rank,
@@ -160,6 +174,9 @@ def relate(run, findings: List[Finding], params: Dict[str, dict]) -> Tuple[List[
                         break
             if id(f) in secondary:
                 break
+    for p, f, why in _straggler_wait([f for f in findings if id(f) not in secondary]):
+        _link(p, f, why)
+        secondary.add(id(f))
     for f in findings:  # a cheap sync rides along with the rank's real problem, whatever it is
         why = None if id(f) in secondary else _minor_sync(f, params)
         if not why:
@@ -210,6 +227,8 @@ def related_markdown() -> list:
             "| GetNextBottleneck | StepOutlier (same process) | both found the first steps of epochs waiting for "
             "a DataLoader that starts its workers again (`evidence.epoch_start`): the outliers are that wait, "
             "which persistent_workers=True removes |",
+            "| LoadBalancing (its straggler rank) | CommunicationBound | the exposed communication is mostly "
+            "the others' wait for that rank (`evidence.straggler_rank`): faster communication would not help |",
             "| any finding on the same rank | HostSyncStall | its cost is below `related_below` of the step: a "
             "deliberate per-step `.item()` that leaves the GPU busy rides along with the job's real problem "
             "(alone, it is still reported when its cost is above the floor) |", "",

@@ -35,8 +35,7 @@ import threading
 import weakref
 
 from stepscope.core.recording import COMM, counter, enabled, intern, now, span
-from stepscope.core.vocabulary import (COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_WAIT,
-                                       pack_comm_arg)
+from stepscope.core.vocabulary import COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_SEQ_BITS, COMM_WAIT
 
 # function -> (kind, the parameter whose tensors' bytes are counted); the group and
 # async_op parameters are found by name in the function's signature
@@ -61,14 +60,18 @@ ALIASES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor
 
 
 def _bytes(tensors) -> int:
-    if tensors is None:
-        return 0
+    try:
+        return tensors.nbytes
+    except AttributeError:
+        pass
     if isinstance(tensors, (list, tuple)):
         return sum(_bytes(t) for t in tensors)
-    try:
-        return int(tensors.numel()) * int(tensors.element_size())
-    except Exception:  # noqa: BLE001 - not a tensor: no bytes
-        return 0
+    return 0  # None, or not a tensor
+
+
+class _Local(threading.local):
+    inside = False  # in a recorded call (a collective made inside it is the same one)
+    ddp = 0  # the flags of the DDP bucket being issued on this thread
 
 
 class _Group:
@@ -93,8 +96,9 @@ class Collectives:
     def __init__(self, ctx, dist):
         self.ctx, self.dist = ctx, dist
         self.c10d = dist.distributed_c10d
-        self.local = threading.local()  # .inside: in a recorded call; .ddp: flags of the DDP bucket issuing
+        self.local = _Local()
         self.groups = {}  # group name -> _Group
+        self.by_pg = {}  # id(process group) -> (weak reference to it, its _Group)
         self.wait_id = intern(COMM_WAIT)
         self.hooked = weakref.WeakKeyDictionary()  # DDP module -> _HookState of the reducer we hooked
         self.own_hooks = weakref.WeakSet()  # DDP modules whose program registered a hook first
@@ -134,18 +138,25 @@ class Collectives:
     def group_of(self, group) -> _Group:
         if group is None:
             group = self.c10d._get_default_group()
-        name = str(getattr(group, "group_name", "") or "?")
+        known = self.by_pg.get(id(group))
+        if known is not None and known[0]() is group:
+            return known[1]
+        name = str(getattr(group, "group_name", "") or "?")  # the same on every rank of the group
         found = self.groups.get(name)
         if found is None:
             found = self.groups[name] = _Group(name)
+        try:
+            self.by_pg[id(group)] = (weakref.ref(group), found)
+        except TypeError:  # a group that takes no weak reference: looked up by name each time
+            pass
         return found
 
     def wrap(self, kind, positions, original):
         tensor_at, tensor_kw, group_at, group_kw, async_at, async_kw = positions
-        local, ctx = self.local, self.ctx
+        local, ctx, wait_id = self.local, self.ctx, self.wait_id
 
         def collective(*args, **kwargs):
-            if getattr(local, "inside", False) or not enabled() or ctx.is_compiling():
+            if local.inside or not enabled() or ctx.is_compiling():
                 return original(*args, **kwargs)
             local.inside = True
             t0 = now()
@@ -153,37 +164,32 @@ class Collectives:
                 result = original(*args, **kwargs)
             finally:
                 local.inside = False
-            try:
-                self.record(kind, t0, result, args, kwargs, tensor_at, tensor_kw, group_at, group_kw, async_at,
-                            async_kw)
+            try:  # recorded once the call returned: never in the collective's way
+                t1 = now()
+                n = len(args)
+                group = self.group_of(args[group_at] if n > group_at else kwargs.get(group_kw))
+                is_async = (args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
+                group.seq += 1
+                flags = (COMM_ASYNC if is_async else 0) | local.ddp
+                name, arg = group.name_id(kind), group.seq | flags << COMM_SEQ_BITS
+                span(COMM, name, t0, t1, arg)
+                if tensor_kw is not None:
+                    counter(COMM, name, _bytes(args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)), arg, t0)
+                if is_async:
+                    result.get_future().add_done_callback(functools.partial(
+                        _completed, name, t0, t1, arg | COMM_DONE << COMM_SEQ_BITS,
+                        wait_id if flags & COMM_LAST_BUCKET else -1))
             except Exception as exc:  # noqa: BLE001 - the collective is the job's
                 ctx.fail(exc)
             return result
 
         return collective
 
-    def record(self, kind, t0, result, args, kwargs, tensor_at, tensor_kw, group_at, group_kw, async_at,
-               async_kw) -> None:
-        t1 = now()
-        n = len(args)
-        group = self.group_of(args[group_at] if n > group_at else kwargs.get(group_kw))
-        is_async = bool(args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
-        group.seq += 1
-        flags = (COMM_ASYNC if is_async else 0) | (getattr(self.local, "ddp", 0) or 0)
-        name, arg = group.name_id(kind), pack_comm_arg(group.seq, flags)
-        span(COMM, name, t0, t1, arg)
-        if tensor_kw is not None:
-            counter(COMM, name, _bytes(args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)), arg, t0)
-        if is_async:
-            done = functools.partial(_completed, name, t0, t1, pack_comm_arg(group.seq, flags | COMM_DONE),
-                                     self.wait_id if flags & COMM_LAST_BUCKET else -1)
-            result.get_future().then(done)
-
     def wrap_wait(self, original):
         wait_id, local = self.wait_id, self.local
 
         def wait(work, *args, **kwargs):
-            if getattr(local, "inside", False) or not enabled():
+            if local.inside or not enabled():
                 return original(work, *args, **kwargs)
             t0 = now()
             try:

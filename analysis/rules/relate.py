@@ -200,7 +200,8 @@ def related_markdown() -> list:
             "KernelLaunchBound: its launch gaps; HostSyncStall: the time the GPU idles after each "
             "synchronization until the next kernel starts (`evidence.gpu_idle_after_sync_ms_per_step`; the "
             "host's wait in it is no loss while the GPU is busy); StepOutlier: the outliers' excess over the "
-            "median step; LoadBalancing's straggler: the others' wait.", "",
+            "median step; LoadBalancing's straggler: the others' wait; CommunicationBound: the exposed "
+            "communication per step.", "",
             "A finding whose cost is negligible is not reported (SPEC §7): below the larger of "
             f"{MIN_COST_MS:g} ms (stepscope's own hooks cost about 10 us a step) and {100 * MIN_COST_SHARE:g}% of "
             "the median train step of the finding's process (of the run, where it names none). Every rule's "

@@ -220,6 +220,9 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     sections = [("verdict", "Verdict", _verdict(summary)), ("rules", "Rules", sections_.rules_html(summary, _esc)),
                 ("summary", "Job summary", _job_summary(run, summary))]
     figure_sections = [("steps", "Step time", "", plots.step_figures(run))]
+    communication = plots.communication_section(run, _esc, summary)
+    if communication is not None:  # only where collectives were recorded
+        figure_sections.append(("communication", "Communication", *communication))
     loading = sections_.dataloading(run, _esc)
     if loading is not None:
         figure_sections.append(("dataloading", "Data loading", *loading))

@@ -328,3 +328,56 @@ def gpu_section(run, esc):
                           xaxis_title="s after the run's first event")
         figs.append(fig)
     return head, figs
+
+
+def communication_section(run, esc, summary: dict):
+    """(head, figures) of the report's Communication section, or None for a run without
+    collectives: the shares, who waited for whom, and per rank each train step split into
+    exposed communication, overlapped communication and the rest of the step."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    c = summary.get("communication")
+    if not c:
+        return None
+    pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
+    rows = [("collectives", f"{c['collectives']:,} ({c['sources']['ddp']:,} DDP buckets), "
+                            f"{c['bytes'] / 1e6:,.1f} MB"),
+            ("in flight", f"{pct(c['share'])} of train step time ({c['ms_per_step']:.2f} ms a step)"),
+            ("exposed (the loop blocked)", f"{pct(c['exposed_share'])} ({c['exposed_ms_per_step']:.2f} ms a step)"),
+            ("overlapped (hidden behind work)", pct(c["overlapped_share"]))]
+    for phase, e in c["by_phase"].items():
+        rows.append((f"exposed in {phase}", f"{pct(e['share'])}, waiting for {e['kind']} ({e['exposed_ms']:.1f} ms)"))
+    head = "<table>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"
+    kinds = "".join(f"<tr><td>{esc(k)}</td><td>{v['count']:,}</td><td>{v['async']:,}</td>"
+                    f"<td>{v['bytes'] / 1e6:,.2f}</td><td>{v['total_ms']:,.1f}</td></tr>"
+                    for k, v in c["by_kind"].items())
+    head += ("<h3>By kind</h3><table><tr><th>kind</th><th>count</th><th>async</th><th>MB</th>"
+             f"<th>in flight (ms, summed)</th></tr>{kinds}</table>")
+    if c["waited_for"]:
+        waits = "".join(f"<tr><td>rank {w['rank']}</td><td>{w['last_at']:,} of {w['of']:,}</td>"
+                        f"<td>{w['waited_ms']:,.1f}</td><td>{w['ms_per_step']:.2f}</td></tr>" for w in c["waited_for"])
+        head += ("<h3>Who waits for whom</h3><table><tr><th>rank</th><th>arrived last at</th>"
+                 f"<th>the others waited for it (ms)</th><th>per step of theirs (ms)</th></tr>{waits}</table>")
+    steps = run.steps
+    train = steps[steps["mode"] == "train"] if (steps["mode"] == "train").any() else steps
+    train = train.assign(label=train["process"].astype(str))
+    labels = sorted(train["label"].unique())[:MAX_RANK_PLOTS]
+    if not labels:
+        return head, []
+    points = max(MIN_POINTS, BAR_POINTS // len(labels))
+    fig = make_subplots(rows=len(labels), cols=1, shared_xaxes=True, subplot_titles=labels,
+                        vertical_spacing=min(0.08 if len(labels) > 1 else 0.1, 0.5 / len(labels)))
+    parts = (("comm_exposed_ns", "communication, exposed", "#c0392b"),
+             ("comm_overlapped_ns", "communication, overlapped", "#f2a541"),
+             ("rest", "rest of the step", "#bab0ac"))
+    for row, label in enumerate(labels, start=1):
+        s = train[train["label"] == label]
+        s = s.assign(rest=s["duration_ns"] - s["comm_ns"])
+        s = thin(s, ["comm_exposed_ns", "comm_overlapped_ns", "rest"], points)
+        for col, name, color in parts:
+            fig.add_trace(go.Bar(x=s["step"], y=_r(s[col] / 1e6), name=name, marker_color=color, legendgroup=name,
+                                 showlegend=row == 1), row=row, col=1)
+    fig.update_layout(title="Communication per train step (per rank)", barmode="stack", yaxis_title="ms",
+                      height=260 + 220 * len(labels))
+    return head, [fig]

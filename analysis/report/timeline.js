@@ -112,6 +112,7 @@
       if (detailed.has(names[nameOf[i]] + " " + argOf[i]) && !(countOf && countOf[i] > 1)) return "#9ecae1";
       return argOf[i] % 2 ? "#c8c8c8" : "#dedede";
     }
+    if (cats[catOf[i]] === "comm") return names[nm] === "wait" ? "#c0392b" : "#f2a541";  // blocked on it, in flight
     let c = colorCache.get(nm);
     if (c === undefined) {
       const s = names[nm];

@@ -121,6 +121,11 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
     bounds = np.searchsorted(pcode if by_process is None else pcode[by_process],
                              np.arange(len(ev["process"].cat.categories) + 1))
 
+    # a thread with nothing but collectives in flight is the backend's (gloo's, NCCL's watchdog)
+    comm_only = np.zeros(len(threads), dtype=bool)
+    if "comm" in ev["category"].cat.categories and len(thread_of):
+        is_comm = cats == ev["category"].cat.categories.get_loc("comm")
+        comm_only = (np.bincount(thread_of, weights=~is_comm, minlength=len(threads)) == 0)
     process_names = list(ev["process"].cat.categories)
     info = {p["process"]: p for _, p in procs.iterrows()}
     in_process = {name: [] for name in process_names}
@@ -155,7 +160,8 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
         pid = meta.get("pid")
         for i in sorted(in_process.get(process, []), key=lambda i: (int(threads[i] & U32_MAX) != pid, first_start[i])):
             tid_i = int(threads[i] & U32_MAX)
-            label = f"main thread {tid_i}" if tid_i == pid else f"thread {tid_i}"
+            label = (f"main thread {tid_i}" if tid_i == pid else f"collectives in flight (thread {tid_i})"
+                     if comm_only[i] else f"thread {tid_i}")
             node = b.node(label, "thread", pnode, int(max_depth[i]) + 1, pnode)
             thread_row[i] = b.nodes[node]["rows"][0]
         if process in process_names:  # this process's spans, rows in order, each in start order

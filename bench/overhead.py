@@ -19,6 +19,12 @@ seconds; pairing cancels that):
 Only the loop is timed; start/stop and torch.profiler's post-processing are
 once per job.
 
+``--ddp`` adds a 2-rank DistributedDataParallel row over gloo (two processes from
+torch.multiprocessing.spawn, each one torch thread; the same three configurations,
+interleaved round by round in both ranks together, rank 0's times): with stepscope,
+every bucket's all-reduce goes through stepscope's comm hook and is recorded with its
+completion, and the end-of-backward wait (integrations/torch/_collectives.py).
+
 ``--hooks N`` adds the per-step cost measured the way this shared VM allows:
 N pairs of short chunks (25 steps, ~15 ms) in one running session, the
 integration turned off for one chunk and on for the other; the median of the
@@ -125,6 +131,81 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
             **{k: statistics.median(v) for k, v in ratios.items()}}
 
 
+def _ddp_worker(rank: int, port: int, width: int, batch: int, steps: int, rounds: int, tmp: str, out: str):
+    import json
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ["STEPSCOPE_OPS"] = "0"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    model = DDP(nn.Sequential(*layers[:-1]))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, width), torch.randn(batch, width)
+
+    def loop(n):
+        for _ in range(n):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    def timed():
+        loop(5)
+        dist.barrier()
+        t = time.perf_counter()
+        loop(steps)
+        return time.perf_counter() - t
+
+    def with_stepscope():
+        st_torch.instrument()
+        run = stepscope.start(dir=tmp, name=f"ddp-{rank}-{time.time_ns()}")
+        try:
+            return timed()
+        finally:
+            run.stop()
+            st_torch.uninstrument()
+
+    def with_torch_profiler():
+        with profile(activities=[ProfilerActivity.CPU]):
+            return timed()
+
+    loop(10)
+    base, ratios, extra = [], {"stepscope": [], "torch.profiler": []}, []
+    for _ in range(rounds):
+        t_none = timed()
+        base.append(t_none)
+        t_ss = with_stepscope()
+        ratios["stepscope"].append(t_ss / t_none)
+        extra.append((t_ss - t_none) / steps)
+        ratios["torch.profiler"].append(with_torch_profiler() / t_none)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"step_s": statistics.median(base) / steps, "us_per_step": statistics.median(extra) * 1e6,
+                       **{k: statistics.median(v) for k, v in ratios.items()}}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_ddp(width: int, batch: int, steps: int, rounds: int, tmp: str) -> dict:
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.path.join(tmp, "ddp.json")
+    mp.spawn(_ddp_worker, args=(port, width, batch, steps, rounds, tmp, out), nprocs=2)
+    with open(out) as f:
+        return json.load(f)
+
+
 def hook_cost(width: int, batch: int, pairs: int, tmp: str, chunk: int = 25, clock=time.perf_counter,
               samplers: bool = False) -> dict:
     """Median of paired (on - off) differences per step over short chunks, in one session.
@@ -218,6 +299,8 @@ def main():
                              "chunks each (300: ~3 minutes)")
     parser.add_argument("--cpu", action="store_true",
                         help="--hooks in the training thread's CPU time (time.thread_time): preemption left out")
+    parser.add_argument("--ddp", action="store_true",
+                        help="also a 2-rank gloo DDP row (8-layer MLP, width 256, batch 64; two processes)")
     parser.add_argument("--gpu", choices=["auto", "off", "metrics", "trace"],
                         help="the sessions' STEPSCOPE_GPU (default: the environment's, else auto; on a GPU host auto "
                              "traces with CUPTI and samples NVML while the CPU loop is timed)")
@@ -240,6 +323,10 @@ def main():
             name = f"8-layer MLP, width {width}, batch {batch}" + (", torch.compile" if compiled else "")
             print(f"| {name} | {m['step_s'] * 1e3:.2f} ms | {m['stepscope']:.4f}x | {m['us_per_step']:.1f} us "
                   f"| {m['torch.profiler']:.3f}x |", flush=True)
+        if args.ddp:
+            m = measure_ddp(256, 64, 40, args.rounds, tmp)
+            print(f"| DDP over gloo, 2 ranks: 8-layer MLP, width 256, batch 64 | {m['step_s'] * 1e3:.2f} ms "
+                  f"| {m['stepscope']:.4f}x | {m['us_per_step']:.1f} us | {m['torch.profiler']:.3f}x |", flush=True)
         if args.hooks:
             print()
             print("| model | step (no profiler) | per step (median of paired chunks) | ratio |")

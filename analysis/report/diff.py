@@ -42,6 +42,10 @@ def diff(run_a, run_b, params=None, max_regression=None) -> dict:
     for phase in PHASES:
         pa, pb = a["phases"].get(phase, {}), b["phases"].get(phase, {})
         row(f"{phase} share", pa.get("share", 0.0), pb.get("share", 0.0), "ratio")
+    if a.get("communication") or b.get("communication"):  # distributed jobs: the collectives' shares
+        ca, cb = a.get("communication") or {}, b.get("communication") or {}
+        row("communication share", ca.get("share", 0.0), cb.get("share", 0.0), "ratio")
+        row("exposed communication share", ca.get("exposed_share", 0.0), cb.get("exposed_share", 0.0), "ratio")
     sa, sb = a["system"], b["system"]
     row("CPU utilization (mean)", sa.get("cpu_util_mean"), sb.get("cpu_util_mean"), "%")
     row("memory used (max)", sa.get("memory_used_max_bytes"), sb.get("memory_used_max_bytes"), "bytes")

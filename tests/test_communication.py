@@ -110,6 +110,14 @@ def test_the_programs_comm_hook_runs_and_its_collectives_count(jobs, job, tmp_pa
     assert sorted(lines.findall(plain)) == sorted(lines.findall(stdout))  # the same losses, the same buckets
 
 
+def test_instrument_again_and_a_hook_after_stepscope_is_off(tmp_path):
+    """The comm hook stays on the model across uninstrument/instrument (one, never two), and
+    the program's hook registered with stepscope off runs inside it: DDP takes one hook."""
+    stdout, _ = _torchrun("cycles", tmp_path, profiled=False)
+    counted = {int(r): int(n) for r, n in re.findall(r"rank (\d) buckets (\d+)", stdout)}
+    assert counted == {0: STEPS, 1: STEPS}, stdout
+
+
 def test_interval_arithmetic_against_brute_force():
     rng = np.random.default_rng(0)
     for _ in range(200):

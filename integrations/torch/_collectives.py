@@ -19,7 +19,10 @@ What is patched (each undone by ``uninstrument``):
   ``allreduce_hook``, which torch documents as giving DDP's results unchanged. A hook
   the program registers later takes its place inside stepscope's hook (DDP allows
   one). The last bucket's completion is the end of the wait DDP makes at the end of
-  backward.
+  backward. A hook cannot be taken off a model, so this one outlives ``uninstrument``
+  (it then records nothing), and so does the small guard on DDP's
+  ``register_comm_hook`` that puts the program's hook inside it (for any other model
+  the guard calls DDP's own).
 
 Each collective is recorded as ``comm`` events (docs/format.md, "Collectives"): the
 issuing call, its bytes and, for an async one, its completion (a callback on its
@@ -74,6 +77,14 @@ class _Local(threading.local):
     ddp = 0  # the flags of the DDP bucket being issued on this thread
 
 
+# A comm hook cannot be taken off a DDP model: what stepscope registered outlives an
+# uninstrument(), and a later instrument() finds it here. One per process.
+_LOCAL = _Local()
+_HOOKED = weakref.WeakKeyDictionary()  # DDP module -> its _HookState (None: the program's hook, or none)
+_OWN_HOOKS = weakref.WeakSet()  # DDP modules whose program registered a hook before stepscope could
+_GUARDED = set()  # DDP classes whose register_comm_hook defers to stepscope's hook (never undone)
+
+
 class _Group:
     """A process group's names and its collectives' count, in this process."""
 
@@ -96,12 +107,11 @@ class Collectives:
     def __init__(self, ctx, dist):
         self.ctx, self.dist = ctx, dist
         self.c10d = dist.distributed_c10d
-        self.local = _Local()
+        self.local = _LOCAL
         self.groups = {}  # group name -> _Group
         self.by_pg = {}  # id(process group) -> (weak reference to it, its _Group)
         self.wait_id = intern(COMM_WAIT)
-        self.hooked = weakref.WeakKeyDictionary()  # DDP module -> _HookState of the reducer we hooked
-        self.own_hooks = weakref.WeakSet()  # DDP modules whose program registered a hook first
+        self.hooked, self.own_hooks = _HOOKED, _OWN_HOOKS
 
     # --- the collective functions -------------------------------------------------------------
     def install(self) -> None:
@@ -202,8 +212,16 @@ class Collectives:
     # --- DDP ----------------------------------------------------------------------------------
     def install_ddp(self, ddp_class) -> None:
         self.ctx.patch(ddp_class, "_pre_forward", self.wrap_pre_forward)
-        self.ctx.patch(ddp_class, "register_comm_hook", self.wrap_register)
-        self.ctx.patch(ddp_class, "_register_builtin_comm_hook", self.wrap_register_builtin)
+        if ddp_class not in _GUARDED:
+            # Not through the patch registry: once a model carries stepscope's hook, a hook the
+            # program registers must go inside it even after stepscope is off (DDP takes one).
+            # For every other model these call the original.
+            _GUARDED.add(ddp_class)
+            for name, wrap in (("register_comm_hook", _wrap_register),
+                               ("_register_builtin_comm_hook", _wrap_register_builtin)):
+                original = getattr(ddp_class, name, None)
+                if original is not None:
+                    setattr(ddp_class, name, functools.update_wrapper(wrap(original), original))
 
     def wrap_pre_forward(self, original):
         inst = self
@@ -227,43 +245,12 @@ class Collectives:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         state = _HookState(default_hooks.allreduce_hook, module.process_group)
-        self.dist._register_comm_hook(reducer, state, functools.partial(_ddp_hook, self.local))
+        try:
+            self.dist._register_comm_hook(reducer, state, functools.partial(_ddp_hook, _LOCAL))
+        except RuntimeError:  # a hook stepscope did not see registered (through the reducer itself)
+            self.hooked[module] = None
+            return
         self.hooked[module] = state
-
-    def wrap_register(self, original):
-        inst = self
-
-        def register_comm_hook(module, state, hook):
-            ours = inst.hooked.get(module)
-            if ours is None:
-                inst.own_hooks.add(module)
-                return original(module, state, hook)
-            module._check_comm_hook(hook)
-            ours.inner, ours.inner_state = hook, state  # DDP takes one hook: the program's runs inside ours
-            module._comm_hooks.append((hook, state))
-            return None
-
-        return register_comm_hook
-
-    def wrap_register_builtin(self, original):
-        inst = self
-
-        def _register_builtin_comm_hook(module, comm_hook_type):
-            ours = inst.hooked.get(module)
-            if ours is None:
-                inst.own_hooks.add(module)
-                return original(module, comm_hook_type)
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            python_hook = {"ALLREDUCE": default_hooks.allreduce_hook,
-                           "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(getattr(comm_hook_type, "name", ""))
-            if python_hook is None:
-                raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
-            ours.inner, ours.inner_state = python_hook, module.process_group
-            return None
-
-        return _register_builtin_comm_hook
-
 
 class _HookState:
     """What stepscope's DDP hook calls: torch's allreduce hook, or the program's."""
@@ -272,6 +259,38 @@ class _HookState:
 
     def __init__(self, inner, inner_state):
         self.inner, self.inner_state = inner, inner_state
+
+
+def _wrap_register(original):
+    def register_comm_hook(module, state, hook):
+        ours = _HOOKED.get(module)
+        if ours is None:
+            _OWN_HOOKS.add(module)
+            return original(module, state, hook)
+        module._check_comm_hook(hook)
+        ours.inner, ours.inner_state = hook, state  # DDP takes one hook: the program's runs inside ours
+        module._comm_hooks.append((hook, state))
+        return None
+
+    return register_comm_hook
+
+
+def _wrap_register_builtin(original):
+    def _register_builtin_comm_hook(module, comm_hook_type):
+        ours = _HOOKED.get(module)
+        if ours is None:
+            _OWN_HOOKS.add(module)
+            return original(module, comm_hook_type)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        python_hook = {"ALLREDUCE": default_hooks.allreduce_hook,
+                       "FP16_COMPRESS": default_hooks.fp16_compress_hook}.get(getattr(comm_hook_type, "name", ""))
+        if python_hook is None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        ours.inner, ours.inner_state = python_hook, module.process_group
+        return None
+
+    return _register_builtin_comm_hook
 
 
 def install(ctx) -> None:

@@ -5,6 +5,8 @@
     healthy    compute-heavy steps, a small model: the all-reduce hides behind backward
     own_hook   the program registers its own comm hook (counting buckets) before training
     late_hook  ...after the first step (it then runs inside stepscope's)
+    cycles     stepscope started and stopped twice around training the same model (its own
+               API, no STEPSCOPE=1), then the program registers a hook with stepscope off
 
 Prints the buckets the program's hook counted (own_hook, late_hook) as ``buckets <n>``."""
 
@@ -56,6 +58,22 @@ def main(job):
 
     if job == "own_hook":
         model.register_comm_hook(None, counting)
+    if job == "cycles":
+        import tempfile
+
+        import stepscope
+        from stepscope.integrations import torch as st_torch
+
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for cycle in range(2):
+            st_torch.instrument()
+            with stepscope.profile(dir=tempfile.mkdtemp(), name=f"cycle{cycle}"):
+                for _ in range(3):
+                    opt.zero_grad()
+                    nn.functional.mse_loss(model(torch.randn(batch, width)), torch.randn(batch, 1)).backward()
+                    opt.step()
+            st_torch.uninstrument()
+        model.register_comm_hook(None, counting)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(STEPS):
         x, y = torch.randn(batch, width), torch.randn(batch, 1)
@@ -65,7 +83,7 @@ def main(job):
         opt.step()
         if job == "late_hook" and step == 0:
             model.register_comm_hook(None, counting)
-    if job in ("own_hook", "late_hook"):
+    if job in ("own_hook", "late_hook", "cycles"):
         print(f"rank {rank} buckets {counted[0]}")
     if rank == 0:
         print(f"loss {loss.item():.4f}")

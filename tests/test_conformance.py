@@ -52,6 +52,8 @@ and ``stepscope.load``):
 * ``collectives``: per rank, {kind: count} or {kind: [count, bytes]} of the collectives
   it issued (``run.collectives``); each step's exposed and overlapped communication
   add up to its communication.
+* ``ddp_buckets``: per rank, DDP's bucket all-reduces (a framework's own collectives
+  besides them are not counted).
 * ``launch``: ``"torchrun"`` runs the script under ``torch.distributed.run``
   with two processes.
 
@@ -478,6 +480,10 @@ def check_recorded(run_path, truth):
             assert (steps[c] >= 0).all()
         assert (steps["comm_exposed_ns"] + steps["comm_overlapped_ns"] == steps["comm_ns"]).all()
         assert (steps["comm_ns"] <= steps["duration_ns"]).all()
+    if "ddp_buckets" in truth:  # per rank: DDP's bucket all-reduces (a framework's own syncs besides)
+        colls = run.collectives
+        got = {str(int(r)): int(n) for r, n in colls[colls["ddp"]].groupby("rank").size().items()}
+        assert got == truth["ddp_buckets"], f"DDP buckets per rank: recorded {got}, truth {truth['ddp_buckets']}"
     if "note" in truth:
         with open(os.path.join(run_path, "run.json")) as f:
             notes = json.load(f).get("notes", [])

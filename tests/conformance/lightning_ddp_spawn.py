@@ -8,7 +8,7 @@ hooks are among them only where the script added the callback itself.
 # expect:  "ranks": {"0": {"train": 4, "eval": 2}, "1": {"train": 4, "eval": 2}},
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"]},
 # expect:  "optional": {"eval": ["Loss"]},
-# expect:  "every": {"train": ["Forward", "Backward", "Optimizer"]},
+# expect:  "every": {"train": ["Forward", "Backward", "Optimizer"]}, "ddp_buckets": {"0": 4, "1": 4},
 # expect:  "same_lines": "^\\|\\s+(?!Total\\b)(?![^|]*Stepscope)(\\S[^|\\t]*?)\\s*\\t\\|[^|]*\\|\\s+(\\d+)\\s"}
 import sys
 

@@ -8,6 +8,8 @@
 * per phase, the exposed time inside it ("Backward 41% ... of which waiting for
   all_reduce 9%"), and the kind of collective in flight then;
 * per kind: collectives, bytes, time in flight;
+* on a GPU, the NCCL kernels: the share of step time a GPU ran one, and the share it
+  ran nothing but communication (``gpu_communication``);
 * who waits for whom: per rank that arrived last, the time the others were blocked
   waiting for it (``comm.arrivals``, ``comm.waited_for``), in all and per step of a
   waiting rank.
@@ -40,11 +42,34 @@ def comm_tables(run):
     return run.memo("comm_tables", build)
 
 
+def gpu_communication(run, steps: pd.DataFrame) -> Optional[dict]:
+    """The device side, from the NCCL kernels (``kernel_steps``): the share of the steps'
+    time a GPU ran one, and the share it ran only communication (no compute kernel):
+    what NCCL's exposed communication costs, which the host does not see (it does not
+    block in a NCCL wait). Per step of a process, its GPUs' mean."""
+    ks = run.kernel_steps
+    if not len(ks) or "comm_kernel_ns" not in ks or not ks["comm_kernel_ns"].any() or not len(steps):
+        return None
+    key = ["process", "mode", "step"]
+    k = ks[[*key, "device", "comm_kernel_ns", "comm_exposed_kernel_ns"]].astype({"process": str, "mode": str})
+    s = steps[key].astype({"process": str, "mode": str})
+    k = k.merge(s, on=key)
+    if not len(k):
+        return None
+    devices = k.groupby("process")["device"].nunique()
+    per = k.groupby("process")[["comm_kernel_ns", "comm_exposed_kernel_ns"]].sum().div(devices, axis=0).sum()
+    total = float(steps["duration_ns"].sum())
+    return {"share": round(float(per["comm_kernel_ns"]) / total, 4),
+            "exposed_share": round(float(per["comm_exposed_kernel_ns"]) / total, 4),
+            "exposed_ms_per_step": _ms(per["comm_exposed_kernel_ns"] / len(steps))}
+
+
 def communication(run) -> Optional[dict]:
     colls, blocked = comm_tables(run)
-    if not len(colls):
-        return None
     steps = summary_steps(run.steps)  # the steps the phase shares are over
+    gpu = gpu_communication(run, steps)
+    if not len(colls) and gpu is None:
+        return None
     total = float(steps["duration_ns"].sum()) if len(steps) else 0.0
     n = max(len(steps), 1)
     out = {
@@ -59,11 +84,13 @@ def communication(run) -> Optional[dict]:
         "by_kind": {}, "by_phase": {}, "waited_for": [],
         "sources": {"ddp": int(colls["ddp"].sum()), "calls": int((~colls["ddp"]).sum())},
     }
+    if gpu is not None:
+        out["gpu"] = gpu
     for kind, c in colls.groupby("kind", sort=False):
         out["by_kind"][str(kind)] = {"count": int(len(c)), "bytes": int(c["bytes"].sum()),
                                      "total_ms": _ms(c["duration_ns"].sum()),
                                      "async": int(c["is_async"].sum())}
-    if len(steps):
+    if len(steps) and len(colls):
         out["by_phase"] = _exposed_by_phase(run, colls, blocked, steps, total)
     arr = run.memo("comm_arrivals", lambda: comm.arrivals(colls, blocked))
     ranks = steps["rank"].dropna().astype(int).value_counts() if len(steps) else pd.Series(dtype=int)
@@ -127,6 +154,11 @@ def format_lines(c: dict, phase_shares: dict) -> list:
     lines = [f"  {'Comm':<10} {percent(c['share']):>6} of train step time with a collective in flight "
              f"({c['ms_per_step']:.2f} ms a step): exposed {percent(c['exposed_share'])}, "
              f"overlapped {percent(c['overlapped_share'])}; {kinds}"]
+    if c.get("gpu"):
+        g = c["gpu"]
+        lines.append(f"  {'':<10} on the GPUs: NCCL kernels {percent(g['share'])} of train step time, "
+                     f"{percent(g['exposed_share'])} with no compute kernel running ({g['exposed_ms_per_step']:.2f} "
+                     "ms a step)")
     for phase, e in c["by_phase"].items():
         whole = phase_shares.get(phase, {}).get("share")
         head = f"{phase} {percent(whole)}" if whole is not None else phase

@@ -164,3 +164,100 @@ def test_the_report_splits_communication_per_rank(jobs, tmp_path):
     assert re.search(r"<tr><td>rank 1</td><td>\d+ of \d+</td>", page)
     assert "Communication per train step (per rank)" in page
     assert page.count("collectives in flight (thread") >= 2  # the backends' threads, named on the timeline
+
+
+def _kernels(rng, steps=6, per_step=40):
+    """A GPU's kernels: compute kernels and NCCL kernels (some overlapping compute, some
+    alone) over `steps` steps of 1 ms."""
+    rows = []
+    for step in range(steps):
+        t0 = step * 1_000_000
+        for _ in range(per_step):
+            s = t0 + int(rng.integers(0, 990_000))
+            nccl = rng.random() < 0.3
+            rows.append(("ncclDevKernel_AllReduce_Sum_f32_RING_LL" if nccl else "volta_sgemm", s,
+                         s + int(rng.integers(1_000, 60_000)), step))
+    names, start, end, step = zip(*rows)
+    n = len(rows)
+    return pd.DataFrame({
+        "process": pd.Categorical(["p0"] * n), "rank": pd.array([0] * n, dtype="Int64"), "device": np.zeros(n, int),
+        "mode": pd.Categorical(["train"] * n), "step": np.array(step), "phase": pd.Categorical(["Backward"] * n),
+        "name": pd.Categorical(names), "precision": pd.Categorical(["fp32"] * n), "start_ns": np.array(start),
+        "end_ns": np.array(end), "duration_ns": np.array(end) - np.array(start),
+        "launch_start_ns": pd.array([pd.NA] * n, dtype="Int64"), "launch_latency_ns": pd.array([pd.NA] * n,
+                                                                                                 dtype="Int64")})
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_nccl_kernel_time_and_its_exposed_part_per_step(native):
+    """kernel_steps' NCCL columns against a per-nanosecond count: the time an NCCL kernel
+    runs, and of it the time no compute kernel runs (the GPU waits for its peers)."""
+    from stepscope.analysis.tables import kernel_steps
+
+    rng = np.random.default_rng(7)
+    k = _kernels(rng)
+    got = kernel_steps.aggregate(k, native=native)["kernel_steps"].set_index("step")
+    grid = np.arange(0, 6_100_000, 100)  # kernel times are not multiples of 100 ns: compare to 0.5%
+    for step in range(6):
+        ks = k[k["step"] == step]
+        nccl_on = np.zeros(len(grid), bool)
+        busy = np.zeros(len(grid), bool)
+        for r in ks.itertuples():
+            inside = (grid >= r.start_ns) & (grid < r.end_ns)
+            if r.name.startswith("nccl"):
+                nccl_on |= inside
+            else:
+                busy |= inside
+        want_total, want_exposed = nccl_on.sum() * 100, (nccl_on & ~busy).sum() * 100
+        row = got.loc[step]
+        assert abs(row["comm_kernel_ns"] - want_total) <= 0.005 * want_total + 2_000
+        assert abs(row["comm_exposed_kernel_ns"] - want_exposed) <= 0.005 * want_total + 2_000
+        assert 0 < row["comm_exposed_kernel_ns"] < row["comm_kernel_ns"]
+
+
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+
+def _nccl_job(after_backward: bool):
+    """Steps on a simulated GPU (tests/test_gpu_rules.py): compute kernels, and a 4 ms NCCL
+    all-reduce either after backward on the same stream (the GPU waits for it) or on its own
+    stream during backward (hidden behind 6 ms of backward kernels)."""
+    from test_gpu_rules import spin
+
+    def body(i, gpus):
+        g, comm_stream = gpus
+        with stepscope.phase("Forward"):
+            for _ in range(3):
+                g.launch("ampere_sgemm_128x64_tn", 1000)
+        with stepscope.phase("Backward"):
+            if not after_backward:
+                comm_stream.launch(NCCL, 4000)
+            for _ in range(6):
+                g.launch("ampere_sgemm_128x64_nt", 1000)
+            if after_backward:
+                g.launch(NCCL, 4000)
+        with stepscope.phase("Optimizer"):
+            g.launch("multi_tensor_apply_kernel", 500)
+        spin(200)
+    return body
+
+
+@pytest.mark.parametrize("after_backward", [True, False])
+def test_nccl_kernels_alone_on_the_gpu_are_exposed_communication(tmp_path, after_backward):
+    from test_gpu_rules import QUIET_HOST, SimGPU, record
+
+    run, path = record(tmp_path, "nccl", 30, _nccl_job(after_backward), lambda s: QUIET_HOST,
+                       [SimGPU(0), SimGPU(0)])
+    s = summarize(run)
+    gpu = s["communication"]["gpu"]
+    step_ms = s["steps"]["train"]["mean_ms"]
+    assert gpu["share"] == pytest.approx(4.0 / step_ms, rel=0.25)  # one 4 ms NCCL kernel a step
+    found = {f["rule"]: f for f in s["findings"]}
+    if after_backward:
+        assert gpu["exposed_ms_per_step"] == pytest.approx(4.0, rel=0.2)
+        f = found["CommunicationBound"]
+        assert f["evidence"]["on_gpu"] and f["cost_ms_per_step"] == gpu["exposed_ms_per_step"]
+        assert "NCCL kernels with no compute kernel" in f["message"]
+    else:
+        assert gpu["exposed_ms_per_step"] < 0.1 * 4.0  # behind the backward kernels of the other stream
+        assert "CommunicationBound" not in found

@@ -10,11 +10,13 @@ class CommunicationBound(Rule):
     name = "CommunicationBound"
     summary = ("The processes spend a large share of their train steps blocked on collectives (exposed "
                "communication: waiting in Work.wait, in a synchronous torch.distributed call, or in DDP's wait for "
-               "its last gradient bucket at the end of backward), time not hidden behind computation. The advice "
+               "its last gradient bucket at the end of backward), time not hidden behind computation; with NCCL, "
+               "where the host does not wait, the GPUs running NCCL kernels with no compute kernel. The advice "
                "follows the cause: a rank the others wait for, buckets that start too late, synchronous calls in "
                "the loop, FSDP's gathers.")
     params = {
-        "threshold": Param(0.10, "ratio", "fire when exposed communication exceeds this share of train step time"),
+        "threshold": Param(0.10, "ratio", "fire when exposed communication (the host's, or the GPUs' where larger) "
+                                          "exceeds this share of train step time"),
         "straggler_share": Param(0.5, "ratio", "name a straggler rank as the cause when the others' wait for it is "
                                                "at least this share of the exposed communication"),
     }
@@ -28,21 +30,32 @@ class CommunicationBound(Rule):
 
     def evaluate(self, run, p):
         c = communication(run)
-        if c is None or c["exposed_share"] <= p["threshold"] or not c["steps"]:
+        if c is None or not c["steps"]:
             return []
-        exposed_ms = c["exposed_ms_per_step"]
+        gpu = c.get("gpu")
+        on_gpu = gpu is not None and gpu["exposed_share"] > c["exposed_share"]  # NCCL: the host does not wait
+        share = gpu["exposed_share"] if on_gpu else c["exposed_share"]
+        if share <= p["threshold"]:
+            return []
+        exposed_ms = gpu["exposed_ms_per_step"] if on_gpu else c["exposed_ms_per_step"]
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
         cause, advice, straggler = _cause(c, p, main_kind, phase)
         where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
+        if on_gpu:
+            what = (f"the GPUs run nothing but communication {100 * share:.0f}% of train step time ({exposed_ms:.2f} "
+                    f"ms a step: NCCL kernels with no compute kernel beside them, of {100 * gpu['share']:.0f}% "
+                    "with a NCCL kernel running)")
+        else:
+            what = (f"the loop is blocked on communication {100 * share:.0f}% of train step time "
+                    f"({exposed_ms:.2f} ms a step{where}); of {100 * c['share']:.0f}% with a collective in flight, "
+                    f"{100 * c['overlapped_share']:.0f}% is hidden behind work")
         return [Finding(
             rule=self.name, rank=None, severity="warning",
-            message=(f"the loop is blocked on communication {100 * c['exposed_share']:.0f}% of train step time "
-                     f"({exposed_ms:.2f} ms a step{where}); of {100 * c['share']:.0f}% with a collective in flight, "
-                     f"{100 * c['overlapped_share']:.0f}% is hidden behind work. {cause}"),
+            message=f"{what}. {cause}",
             recommendation=advice,
-            evidence={"exposed_share": c["exposed_share"], "share": c["share"],
+            evidence={"exposed_share": c["exposed_share"], "share": c["share"], "gpu": gpu, "on_gpu": on_gpu,
                       "overlapped_share": c["overlapped_share"], "exposed_ms_per_step": exposed_ms,
                       "by_phase": c["by_phase"], "by_kind": c["by_kind"], "waited_for": c["waited_for"][:4],
                       "sources": c["sources"], "cause": cause, "straggler_rank": straggler},

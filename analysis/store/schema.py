@@ -61,7 +61,8 @@ DTYPES = {
     "kernel_steps": _table(("process", _C), ("rank", _NI), ("device", _I), ("mode", _S), ("step", _I),
                            ("kernels", _I), ("kernel_ns", _I), ("kernel_ns_median", _F), ("busy_ns", _I),
                            ("gap_ns", _I), ("launch_gaps", _I), ("launch_gap_ns", _I),
-                           ("launch_gap_ns_median", _F), ("launch_latency_ns_median", _F)),
+                           ("launch_gap_ns_median", _F), ("launch_latency_ns_median", _F),
+                           ("comm_kernel_ns", _I), ("comm_exposed_kernel_ns", _I)),
     "kernel_phases": _table(("process", _C), ("rank", _NI), ("device", _I), ("mode", _S), ("step", _I),
                             ("phase", _S), ("kernels", _I), ("kernel_ns", _I), ("busy_ns", _I),
                             ("launch_gap_ns", _I)),
@@ -82,7 +83,8 @@ DESCRIPTIONS = {
     "ops": "operator events of the sampled steps, with phase, self time and shapes",
     "samples": "Python stack samples with their leaf frame, step, mode and phase",
     "stacks": "the distinct Python stacks of samples: parent, depth and leaf frame",
-    "kernel_steps": "compute kernels per (process, device, step): count, time, busy time, gaps, launch gaps",
+    "kernel_steps": "compute kernels per (process, device, step): count, time, busy time, gaps, launch gaps; "
+                    "NCCL kernels' time, and the part of it with no compute kernel running",
     "kernel_phases": "kernel_steps' additive figures split by the phase that launched the kernels",
     "kernel_names": "every kernel's count and time per (process, device, mode, name)",
     "pysamples": "Python stack samples as recorded (the dataset's; samples is built from them)",
@@ -124,6 +126,6 @@ DATASET_TABLES = ("events", *DATASET_DERIVED, *DATASET_SAMPLES)  # the folders o
 # The version of the cached tables (the in-memory cache and the dataset): a cache of another is rebuilt.
 # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;
 # 5: kernels aggregated per step, syncs' GPU idle time after them; 6: the large GPU tables' strings categorical;
-# 8: steps' communication columns (issue 46)
+# 8: steps' communication columns, kernel_steps' NCCL columns (issue 46)
 # 7: steps' Other where a process ran loops on several threads and had phases outside every step (issue 43)
 CACHE_VERSION = 8

@@ -10,6 +10,10 @@ written into a large run's dataset beside the kernels themselves:
   intervals), the idle gaps between consecutive kernels of the step and those of
   them that waited for a launch (``LAUNCH_GAP_NS``), with their median, and the
   median launch latency.
+  Beside them, the step's NCCL kernels: ``comm_kernel_ns``, the time the device ran
+  one (the union of their intervals), and ``comm_exposed_kernel_ns``, the part of it
+  with no compute kernel running on the device: communication the GPU waits for
+  (NCCL kernels of a step without compute kernels are not counted).
 * ``kernel_phases``: the same additive figures split by the phase that launched
   each kernel.
 * ``kernel_names``: per (process, device, mode, name) every kernel's count and time.
@@ -35,6 +39,8 @@ LAUNCH_SLACK_NS = 20_000
 
 STEP_COLUMNS, PHASE_COLUMNS, NAME_COLUMNS = KERNEL_STEP_COLUMNS, KERNEL_PHASE_COLUMNS, KERNEL_NAME_COLUMNS
 _KEY = STEP_COLUMNS[:5]  # process, rank, device, mode, step
+COMM_COLUMNS = ("comm_kernel_ns", "comm_exposed_kernel_ns")  # added to the pass's columns (_with_comm_kernels)
+_PASS_COLUMNS = [c for c in STEP_COLUMNS if c not in COMM_COLUMNS]
 
 
 def is_compute(names: pd.Series) -> np.ndarray:
@@ -52,7 +58,51 @@ def aggregate(kernels: pd.DataFrame, max_gap_ns: float = LAUNCH_GAP_NS, native: 
     ``native``: the per-step figures from the native pass (csrc/aggregate/kernel_steps.cc),
     which tests hold equal to ``_steps`` here, their definition (``native=False``)."""
     steps, phases = _steps(kernels, max_gap_ns, native)
-    return {"kernel_steps": steps, "kernel_phases": phases, "kernel_names": names(kernels)}
+    return {"kernel_steps": _typed(_with_comm_kernels(steps, kernels), STEP_COLUMNS), "kernel_phases": phases,
+            "kernel_names": names(kernels)}
+
+
+def _with_comm_kernels(steps: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with each step's NCCL kernel time and its exposed part (module docstring).
+    Per device: each NCCL kernel counts what it adds to the union of the NCCL kernels
+    before it, and of that, what no compute kernel covers."""
+    steps["comm_kernel_ns"] = np.zeros(len(steps), dtype=np.int64)
+    steps["comm_exposed_kernel_ns"] = np.zeros(len(steps), dtype=np.int64)
+    if not len(steps) or not len(kernels):
+        return steps
+    compute = is_compute(kernels["name"])
+    if compute.all():
+        return steps
+    from stepscope.analysis.tables import comm
+
+    k = kernels[["process", "device", "mode", "step", "start_ns", "end_ns"]]
+    proc = k["process"].astype(str).to_numpy()
+    device = k["device"].to_numpy(dtype=np.int64)
+    start, end = k["start_ns"].to_numpy(dtype=np.int64), k["end_ns"].to_numpy(dtype=np.int64)
+    sums = {}
+    for (p, d), rows in pd.DataFrame({"p": proc, "d": device}).groupby(["p", "d"], sort=False).indices.items():
+        nccl = rows[~compute[rows]]
+        if not len(nccl):
+            continue
+        busy = comm.union(start[rows[compute[rows]]], end[rows[compute[rows]]])
+        nccl = nccl[np.argsort(start[nccl], kind="stable")]
+        s, e = start[nccl], end[nccl]
+        reach = np.maximum.accumulate(e)
+        lo = np.maximum(s, np.concatenate([[np.iinfo(np.int64).min], reach[:-1]]))
+        added = np.clip(e - lo, 0, None)
+        hi = np.maximum(e, lo)
+        exposed = added - comm.measure(busy, np.minimum(lo, hi), hi)
+        key = pd.DataFrame({"mode": k["mode"].astype(str).to_numpy()[nccl], "step": k["step"].to_numpy()[nccl],
+                            "added": added, "exposed": np.clip(exposed, 0, None)})
+        for (mode, step), g in key.groupby(["mode", "step"], sort=False):
+            sums[(p, int(d), mode, int(step))] = (int(g["added"].sum()), int(g["exposed"].sum()))
+    if sums:
+        keys = zip(steps["process"].astype(str), steps["device"].astype(int), steps["mode"].astype(str),
+                   steps["step"].astype(int))
+        found = [sums.get(key, (0, 0)) for key in keys]
+        steps["comm_kernel_ns"] = np.array([f[0] for f in found], dtype=np.int64)
+        steps["comm_exposed_kernel_ns"] = np.array([f[1] for f in found], dtype=np.int64)
+    return steps
 
 
 _READS = ["process", "rank", "device", "mode", "step", "phase", "start_ns", "end_ns", "duration_ns", "launch_start_ns",
@@ -62,7 +112,7 @@ _READS = ["process", "rank", "device", "mode", "step", "phase", "start_ns", "end
 def _steps(kernels: pd.DataFrame, max_gap_ns: float, native: bool = False):
     compute = is_compute(kernels["name"]) if len(kernels) else np.zeros(0, dtype=bool)
     if not compute.any():
-        return _empty(STEP_COLUMNS), _empty(PHASE_COLUMNS)
+        return _empty(_PASS_COLUMNS), _empty(PHASE_COLUMNS)
     k = kernels[_READS]  # (the columns read, not the whole table, when rows are left out)
     k = k if compute.all() else k[compute]
     process = k["process"].astype("category")
@@ -112,7 +162,7 @@ def _steps(kernels: pd.DataFrame, max_gap_ns: float, native: bool = False):
     phases = rows.groupby([*_KEY, "phase"], dropna=False, sort=True, observed=True).agg(
         kernels=("duration", "size"), kernel_ns=("duration", "sum"), busy_ns=("busy", "sum"),
         launch_gap_ns=("launch_gap", "sum")).reset_index()
-    return _typed(steps, STEP_COLUMNS), _typed(phases, PHASE_COLUMNS)
+    return _typed(steps, _PASS_COLUMNS), _typed(phases, PHASE_COLUMNS)
 
 
 def _native_steps(k, order, pcode, device, start, end, step, launched, process, max_gap_ns):
@@ -131,7 +181,7 @@ def _native_steps(k, order, pcode, device, start, end, step, launched, process, 
         max_gap_ns=float(max_gap_ns), launch_slack_ns=LAUNCH_SLACK_NS)
     rank_of = dict(zip(pcode[firsts].tolist(), rank.take(firsts)))
     out = []
-    for table, columns in ((r["steps"], STEP_COLUMNS), (r["phases"], PHASE_COLUMNS)):
+    for table, columns in ((r["steps"], _PASS_COLUMNS), (r["phases"], PHASE_COLUMNS)):
         frame = pd.DataFrame({
             "process": pd.Categorical.from_codes(table["process"], categories=process.cat.categories),
             "rank": pd.array([rank_of[p] for p in table["process"].tolist()], dtype="Int64"),
@@ -184,7 +234,8 @@ def names(kernels: pd.DataFrame) -> pd.DataFrame:
     return _typed(out, NAME_COLUMNS)
 
 
-_INT = ("device", "step", "kernels", "kernel_ns", "busy_ns", "gap_ns", "launch_gaps", "launch_gap_ns")
+_INT = ("device", "step", "kernels", "kernel_ns", "busy_ns", "gap_ns", "launch_gaps", "launch_gap_ns", "comm_kernel_ns",
+        "comm_exposed_kernel_ns")
 
 
 def _typed(frame: pd.DataFrame, columns) -> pd.DataFrame:

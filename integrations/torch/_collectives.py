@@ -14,7 +14,8 @@ What is patched (each undone by ``uninstrument``):
 * ``Work.wait``: the time the caller blocks in it (a synchronous collective's call is
   such a wait as a whole: its own ``wait`` inside is not recorded again).
 * DDP: the reducer's bucketed all-reduce is C++, seen by no Python function. A comm
-  hook is registered at a model's first forward, unless the program registered one
+  hook is registered when the model is built (or at its first forward, for a model
+  built before stepscope started or unpickled), unless the program registered one
   (then its hook's own ``dist`` calls are recorded); the hook is torch's
   ``allreduce_hook``, which torch documents as giving DDP's results unchanged. A hook
   the program registers later takes its place inside stepscope's hook (DDP allows
@@ -38,6 +39,7 @@ import threading
 import weakref
 
 from stepscope.core.recording import COMM, counter, enabled, intern, now, span
+from stepscope.integrations._frameless import frameless
 from stepscope.core.vocabulary import COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_SEQ_BITS, COMM_WAIT
 
 # function -> (kind, the parameter whose tensors' bytes are counted); the group and
@@ -211,6 +213,7 @@ class Collectives:
 
     # --- DDP ----------------------------------------------------------------------------------
     def install_ddp(self, ddp_class) -> None:
+        self.ctx.patch(ddp_class, "__init__", self.wrap_init)
         self.ctx.patch(ddp_class, "_pre_forward", self.wrap_pre_forward)
         if ddp_class not in _GUARDED:
             # Not through the patch registry: once a model carries stepscope's hook, a hook the
@@ -222,6 +225,19 @@ class Collectives:
                 original = getattr(ddp_class, name, None)
                 if original is not None:
                     setattr(ddp_class, name, functools.update_wrapper(wrap(original), original))
+
+    def wrap_init(self, original):
+        """The hook goes on when the model is built: outside any compiled frame (a
+        ``torch.compile``d DDP model runs its forward inside dynamo, where nothing is
+        registered). Frameless: DDP's own errors keep their traceback."""
+        def before(module, *args, **kwargs):
+            return (module, *args), kwargs, module
+
+        def after(module, exc):
+            if exc is None and module not in self.hooked:
+                self.hook_ddp(module)
+
+        return frameless(original, before, after, what="the torch integration's DDP hook failed")
 
     def wrap_pre_forward(self, original):
         inst = self

@@ -103,12 +103,15 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
         loop(steps)
         return time.perf_counter() - t
 
-    def none():
-        return timed()
+    return interleaved(timed, tmp, f"overhead-{width}", steps, rounds)
 
+
+def interleaved(timed, tmp: str, name: str, steps: int, rounds: int) -> dict:
+    """Rounds of the three configurations, each ``timed()`` (seconds for ``steps`` steps):
+    no profiler, stepscope (instrumented and a running session), torch.profiler."""
     def with_stepscope():
         st_torch.instrument()
-        run = stepscope.start(dir=tmp, name=f"overhead-{width}-{time.time_ns()}")
+        run = stepscope.start(dir=tmp, name=f"{name}-{time.time_ns()}")
         try:
             return timed()
         finally:
@@ -121,7 +124,7 @@ def measure(width: int, batch: int, steps: int, rounds: int, tmp: str, compiled:
 
     base, ratios, extra = [], {"stepscope": [], "torch.profiler": []}, []
     for _ in range(rounds):
-        t_none = none()
+        t_none = timed()
         base.append(t_none)
         t_ss = with_stepscope()
         ratios["stepscope"].append(t_ss / t_none)
@@ -161,32 +164,11 @@ def _ddp_worker(rank: int, port: int, width: int, batch: int, steps: int, rounds
         loop(steps)
         return time.perf_counter() - t
 
-    def with_stepscope():
-        st_torch.instrument()
-        run = stepscope.start(dir=tmp, name=f"ddp-{rank}-{time.time_ns()}")
-        try:
-            return timed()
-        finally:
-            run.stop()
-            st_torch.uninstrument()
-
-    def with_torch_profiler():
-        with profile(activities=[ProfilerActivity.CPU]):
-            return timed()
-
     loop(10)
-    base, ratios, extra = [], {"stepscope": [], "torch.profiler": []}, []
-    for _ in range(rounds):
-        t_none = timed()
-        base.append(t_none)
-        t_ss = with_stepscope()
-        ratios["stepscope"].append(t_ss / t_none)
-        extra.append((t_ss - t_none) / steps)
-        ratios["torch.profiler"].append(with_torch_profiler() / t_none)
+    result = interleaved(timed, tmp, f"ddp-{rank}", steps, rounds)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"step_s": statistics.median(base) / steps, "us_per_step": statistics.median(extra) * 1e6,
-                       **{k: statistics.median(v) for k, v in ratios.items()}}, f)
+            json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -37,6 +37,7 @@ import functools
 import inspect
 import threading
 import weakref
+from typing import Optional
 
 from stepscope.core.recording import COMM, counter, enabled, intern, now, span
 from stepscope.integrations._frameless import frameless
@@ -147,13 +148,17 @@ class Collectives:
         if isinstance(remaps, dict) and original in remaps:
             remaps[wrapped] = remaps[original]
 
-    def group_of(self, group) -> _Group:
+    def group_of(self, group) -> Optional[_Group]:
+        """The group's record; None for a rank outside it (its call does nothing)."""
         if group is None:
             group = self.c10d._get_default_group()
         known = self.by_pg.get(id(group))
         if known is not None and known[0]() is group:
             return known[1]
-        name = str(getattr(group, "group_name", "") or "?")  # the same on every rank of the group
+        name = getattr(group, "group_name", None)  # the same on every rank of the group
+        if not name:
+            return None
+        name = str(name)
         found = self.groups.get(name)
         if found is None:
             found = self.groups[name] = _Group(name)
@@ -180,6 +185,8 @@ class Collectives:
                 t1 = now()
                 n = len(args)
                 group = self.group_of(args[group_at] if n > group_at else kwargs.get(group_kw))
+                if group is None:
+                    return result
                 is_async = (args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
                 group.seq += 1
                 flags = (COMM_ASYNC if is_async else 0) | local.ddp
@@ -188,9 +195,8 @@ class Collectives:
                 if tensor_kw is not None:
                     counter(COMM, name, _bytes(args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)), arg, t0)
                 if is_async:
-                    result.get_future().add_done_callback(functools.partial(
-                        _completed, name, t0, t1, arg | COMM_DONE << COMM_SEQ_BITS,
-                        wait_id if flags & COMM_LAST_BUCKET else -1))
+                    _on_completion(result, functools.partial(_completed, name, t0, t1, arg | COMM_DONE << COMM_SEQ_BITS,
+                                                             wait_id if flags & COMM_LAST_BUCKET else -1))
             except Exception as exc:  # noqa: BLE001 - the collective is the job's
                 ctx.fail(exc)
             return result
@@ -263,7 +269,7 @@ class Collectives:
         state = _HookState(default_hooks.allreduce_hook, module.process_group)
         try:
             self.dist._register_comm_hook(reducer, state, functools.partial(_ddp_hook, _LOCAL))
-        except RuntimeError:  # a hook stepscope did not see registered (through the reducer itself)
+        except Exception:  # noqa: BLE001 - a hook registered unseen (on the reducer itself), an older torch
             self.hooked[module] = None
             return
         self.hooked[module] = state
@@ -330,6 +336,16 @@ def _ddp_hook(local, state, bucket):
         return state.inner(state.inner_state, bucket)
     finally:
         local.ddp = 0
+
+
+def _on_completion(work, callback) -> None:
+    """callback(future) when the backend completes ``work``; nothing where its backend
+    gives no future (the collective then counts as done when its call returned)."""
+    try:
+        future = work.get_future()
+    except Exception:  # noqa: BLE001 - a backend without futures
+        return
+    future.add_done_callback(callback)
 
 
 def _completed(name, t0, issued, arg, wait_id, future):

@@ -259,3 +259,65 @@ def test_nccl_kernels_alone_on_the_gpu_are_exposed_communication(tmp_path, after
     else:
         assert gpu["exposed_ms_per_step"] < 0.1 * 4.0  # behind the backward kernels of the other stream
         assert "CommunicationBound" not in found
+
+
+def _random_events(rng):
+    """One or two processes: step marks, and comm events as recorded or damaged (names
+    without a group, completions without their call, counters without a span, waits)."""
+    from stepscope.core.vocabulary import COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_SEQ_BITS
+
+    rows = []
+    for proc in range(int(rng.integers(1, 3))):
+        t = 0
+        for step in range(int(rng.integers(0, 6))):
+            rows.append((proc, "instant", "step", "train", t, t, step))
+            t += int(rng.integers(1_000, 100_000))
+        end = t + 10_000
+        rows.append((proc, "instant", "step", "end", end, end, 0))
+        for _ in range(int(rng.integers(0, 25))):
+            s = int(rng.integers(-5_000, end + 5_000))
+            e = s + int(rng.integers(0, 30_000))
+            seq = int(rng.integers(1, 8))
+            flags = int(rng.choice([0, COMM_ASYNC, COMM_ASYNC | COMM_DDP, COMM_ASYNC | COMM_DDP | COMM_LAST_BUCKET]))
+            name = str(rng.choice(["all_reduce@0", "broadcast@0", "all_gather@1", "bogus", "wait"]))
+            arg = seq | flags << COMM_SEQ_BITS
+            what = rng.integers(0, 4)
+            if what == 0:
+                rows.append((proc, "span", "comm", name, s, e, arg))
+            elif what == 1:
+                rows.append((proc, "span", "comm", name, s, e + 20_000, arg | COMM_DONE << COMM_SEQ_BITS))
+            elif what == 2:
+                rows.append((proc, "counter", "comm", name, s, s, arg))
+            else:
+                rows.append((proc, "span", "comm", "wait", s, e, 0))
+    frame = pd.DataFrame(rows, columns=["proc", "kind", "category", "name", "start_ns", "end_ns", "arg"])
+    n = len(frame)
+    return pd.DataFrame({
+        "process": pd.Categorical([f"h-rank{p}" for p in frame["proc"]]), "pid": frame["proc"].astype("int32"),
+        "host": pd.Categorical(["h"] * n), "rank": pd.array(frame["proc"], dtype="Int32"),
+        "tid": frame["proc"].astype("int64") + 100, "kind": pd.Categorical(frame["kind"]),
+        "category": pd.Categorical(frame["category"]), "name": pd.Categorical(frame["name"]),
+        "start_ns": frame["start_ns"].astype("int64"), "end_ns": frame["end_ns"].astype("int64"),
+        "duration_ns": (frame["end_ns"] - frame["start_ns"]).astype("int64"), "step": np.zeros(n, "int32"),
+        "arg": frame["arg"].astype("int64"), "value": rng.integers(0, 1 << 20, n).astype(float)})
+
+
+def test_any_comm_events_give_consistent_tables():
+    """Random and damaged comm events: the tables build, and every step's exposed and
+    overlapped communication add up to its communication, within the step."""
+    from stepscope.analysis.tables import stepping
+
+    rng = np.random.default_rng(46)
+    for _ in range(150):
+        events = _random_events(rng).sort_values("start_ns", kind="stable").reset_index(drop=True)
+        steps, _ = stepping.steps_and_phases(events)
+        assert (steps["comm_exposed_ns"] >= 0).all() and (steps["comm_overlapped_ns"] >= 0).all()
+        assert (steps["comm_exposed_ns"] + steps["comm_overlapped_ns"] == steps["comm_ns"]).all()
+        assert (steps["comm_ns"] <= steps["duration_ns"]).all()
+        colls = comm.collectives(events)
+        assert (colls["end_ns"] >= colls["issued_ns"]).all()
+        blocked = comm.waits(events, colls)
+        arr = comm.arrivals(colls, blocked)
+        assert (arr["waited_ns"] >= 0).all() if len(arr) else True
+        who = comm.waited_for(arr, blocked)
+        assert (who["waited_ns"] >= 0).all()

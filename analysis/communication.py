@@ -112,9 +112,9 @@ def _exposed_by_phase(run, colls, blocked, steps, total) -> dict:
                                columns=["process", "name", "step", "start_ns", "end_ns"])
     if not len(phases):
         return {}
-    keep = set(zip(steps["process"].astype(str), steps["step"]))
+    keys = pd.MultiIndex.from_arrays([steps["process"].astype(str).to_numpy(), steps["step"].to_numpy()])
     proc = phases["process"].astype(str).to_numpy()
-    mask = np.fromiter((k in keep for k in zip(proc, phases["step"].to_numpy())), bool, len(phases))
+    mask = pd.MultiIndex.from_arrays([proc, phases["step"].to_numpy()]).isin(keys)  # the summary's steps only
     phases = phases[mask]
     proc = proc[mask]
     by = {}

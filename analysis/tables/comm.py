@@ -115,20 +115,23 @@ def union(starts: np.ndarray, ends: np.ndarray):
 
 
 def intersect(a, b):
-    """The intersection of two unions (each disjoint and sorted)."""
+    """The intersection of two unions (each disjoint and sorted), over the elementary
+    segments between all their ends."""
     (as_, ae), (bs, be) = a, b
-    out_s, out_e = [], []
-    i = j = 0
-    while i < len(as_) and j < len(bs):
-        lo, hi = max(as_[i], bs[j]), min(ae[i], be[j])
-        if lo < hi:
-            out_s.append(lo)
-            out_e.append(hi)
-        if ae[i] < be[j]:
-            i += 1
-        else:
-            j += 1
-    return np.array(out_s, dtype=np.int64), np.array(out_e, dtype=np.int64)
+    if not len(as_) or not len(bs):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    x = np.unique(np.concatenate([as_, ae, bs, be]))
+    lo, hi = x[:-1], x[1:]
+    inside = ((np.searchsorted(as_, lo, "right") > np.searchsorted(ae, lo, "right"))
+              & (np.searchsorted(bs, lo, "right") > np.searchsorted(be, lo, "right")))
+    s, e = lo[inside], hi[inside]
+    if not len(s):
+        return s.astype(np.int64), e.astype(np.int64)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] != e[:-1]  # touching segments are one interval
+    firsts = np.flatnonzero(new)
+    lasts = np.append(firsts[1:] - 1, len(s) - 1)
+    return s[firsts].astype(np.int64), e[lasts].astype(np.int64)
 
 
 def measure(intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import pandas as pd
 
 from stepscope.analysis.quantities import summary_steps

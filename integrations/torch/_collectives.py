@@ -206,7 +206,7 @@ class Collectives:
     def wrap_wait(self, original):
         wait_id, local = self.wait_id, self.local
 
-        def wait(work, *args, **kwargs):
+        def wait(work, /, *args, **kwargs):
             if local.inside or not enabled():
                 return original(work, *args, **kwargs)
             t0 = now()
@@ -236,7 +236,7 @@ class Collectives:
         """The hook goes on when the model is built: outside any compiled frame (a
         ``torch.compile``d DDP model runs its forward inside dynamo, where nothing is
         registered). Frameless: DDP's own errors keep their traceback."""
-        def before(module, *args, **kwargs):
+        def before(module, /, *args, **kwargs):  # (DDP's own first argument is named module too)
             return (module, *args), kwargs, module
 
         def after(module, exc):
@@ -248,7 +248,7 @@ class Collectives:
     def wrap_pre_forward(self, original):
         inst = self
 
-        def _pre_forward(module, *inputs, **kwargs):
+        def _pre_forward(module, /, *inputs, **kwargs):
             if module not in inst.hooked and not inst.ctx.is_compiling():
                 try:
                     inst.hook_ddp(module)
@@ -284,7 +284,7 @@ class _HookState:
 
 
 def _wrap_register(original):
-    def register_comm_hook(module, state, hook):
+    def register_comm_hook(module, /, state, hook):
         ours = _HOOKED.get(module)
         if ours is None:
             _OWN_HOOKS.add(module)
@@ -298,7 +298,7 @@ def _wrap_register(original):
 
 
 def _wrap_register_builtin(original):
-    def _register_builtin_comm_hook(module, comm_hook_type):
+    def _register_builtin_comm_hook(module, /, comm_hook_type):
         ours = _HOOKED.get(module)
         if ours is None:
             _OWN_HOOKS.add(module)

@@ -49,7 +49,7 @@ def main(job):
         width, batch = 64, 32
         inner = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
     delay = DELAY_S if job == "straggler" and rank == 1 else 0.0
-    model = DDP(Slow(inner, delay), bucket_cap_mb={"exposed": 1000, "healthy": 0.3}.get(job, 25))
+    model = DDP(module=Slow(inner, delay), bucket_cap_mb={"exposed": 1000, "healthy": 0.3}.get(job, 25))
     counted = [0]
 
     def counting(state, bucket):

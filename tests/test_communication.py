@@ -321,3 +321,42 @@ def test_any_comm_events_give_consistent_tables():
         assert (arr["waited_ns"] >= 0).all() if len(arr) else True
         who = comm.waited_for(arr, blocked)
         assert (who["waited_ns"] >= 0).all()
+
+
+SAVE = """
+import copy, os, sys, torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+if sys.argv[2] == "save":
+    torch.manual_seed(0)
+    m = DDP(nn.Linear(4, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad(); m(torch.randn(2, 4)).sum().backward(); opt.step()
+    c = copy.deepcopy(m)
+    c(torch.randn(2, 4)).sum().backward()
+    torch.save(m, "ddp.pt")
+else:
+    m = torch.load("ddp.pt", weights_only=False)
+    m(torch.randn(2, 4)).sum().backward()
+    assert not any(k.startswith("stepscope") for k in sys.modules)
+print("weights", round(float(m.module.weight.sum()), 4))
+dist.destroy_process_group()
+"""
+
+
+def test_a_profiled_ddp_model_deep_copies_and_loads_without_stepscope(tmp_path):
+    """DDP's own __getstate__ copies the model's __dict__, stepscope's timed root slot with it:
+    the slot copies as None, so the copy and the saved model need no stepscope."""
+    from test_multinode import _free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    (tmp_path / "job.py").write_text(SAVE)
+    saved = subprocess.run([sys.executable, "job.py", str(_free_port()), "save"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env={**env, "STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path)})
+    assert saved.returncode == 0 and "stepscope:" not in saved.stderr, saved.stderr[-3000:]
+    loaded = subprocess.run([sys.executable, "job.py", str(_free_port()), "load"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert loaded.stdout == saved.stdout  # the saved weights

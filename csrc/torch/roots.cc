@@ -236,6 +236,17 @@ PyObject* timed_root(PyObject*, PyObject* args, PyObject* kwargs) {
   return reinterpret_cast<PyObject*>(r);
 }
 
+// A copy of the model (deepcopy, pickle, torch.save) carries no root: the slot copies as
+// None, torch's default, so it loads where stepscope is absent. nn.Module.__getstate__
+// drops the slot itself; DistributedDataParallel's own __getstate__ copies it.
+PyObject* root_reduce(PyObject*, PyObject*) {
+  return Py_BuildValue("(O())", reinterpret_cast<PyObject*>(Py_TYPE(Py_None)));
+}
+
+PyMethodDef root_methods[] = {
+    {"__reduce__", root_reduce, METH_NOARGS, "copies as None: a copy of the model is not timed"},
+    {nullptr, nullptr, 0, nullptr}};
+
 PyMethodDef methods[] = {
     {"timed_root", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(timed_root)),
      METH_VARARGS | METH_KEYWORDS,
@@ -252,6 +263,7 @@ bool add_roots(PyObject* module) {
     *slot = PyUnicode_InternFromString(text);
     if (!*slot) return false;
   }
+  RootType.tp_methods = root_methods;
   if (!ready_wrapper_type(&RootType, "stepscope.core._native.torch.TimedRoot", sizeof(Root), offsetof(Root, vectorcall),
                           root_traverse, root_clear, root_dealloc, "A root module's timed call (csrc/torch/roots.cc)."))
     return false;

@@ -40,8 +40,8 @@ import weakref
 from typing import Optional
 
 from stepscope.core.recording import COMM, counter, enabled, intern, now, span
-from stepscope.integrations._frameless import frameless
 from stepscope.core.vocabulary import COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_SEQ_BITS, COMM_WAIT
+from stepscope.integrations._frameless import frameless
 
 # function -> (kind, the parameter whose tensors' bytes are counted); the group and
 # async_op parameters are found by name in the function's signature

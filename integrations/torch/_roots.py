@@ -3,8 +3,9 @@
 A root module (the model, a loss module) is timed through its per-instance
 ``_compiled_call_impl`` slot, the seam ``nn.Module.__call__`` consults before
 anything else (``Module.compile()`` uses it). Unlike forward hooks it is
-invisible to what users do with models: ``nn.Module.__getstate__`` drops it, so
-``pickle``, ``copy.deepcopy`` and ``torch.save`` never carry it; TorchScript
+invisible to what users do with models: ``nn.Module.__getstate__`` drops it, and
+where a subclass's own ``__getstate__`` keeps it (``DistributedDataParallel``'s) it
+copies as None, so ``pickle``, ``copy.deepcopy`` and ``torch.save`` never carry it; TorchScript
 and ``jit.trace`` are told to ignore it, and ``nn.DataParallel``'s replicas do
 not copy it (``_instrumentor.py``); and the module keeps torch's no-hook fast
 path, so a root costs one native call per forward (``csrc/torch/roots.cc``).

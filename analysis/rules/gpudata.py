@@ -40,10 +40,29 @@ def train_groups(run) -> list:
     return memo(run, "train_groups", build)
 
 
+def steps_by_process(steps: pd.DataFrame, columns: list) -> dict:
+    """{process: its steps' ``columns``}, the rows, order and index of
+    ``steps[steps["process"] == process]``: one split, not a scan of every step per process."""
+    process = pd.Categorical(steps["process"])
+    codes = np.asarray(process.codes)
+    order = np.argsort(codes, kind="stable")
+    cuts = np.flatnonzero(np.diff(codes[order])) + 1
+    part = steps[columns]
+    return {process.categories[codes[rows[0]]]: part.iloc[rows] for rows in np.split(order, cuts)
+            if len(rows) and codes[rows[0]] >= 0}
+
+
 def process_ranks(steps: pd.DataFrame) -> list:
     """The (process, rank) keys of ``steps.groupby(["process", "rank"], dropna=False,
     sort=True, observed=True)``, in its order, without splitting the steps."""
-    pairs = steps[["process", "rank"]].drop_duplicates()
+    pairs = steps[["process", "rank"]]
+    rank = pairs["rank"].astype("Int64")
+    if len(pairs) > 4096 and not (rank < 0).any() and not (rank >= 1 << 31).any():
+        # a row of each pair, found by a hash of one integer key (a run's millions of steps)
+        process = np.asarray(pd.Categorical(pairs["process"]).codes, dtype=np.int64) + 1
+        key = (process << 32) | np.where(rank.isna().to_numpy(), 0, rank.fillna(0).to_numpy(np.int64) + 1)
+        pairs = pairs.iloc[pd.Series(key).drop_duplicates().index.to_numpy()]
+    pairs = pairs.drop_duplicates()
     return [key for key, _ in pairs.groupby(["process", "rank"], dropna=False, sort=True, observed=True)]
 
 

@@ -6,18 +6,20 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
 
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, process_ranks
+from stepscope.analysis.rules.gpudata import node_of, process_ranks, steps_by_process
 
 MB = 1 << 20
+_EMPTY = pd.DataFrame({"mode": [], "start_ns": [], "end_ns": [], "step": []})
 
 
 def loop_steps(steps, process):
-    """The steps a process's memory is judged over: its train steps, or all its steps
-    when it has none."""
-    s = steps[steps["process"] == process]
+    """The steps a process's memory is judged over (``steps``: that process's): its train
+    steps, or all its steps when it has none."""
+    s = steps.get(process, _EMPTY) if isinstance(steps, dict) else steps[steps["process"] == process]
     train = s[s["mode"] == "train"]
     return train if len(train) else s
 
@@ -60,9 +62,10 @@ class HostMemoryIncrease(Rule):
         # a rank and its children, summed per sample
         total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
         nodes = node_of(run)
+        by_process = steps_by_process(run.steps, ["mode", "start_ns", "end_ns", "step"])
         for process, rank in process_ranks(run.steps):
             r = total[total["process"] == process].sort_values("timestamp_ns")
-            g = steady.steady_growth(loop_steps(run.steps, process), r["timestamp_ns"].to_numpy(np.int64),
+            g = steady.steady_growth(loop_steps(by_process, process), r["timestamp_ns"].to_numpy(np.int64),
                                      r["value"].to_numpy(dtype=float), p)
             if g is None or not g["growing"]:
                 continue

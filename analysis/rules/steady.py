@@ -115,6 +115,16 @@ def step_positions(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.nd
     return k + np.clip((t - starts[k]) / dur, 0.0, 1.0)
 
 
+def median_of_three(values: np.ndarray, last: float) -> np.ndarray:
+    """The median of each value and the two after it; ``last`` for the last two (pandas'
+    ``rolling(3).median().shift(-2)``, without its rolling machinery: a run has millions of steps)."""
+    out = np.full(len(values), last, dtype=float)
+    if len(values) >= 3:
+        a, b, c = values[:-2], values[1:-1], values[2:]
+        out[:-2] = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
+    return out
+
+
 def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) -> Optional[dict]:
     """Judges one memory series over one loop's steps (a process's train steps, sorted).
 
@@ -124,7 +134,8 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
     state's first and last ``window_share``), ``trend``, ``trend_late``,
     ``rate_per_s`` (of the later half), ``warmup`` (steps left out) and why, and
     ``t0``/``t1``/``steps`` of the steady state."""
-    steps = steps.sort_values("start_ns", kind="stable")
+    if not steps["start_ns"].is_monotonic_increasing:  # (a process's steps usually are)
+        steps = steps.sort_values("start_ns", kind="stable")
     starts, ends = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
     numbers = steps["step"].to_numpy()
     n = len(steps)
@@ -138,7 +149,7 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
     # longer much slower than the later half's median step (one slow step is a hiccup)
     dur = (ends - starts).astype(float)
     typical = float(np.median(dur[documented + (n - documented) // 2:]))
-    run3 = pd.Series(dur).rolling(3, min_periods=1).median().shift(-2).fillna(typical).to_numpy()
+    run3 = median_of_three(dur, typical)
     slow = run3[documented:limit] > p["settle_factor"] * typical
     timed = documented + (len(slow) if slow.all() else int(np.argmin(slow)))
     # the memory level settles: the knee of the series in steps

@@ -53,17 +53,28 @@ def concat_in_order(parts: List[pd.DataFrame], order_of) -> pd.DataFrame:
     starts = np.concatenate([p["start_ns"].to_numpy() for p in parts])
     order = order_of(starts, np.concatenate([p["end_ns"].to_numpy() for p in parts]))
     del starts
-    if np.array_equal(order, np.arange(len(order))):
-        order = None
+    # Parts decoded one after the other are each in order and overlap only near their
+    # edges (a span is written when it ends): only the rows out of place are moved.
+    moved = np.flatnonzero(order != np.arange(len(order)))
+    source = order[moved]
+    del order
     out = {}
     for c in parts[0].columns:
         dtype = parts[0][c].dtype
         if isinstance(dtype, pd.CategoricalDtype):
             joined = union_categoricals([p[c].array for p in parts], ignore_order=True)
+            codes = np.array(joined.codes)  # (writable)
+            codes[moved] = codes[source]  # (the right side is gathered before it is written)
+            joined = pd.Categorical.from_codes(codes, dtype=joined.dtype)
         elif isinstance(dtype, np.dtype):
             joined = np.concatenate([p[c].to_numpy() for p in parts])
+            joined[moved] = joined[source]
         else:  # (nullable integers)
             joined = type(parts[0][c].array)._concat_same_type([p[c].array for p in parts])
-        out[c] = joined if order is None else joined.take(order)
+            if len(moved):
+                whole = np.arange(len(joined))
+                whole[moved] = source
+                joined = joined.take(whole)
+        out[c] = joined
         del joined
     return pd.DataFrame(out, copy=False)

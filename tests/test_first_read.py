@@ -1,0 +1,85 @@
+"""The shortcuts the first and cached reads of a large run take, each held equal to the
+plain pandas it replaces (issue 43): on random data with the edge cases the run has."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stepscope.analysis.rules import steady
+from stepscope.analysis.rules.gpudata import process_ranks, steps_by_process
+from stepscope.analysis.store import dataset_read
+from stepscope.analysis.store.frames import concat, concat_in_order
+from stepscope.analysis.store.reader import start_order
+
+
+def _part(rng, n, t0, names):
+    start = np.sort(rng.integers(t0, t0 + 10 * n, n))
+    end = start + rng.integers(0, 50, n)
+    frame = pd.DataFrame({
+        "process": pd.Categorical(["p0"] * n), "name": pd.Categorical(rng.choice(names, n)),
+        "rank": pd.array(np.where(rng.random(n) < 0.2, None, rng.integers(0, 4, n)), dtype="Int64"),
+        "start_ns": start, "end_ns": end, "value": rng.random(n)})
+    return frame.iloc[start_order(start, end)].reset_index(drop=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_concat_in_order_moves_only_the_rows_out_of_place_and_equals_a_sort(seed):
+    rng = np.random.default_rng(seed)
+    # parts that overlap near their edges, as a trace decoded in parts does (spans written at their end)
+    parts = [_part(rng, int(rng.integers(1, 400)), k * 3000 - int(rng.integers(0, 600)), ["a", "b", f"c{k}"])
+             for k in range(int(rng.integers(1, 5)))]
+    got = concat_in_order(parts, start_order)
+    joined = concat(parts)
+    want = joined.iloc[start_order(joined["start_ns"].to_numpy(), joined["end_ns"].to_numpy())]
+    pd.testing.assert_frame_equal(got, want.reset_index(drop=True), check_categorical=False)
+    for c in ("process", "name"):
+        assert list(got[c].astype(object)) == list(want[c].astype(object))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_steps_split_by_process_and_its_rank_pairs_equal_the_scans(seed):
+    rng = np.random.default_rng(seed)
+    n = 6000  # above the size where process_ranks hashes
+    steps = pd.DataFrame({
+        "process": pd.Categorical(rng.choice(["b", "a", "c"], n), categories=["c", "a", "b", "unused"]),
+        "rank": pd.array(np.where(rng.random(n) < 0.1, None, rng.integers(0, 3, n)), dtype="Int64"),
+        "mode": pd.Categorical(rng.choice(["train", "eval"], n)),
+        "start_ns": rng.integers(0, 10**9, n), "end_ns": rng.integers(0, 10**9, n), "step": np.arange(n)})
+    split = steps_by_process(steps, ["mode", "start_ns", "step"])
+    assert set(split) == {"a", "b", "c"}
+    for process, part in split.items():
+        pd.testing.assert_frame_equal(part, steps[steps["process"] == process][["mode", "start_ns", "step"]])
+    pairs = steps[["process", "rank"]].drop_duplicates()
+    want = [key for key, _ in pairs.groupby(["process", "rank"], dropna=False, sort=True, observed=True)]
+    got = process_ranks(steps)
+    assert len(got) == len(want)
+    assert all(g[0] == w[0] and (g[1] is w[1] or pd.isna(g[1]) and pd.isna(w[1]) or g[1] == w[1])
+               for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 50])
+def test_steady_states_median_of_three_steps_is_pandas_rolling_median(n):
+    rng = np.random.default_rng(n)
+    dur = rng.integers(1, 100, n).astype(float)
+    typical = float(np.median(dur)) if n else 0.0
+    want = pd.Series(dur, dtype=float).rolling(3, min_periods=1).median().shift(-2).fillna(typical).to_numpy()
+    np.testing.assert_array_equal(steady.median_of_three(dur, typical), want)
+
+
+def test_numbers_read_straight_into_numpy_have_the_dtypes_pandas_gives(tmp_path):
+    frame = pd.DataFrame({"i32": np.arange(5, dtype=np.int32), "i64": np.arange(5) * 10**12,
+                          "f": [0.5, np.nan, 1.0, 2.0, 3.0], "nullable": pd.array([1, 2, 3, 4, 5], dtype="Int64"),
+                          "with_na": pd.array([1, None, 3, 4, 5], dtype="Int64"),
+                          "cat": pd.Categorical(list("abcab"))})
+    files = []
+    for k in range(3):
+        path = tmp_path / f"part-{k}.parquet"
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+        files.append(("p", str(path)))
+    got, _ = dataset_read._read_files(files, None, {"p": 0}, ["p"])
+    want = pd.concat([frame] * 3, ignore_index=True)
+    pd.testing.assert_frame_equal(got.drop(columns=["process"]), want)

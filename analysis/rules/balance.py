@@ -8,7 +8,7 @@ import pandas as pd
 
 from stepscope.analysis.communication import communication
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, train_steps
+from stepscope.analysis.rules.gpudata import node_of, samples_of, train_steps
 from stepscope.analysis.store.frames import as_strings
 
 
@@ -124,7 +124,7 @@ def _multi_gpu(run) -> bool:
     k = run.kernel_names
     if len(k) and (k.groupby("process", observed=True)["device"].nunique().max() > 1 or k["process"].nunique() > 1):
         return True
-    util = run.system[run.system["metric"] == "gpu_util"]
+    util = samples_of(run, "gpu_util")
     return bool(len(util)) and util.groupby("node")["device"].nunique().max() > 1
 
 
@@ -132,7 +132,7 @@ def _gpu_loads(run, warmup_steps):
     """Per node with two or more GPUs measured: (node, source, {gpu: busy %}, {gpu: rank}).
     Compute kernels (their busy time in the steps of the node's loop) where traced, as
     they tell real work from waiting in NCCL; NVML utilization means otherwise."""
-    util = run.system[run.system["metric"] == "gpu_util"]
+    util = samples_of(run, "gpu_util")
     if not len(run.kernel_steps) and not len(util):  # nothing measured of a GPU
         return []
     steps = train_steps(run, warmup_steps)
@@ -143,8 +143,11 @@ def _gpu_loads(run, warmup_steps):
     k = run.kernel_steps
     if len(k):  # each step's kernels with the step's time
         spans = run.steps[["process", "mode", "step", "start_ns", "end_ns"]]
-        k = k[["process", "device", "mode", "step", "busy_ns"]].astype({"process": str, "mode": str}).merge(
-            spans.astype({"process": str, "mode": str}), on=["process", "mode", "step"])
+        # joined on the names as plain strings (a categorical's converted once, not row by row)
+        k = k[["process", "device", "mode", "step", "busy_ns"]].assign(
+            process=as_strings(k["process"]), mode=as_strings(k["mode"])).merge(
+            spans.assign(process=as_strings(spans["process"]), mode=as_strings(spans["mode"])),
+            on=["process", "mode", "step"])
         k = k.assign(node=k["process"].map(nodes))
     out = []
     for node, s in steps.groupby("node", sort=True):

@@ -14,14 +14,14 @@ import pandas as pd
 from stepscope.analysis.quantities import ms, phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, train_groups
+from stepscope.analysis.rules.gpudata import node_of, samples_of, train_groups
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY, TRAIN
 
 
 
 def worker_counts(run) -> dict:
     """process -> the most child processes (loader workers) sampled alive at once."""
-    proc = run.system[run.system["metric"] == "proc_rss"] if len(run.system) else pd.DataFrame()
+    proc = samples_of(run, "proc_rss") if len(run.system) else pd.DataFrame()
     if proc.empty:
         return {}
     kids = proc[proc["device"].astype(str).str.startswith("pid")]
@@ -30,7 +30,7 @@ def worker_counts(run) -> dict:
 
 def core_counts(run) -> dict:
     """node -> number of CPU cores sampled."""
-    cpu = run.system[run.system["metric"] == "cpu_util"] if len(run.system) else pd.DataFrame()
+    cpu = samples_of(run, "cpu_util") if len(run.system) else pd.DataFrame()
     if cpu.empty:
         return {}
     cores = cpu[cpu["device"].astype(str).str.fullmatch(r"cpu\d+")]

@@ -14,7 +14,7 @@ def no_gpu_reason(run, need: str) -> Optional[str]:
 
     need: "metrics" (NVML samples in the system table) or "trace" (CUPTI kernels).
     """
-    has = (run.system["metric"] == "gpu_util").any() if need == "metrics" else run.rows("kernels") > 0
+    has = len(samples_of(run, "gpu_util")) > 0 if need == "metrics" else run.rows("kernels") > 0
     if has:
         return None
     if any(" GPU: no NVIDIA driver here" in n or n.startswith("GPU: no NVIDIA driver") for n in run.notes):
@@ -22,6 +22,13 @@ def no_gpu_reason(run, need: str) -> Optional[str]:
     if need == "metrics":
         return "no GPU utilization samples (NVML; needs --gpu metrics or trace on a GPU host)"
     return "no GPU kernels (CUPTI activity tracing; needs --gpu trace on a GPU host)"
+
+
+def samples_of(run, metric: str) -> pd.DataFrame:
+    """The system table's rows of one metric, selected once per run (several rules read the
+    GPU's utilization or a process's memory; the table holds every sample of a long run).
+    Shared between rules: filter it, do not change it."""
+    return memo(run, ("samples_of", metric), lambda: run.system[run.system["metric"] == metric])
 
 
 def train_steps(run, warmup_steps: float) -> pd.DataFrame:

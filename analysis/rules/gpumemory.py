@@ -8,7 +8,7 @@ import pandas as pd
 
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule
-from stepscope.analysis.rules.gpudata import node_of
+from stepscope.analysis.rules.gpudata import node_of, samples_of
 from stepscope.analysis.rules.memory import MB
 from stepscope.analysis.rules.windows import _rank_of_gpu
 from stepscope.analysis.store.frames import as_strings
@@ -34,7 +34,7 @@ class GPUMemoryIncrease(Rule):
     def not_applicable(self, run):
         if not (run.steps["mode"] == "train").any():
             return "no train steps"
-        if not (run.system["metric"] == "gpu_memory_used").any():
+        if not len(samples_of(run, "gpu_memory_used")) > 0:
             return "no GPU memory samples (NVML; needs a GPU host with --gpu metrics or trace)"
         return None
 
@@ -42,9 +42,8 @@ class GPUMemoryIncrease(Rule):
         train = run.steps[run.steps["mode"] == "train"]
         nodes = node_of(run)
         train = train.assign(node=pd.Series(as_strings(train["process"]), index=train.index).map(nodes))
-        system = run.system
-        used = system[system["metric"] == "gpu_memory_used"]
-        total = system[system["metric"] == "gpu_memory_total"]
+        used = samples_of(run, "gpu_memory_used")
+        total = samples_of(run, "gpu_memory_total")
         out = []
         for node, s in train.groupby("node", sort=True):
             local = run.processes[(run.processes["host"].astype(str) == node)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepscope.analysis.rules.base import Finding, Param, clean_rank
-from stepscope.analysis.rules.gpudata import node_of, train_steps
+from stepscope.analysis.rules.gpudata import node_of, samples_of, train_steps
 from stepscope.analysis.rules.utilization import LowGPUCause, idle_ms_per_step
 from stepscope.analysis.rules.windows import COMMON, loop_windows
 
@@ -45,14 +45,18 @@ class LowGPUUtilization(LowGPUCause):
         w = loop_windows(run, p["window_s"], p["warmup_steps"])
         if w.empty:
             return []
-        util = run.system[run.system["metric"] == "gpu_util"]
+        util = samples_of(run, "gpu_util")
         out = []
         for (node, gpu), g in w.groupby(["node", "gpu"], sort=True):
             samples = util[(util["node"] == node) & (util["device"] == gpu)]
             t, v = samples["timestamp_ns"].to_numpy(), samples["value"].to_numpy(dtype=float)
+            order = np.argsort(t, kind="stable")  # (the samples of a window, in their order: a slice)
+            t, v = t[order], v[order]
+            lo = np.searchsorted(t, g["start_ns"].to_numpy(), side="left")
+            hi = np.searchsorted(t, g["end_ns"].to_numpy(), side="left")
             judged, swinging = 0.0, []
-            for r in g.itertuples():
-                inside = v[(t >= r.start_ns) & (t < r.end_ns)]
+            for r, a, b in zip(g.itertuples(), lo, hi):
+                inside = v[a:b]
                 if len(inside) < MIN_SAMPLES:
                     continue
                 seconds = (r.end_ns - r.start_ns) / 1e9

@@ -10,7 +10,7 @@ import pandas as pd
 
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, process_ranks, steps_by_process
+from stepscope.analysis.rules.gpudata import node_of, process_ranks, samples_of, steps_by_process
 
 MB = 1 << 20
 _EMPTY = pd.DataFrame({"mode": [], "start_ns": [], "end_ns": [], "step": []})
@@ -52,13 +52,13 @@ class HostMemoryIncrease(Rule):
     def not_applicable(self, run):
         if not len(run.steps):
             return "no steps"
-        if not (run.system["metric"] == "proc_rss").any():
+        if not len(samples_of(run, "proc_rss")) > 0:
             return "no process memory samples"
         return None
 
     def evaluate(self, run, p):
         found = []
-        rss = run.system[run.system["metric"] == "proc_rss"]
+        rss = samples_of(run, "proc_rss")
         # a rank and its children, summed per sample
         total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
         nodes = node_of(run)

@@ -83,3 +83,20 @@ def test_numbers_read_straight_into_numpy_have_the_dtypes_pandas_gives(tmp_path)
     got, _ = dataset_read._read_files(files, None, {"p": 0}, ["p"])
     want = pd.concat([frame] * 3, ignore_index=True)
     pd.testing.assert_frame_equal(got.drop(columns=["process"]), want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_window_percentiles_are_numpys_of_each_window(seed):
+    from stepscope.analysis.rules.lowgpu import window_percentiles
+
+    rng = np.random.default_rng(seed)
+    values = rng.choice([0.0, 3.5, 50.0, 99.0, 100.0], 3000) + rng.random(3000) * (seed % 2)
+    cuts = np.sort(rng.integers(0, 3000, 400))
+    lo, hi = cuts[:-1], cuts[1:] + rng.integers(0, 3, 399)
+    hi = np.minimum(hi, 3000)
+    p5, p95 = window_percentiles(values, lo, hi, 5)
+    for a, b, x, y in zip(lo, hi, p5, p95):
+        if b - a < 5:
+            assert np.isnan(x) and np.isnan(y)
+        else:
+            assert (x, y) == tuple(np.percentile(values[a:b], [5, 95]))  # bit for bit

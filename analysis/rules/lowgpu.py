@@ -54,14 +54,14 @@ class LowGPUUtilization(LowGPUCause):
             t, v = t[order], v[order]
             lo = np.searchsorted(t, g["start_ns"].to_numpy(), side="left")
             hi = np.searchsorted(t, g["end_ns"].to_numpy(), side="left")
+            low, high = window_percentiles(v, lo, hi, MIN_SAMPLES)
             judged, swinging = 0.0, []
-            for r, a, b in zip(g.itertuples(), lo, hi):
+            for r, a, b, p5, p95 in zip(g.itertuples(), lo, hi, low, high):
                 inside = v[a:b]
                 if len(inside) < MIN_SAMPLES:
                     continue
                 seconds = (r.end_ns - r.start_ns) / 1e9
                 judged += seconds
-                p5, p95 = np.percentile(inside, [5, 95])
                 if p95 >= p["fluctuation_p95"] and p5 <= p["fluctuation_p5"]:
                     swinging.append({"window": int(r.window), "seconds": round(seconds, 3),
                                      "p5": round(float(p5), 1), "p95": round(float(p95), 1),
@@ -90,3 +90,15 @@ class LowGPUUtilization(LowGPUCause):
                           "windows": swinging[:20]},
                 cost_ms_per_step=idle_ms_per_step(share, mean, steps)))
         return out
+
+
+def window_percentiles(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, at_least: int):
+    """(p5, p95) of ``values[lo:hi]`` for each window with ``at_least`` values (NaN for the
+    others): ``np.percentile`` on each window, called once for all the windows of a size
+    (a long run has thousands of windows, nearly all of one size)."""
+    p5, p95 = np.full(len(lo), np.nan), np.full(len(lo), np.nan)
+    counts = hi - lo
+    for n in np.unique(counts[counts >= at_least]):
+        rows = np.flatnonzero(counts == n)
+        p5[rows], p95[rows] = np.percentile(values[lo[rows, None] + np.arange(n)], [5, 95], axis=1)
+    return p5, p95

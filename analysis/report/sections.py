@@ -21,6 +21,7 @@ import pandas as pd
 from stepscope.analysis.quantities import percent
 from stepscope.analysis.report.plots import _r
 from stepscope.analysis.rules import RULES
+from stepscope.analysis.rules.gpudata import memo
 from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, PHASES, TRAIN
 
@@ -156,9 +157,16 @@ def loader_workers(run) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["node", "cores", "training_processes", "workers", "workers_per_core"])
 
 
+def _train_getnext(run) -> pd.DataFrame:
+    """The train steps' GetNext phases (process, duration_ns), read once for the section's
+    table and histogram (a scan of a large run's tens of millions of phases)."""
+    return memo(run, "train_getnext",
+                lambda: run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["process", "duration_ns"]))
+
+
 def getnext_stats(run) -> pd.DataFrame:
     """Per process, its train steps' GetNext durations in ms: count, p50, p95, p99, max."""
-    g = run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["process", "duration_ns"])
+    g = _train_getnext(run)
     cols = ["process", "count", "p50", "p95", "p99", "max"]
     if g.empty:
         return pd.DataFrame(columns=cols)
@@ -227,8 +235,7 @@ def dataloading(run, esc):
                        for r in g.itertuples(index=False))
         parts.append("<table class='grid getnext'><tr><th>process</th><th>train steps' fetches</th><th>p50 ms</th>"
                      "<th>p95 ms</th><th>p99 ms</th><th>max ms</th></tr>" + rows + "</table>")
-        ms = run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["duration_ns"])["duration_ns"] \
-            .to_numpy() / 1e6
+        ms = _train_getnext(run)["duration_ns"].to_numpy() / 1e6
         counts, edges = np.histogram(ms, bins=min(GETNEXT_BINS, max(10, int(np.sqrt(len(ms))))))
         fig = go.Figure(go.Bar(x=_r((edges[:-1] + edges[1:]) / 2, 4), y=counts, width=_r(np.diff(edges), 4),
                                marker_color="#e45756"))

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
+from stepscope.analysis.rules.gpudata import steps_by_process
 from stepscope.analysis.store.frames import as_strings
 from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
                                                        phase_sample, reduce_items, sampled_steps)
@@ -226,10 +227,11 @@ def _process_steps(b: _Builder, steps: pd.DataFrame, base: int) -> dict:
     (a DataLoader worker) is cut at the steps of the process with the most."""
     if steps.empty:
         return {}
-    s = steps[["process", "mode", "step", "start_ns", "end_ns"]].copy()
+    columns = ["process", "mode", "step", "start_ns", "end_ns"]
+    s = steps[columns].copy()
     s["start_ns"] -= base
     s["end_ns"] -= base
-    own = {str(k): g for k, g in s.groupby("process", observed=True, sort=False)}
+    own = {str(k): g for k, g in steps_by_process(s, columns).items()}
     ref = max(own.values(), key=len)
     return {node: own.get(name, ref) for name, node in b.pnodes.items()}
 

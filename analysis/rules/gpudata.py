@@ -49,14 +49,16 @@ def train_groups(run) -> list:
 
 def steps_by_process(steps: pd.DataFrame, columns: list) -> dict:
     """{process: its steps' ``columns``}, the rows, order and index of
-    ``steps[steps["process"] == process]``: one split, not a scan of every step per process."""
+    ``steps[steps["process"] == process]``, processes in the order they first appear (as
+    ``groupby("process", sort=False)``): one split, not a scan of every step per process."""
     process = pd.Categorical(steps["process"])
     codes = np.asarray(process.codes)
     order = np.argsort(codes, kind="stable")
     cuts = np.flatnonzero(np.diff(codes[order])) + 1
     part = steps[columns]
-    return {process.categories[codes[rows[0]]]: part.iloc[rows] for rows in np.split(order, cuts)
-            if len(rows) and codes[rows[0]] >= 0}
+    groups = sorted((rows for rows in np.split(order, cuts) if len(rows) and codes[rows[0]] >= 0),
+                    key=lambda rows: rows[0])  # (a stable sort: each group's first row is its first appearance)
+    return {process.categories[codes[rows[0]]]: part.iloc[rows] for rows in groups}
 
 
 def process_ranks(steps: pd.DataFrame) -> list:

@@ -14,7 +14,7 @@ import pandas as pd
 from stepscope.analysis.quantities import ms, phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, samples_of, train_groups
+from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups
 from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY, TRAIN
 
 
@@ -102,6 +102,12 @@ class Dataloader(Rule):
         return None
 
     def _rows(self, run):
+        """(process, rank, figures) per training process, computed once per run (the details
+        and the findings read the same figures); each caller gets its own dicts."""
+        for process, rank, row in memo(run, "dataloader_rows", lambda: list(self._figures(run))):
+            yield process, rank, dict(row)
+
+    def _figures(self, run):
         cores, workers, nodes = core_counts(run), worker_counts(run), node_of(run)
         for (process, rank), s in train_groups(run):
             node = nodes.get(process)

@@ -100,3 +100,17 @@ def test_window_percentiles_are_numpys_of_each_window(seed):
             assert np.isnan(x) and np.isnan(y)
         else:
             assert (x, y) == tuple(np.percentile(values[a:b], [5, 95]))  # bit for bit
+
+
+def test_the_timelines_step_modes_are_as_strings_gives_them_sorted():
+    from stepscope.analysis.report.timeline_detail import _texts
+    from stepscope.analysis.store.frames import as_strings
+
+    rng = np.random.default_rng(0)
+    mode = pd.Series(pd.Categorical(rng.choice(["train", "eval", "predict", None], 5000),
+                                    categories=["train", "unused", "predict", "eval"]))
+    text, code = _texts(mode)
+    want_text, want_code = np.unique(as_strings(mode), return_inverse=True)
+    used = np.unique(code)
+    assert list(text[used]) == list(want_text)
+    assert np.array_equal(np.searchsorted(want_text, text[code]), want_code)

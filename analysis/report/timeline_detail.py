@@ -73,8 +73,13 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -
 
     modes = pd.Series(as_strings(steps["mode"]), index=steps.index)  # (each mode's text made once)
     main = "train" if (modes == "train").any() else modes.value_counts().index[0]
-    for mode, s in steps.groupby(modes, sort=True):
-        per = s.groupby("step")["duration_ns"].max().sort_index()
+    text, code = _texts(steps["mode"])
+    step_numbers, durations = steps["step"].to_numpy(), steps["duration_ns"].to_numpy()
+    for i, mode in enumerate(text):  # (as groupby(modes, sort=True) gives them, without copying the steps)
+        rows = np.flatnonzero(code == i)
+        if not len(rows):
+            continue
+        per = pd.Series(durations[rows]).groupby(step_numbers[rows]).max().sort_index()
         d, nums = per.to_numpy(), per.index.to_numpy()
         med = np.median(d)
         if mode != main:
@@ -105,6 +110,16 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -
             if (str(mode), int(n)) in known:
                 add(mode, n, "operators sampled")
     return [{"mode": m, "step": n, "why": ", ".join(w)} for (m, n), w in sorted(chosen.items())]
+
+
+def _texts(mode: pd.Series):
+    """(sorted distinct texts, each row's index among them) of a mode column as ``as_strings``
+    writes it, from its categories (a run's millions of steps have a few modes)."""
+    cat = pd.Categorical(mode)
+    names = np.array([str(c) for c in cat.categories] + ["nan"], dtype=object)
+    text, of_name = np.unique(names, return_inverse=True)
+    codes = np.asarray(cat.codes, dtype=np.int64)
+    return text, of_name[np.where(codes < 0, len(names) - 1, codes)]
 
 
 def _window_of(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from stepscope.analysis.communication import communication
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, samples_of, train_steps
+from stepscope.analysis.rules.gpudata import node_of, samples_of, train_groups, train_steps
 from stepscope.analysis.store.frames import as_strings
 
 
@@ -71,9 +71,10 @@ class LoadBalancing(Rule):
         # Backward: the rank with the most is the one the others wait for. Where the
         # collectives were recorded, the straggler is named by its cost to the others:
         # the time they were blocked waiting for it to arrive (analysis/communication.py).
-        train = run.steps[(run.steps["mode"] == "train") & run.steps["rank"].notna()]
         per_rank = {}
-        for (process, rank), s in train.groupby(["process", "rank"], sort=True):
+        for (process, rank), s in train_groups(run):  # (split once per run; the ranks known only)
+            if pd.isna(rank):
+                continue
             s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
             if len(s):
                 work = (s["duration_ns"] - s["Backward"]).to_numpy(dtype=float)

@@ -34,7 +34,7 @@ class GPUMemoryIncrease(Rule):
     def not_applicable(self, run):
         if not (run.steps["mode"] == "train").any():
             return "no train steps"
-        if not len(samples_of(run, "gpu_memory_used")) > 0:
+        if not len(samples_of(run, "gpu_memory_used")):
             return "no GPU memory samples (NVML; needs a GPU host with --gpu metrics or trace)"
         return None
 

@@ -16,12 +16,11 @@ MB = 1 << 20
 _EMPTY = pd.DataFrame({"mode": [], "start_ns": [], "end_ns": [], "step": []})
 
 
-def loop_steps(steps, process):
+def loop_steps(steps):
     """The steps a process's memory is judged over (``steps``: that process's): its train
     steps, or all its steps when it has none."""
-    s = steps.get(process, _EMPTY) if isinstance(steps, dict) else steps[steps["process"] == process]
-    train = s[s["mode"] == "train"]
-    return train if len(train) else s
+    train = steps[steps["mode"] == "train"]
+    return train if len(train) else steps
 
 
 def free_memory(system, node, t1) -> float:
@@ -52,7 +51,7 @@ class HostMemoryIncrease(Rule):
     def not_applicable(self, run):
         if not len(run.steps):
             return "no steps"
-        if not len(samples_of(run, "proc_rss")) > 0:
+        if not len(samples_of(run, "proc_rss")):
             return "no process memory samples"
         return None
 
@@ -65,7 +64,7 @@ class HostMemoryIncrease(Rule):
         by_process = steps_by_process(run.steps, ["mode", "start_ns", "end_ns", "step"])
         for process, rank in process_ranks(run.steps):
             r = total[total["process"] == process].sort_values("timestamp_ns")
-            g = steady.steady_growth(loop_steps(by_process, process), r["timestamp_ns"].to_numpy(np.int64),
+            g = steady.steady_growth(loop_steps(by_process.get(process, _EMPTY)), r["timestamp_ns"].to_numpy(np.int64),
                                      r["value"].to_numpy(dtype=float), p)
             if g is None or not g["growing"]:
                 continue

@@ -69,6 +69,17 @@ def test_the_straggler_costs_the_others_its_delay(jobs):
     assert "straggler" in related["CommunicationBound"]["message"]
 
 
+def test_the_dataset_builds_consuming_pass_keeps_the_communication(jobs):
+    from stepscope.analysis.tables import stepping
+
+    run = stepscope.load(jobs["straggler"][1], quiet=True)
+    want = stepping.steps_and_phases(run.events)
+    got = stepping.steps_and_phases(run.events.copy(), consume=True)  # (the events' columns go as read)
+    assert want[0]["comm_exposed_ns"].sum() > 0
+    pd.testing.assert_frame_equal(got[0], want[0])
+    pd.testing.assert_frame_equal(got[1], want[1])
+
+
 def test_one_large_bucket_is_exposed_communication(jobs):
     run = stepscope.load(jobs["exposed"][1], quiet=True)
     colls = run.collectives

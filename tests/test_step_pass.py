@@ -37,6 +37,11 @@ def assert_same(events: pd.DataFrame) -> None:
     reference = stepping.steps_and_phases(events, native=False)
     pd.testing.assert_frame_equal(native[0], reference[0])
     pd.testing.assert_frame_equal(native[1], reference[1])
+    # the dataset build gives its events up (their columns go as they are read): the same tables
+    given_up = events.copy()
+    consumed = stepping.steps_and_phases(given_up, consume=True)
+    pd.testing.assert_frame_equal(consumed[0], reference[0])
+    pd.testing.assert_frame_equal(consumed[1], reference[1])
 
 
 def _process_events(rng: np.random.Generator, threads: int) -> list:

@@ -33,7 +33,7 @@ from stepscope.analysis.store.reader import PROGRESS_BYTES, empty_events, events
 from stepscope.analysis.store import py_samples
 from stepscope.analysis.store.dataset_files import link_or_copy, partition_dir, safe_partition, write_file
 from stepscope.analysis.store.dataset_live import DERIVED_FROM, ended, keep_part, reused_part, trace_identity
-from stepscope.analysis.store.frames import concat, concat_in_order
+from stepscope.analysis.store.frames import columns_of, concat, concat_in_order
 from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES
 from stepscope.analysis.tables.system import system_frame
 from stepscope.core.vocabulary import TRACE_FILE
@@ -110,7 +110,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             # the process's last event end closes its last step: keep that event too
             keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
             keep[int(events["end_ns"].to_numpy().argmax())] = True
-            kept.append(events[keep])
+            kept.append(columns_of(events, keep))  # (columns apart: concat_in_order frees each as it goes)
         kept_file = part["events_file"] if reused is not None else None
         if live and kept_file is None and os.path.exists(os.path.join(live, f"part-{i:05d}.json")):
             kept_file = os.path.join(live, f"part-{i:05d}.events.parquet")  # kept just now
@@ -123,15 +123,18 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             pending.flush(ROW_GROUP)
         entry["rows"]["events"] += int(part["extent"][2])
         del events
+        _release_arrow_memory()  # (what writing the part took, before the next part is decoded)
     pending.flush(0)
     if extent is not None:
         entry["extent"] = dict(zip(("start_ns", "end_ns", "events", "recorded"), extent))
     if len(kept) > 1:
         kept = concat_in_order(kept, start_order)  # (parts kept from earlier builds may know fewer names)
     else:
-        kept = kept[0] if kept else empty_events()
-    steps, phases = stepping.steps_and_phases(kept)
-    out = {"steps": steps, "phases": phases, "system": system_frame(kept)}
+        kept = pd.DataFrame(kept[0], copy=False) if kept else empty_events()
+    _release_arrow_memory()
+    out = {"system": system_frame(kept)}
+    steps, phases = stepping.steps_and_phases(kept, consume=True)  # (kept's columns go as they are read)
+    out.update(steps=steps, phases=phases)
     del kept
     # GPU records a part at a time (a GPU trace is mostly kernels): each part's tables are
     # one file, and the kernels are aggregated per step as they go

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -45,13 +45,28 @@ def concat(parts: List[pd.DataFrame]) -> pd.DataFrame:
     return frame
 
 
-def concat_in_order(parts: List[pd.DataFrame], order_of) -> pd.DataFrame:
+def columns_of(frame: pd.DataFrame, rows: Optional[np.ndarray] = None) -> Dict[str, object]:
+    """A frame's columns (of the rows ``rows``, a boolean mask or positions: None, all) as
+    separate arrays, each its own memory: ``concat_in_order`` frees each part's column as
+    soon as it is joined (a frame's columns may share a block, freed only all together)."""
+    out = {}
+    for c in frame.columns:
+        values = frame[c].array if not isinstance(frame[c].dtype, np.dtype) else frame[c].to_numpy()
+        out[c] = values[rows] if rows is not None else values.copy()
+    return out
+
+
+def concat_in_order(parts: List[Union[pd.DataFrame, Dict[str, object]]], order_of) -> pd.DataFrame:
     """``concat(parts)`` with its rows in ``order_of(start_ns, end_ns)``'s order, built a
-    column at a time: the parts and the result are held, not a concatenation besides."""
+    column at a time. Parts given as ``columns_of`` dicts are emptied as it goes (each
+    column is let go once joined): the peak is the parts and one joined column, not the
+    parts and their concatenation."""
     from pandas.api.types import union_categoricals
 
-    starts = np.concatenate([p["start_ns"].to_numpy() for p in parts])
-    order = order_of(starts, np.concatenate([p["end_ns"].to_numpy() for p in parts]))
+    column = lambda p, c: p[c].array if isinstance(p, pd.DataFrame) else p[c]  # noqa: E731
+    names = list(parts[0].columns if isinstance(parts[0], pd.DataFrame) else parts[0])
+    starts = np.concatenate([np.asarray(column(p, "start_ns")) for p in parts])
+    order = order_of(starts, np.concatenate([np.asarray(column(p, "end_ns")) for p in parts]))
     del starts
     # Parts decoded one after the other are each in order and overlap only near their
     # edges (a span is written when it ends): only the rows out of place are moved.
@@ -59,22 +74,24 @@ def concat_in_order(parts: List[pd.DataFrame], order_of) -> pd.DataFrame:
     source = order[moved]
     del order
     out = {}
-    for c in parts[0].columns:
-        dtype = parts[0][c].dtype
+    for c in names:
+        pieces = [p.pop(c) if isinstance(p, dict) else column(p, c) for p in parts]
+        dtype = pieces[0].dtype
         if isinstance(dtype, pd.CategoricalDtype):
-            joined = union_categoricals([p[c].array for p in parts], ignore_order=True)
+            joined = union_categoricals(pieces, ignore_order=True)
             codes = np.array(joined.codes)  # (writable)
             codes[moved] = codes[source]  # (the right side is gathered before it is written)
             joined = pd.Categorical.from_codes(codes, dtype=joined.dtype)
-        elif isinstance(dtype, np.dtype):
-            joined = np.concatenate([p[c].to_numpy() for p in parts])
+        elif isinstance(dtype, np.dtype) or isinstance(pieces[0], pd.arrays.NumpyExtensionArray):
+            joined = np.concatenate([np.asarray(v) for v in pieces])
             joined[moved] = joined[source]
         else:  # (nullable integers)
-            joined = type(parts[0][c].array)._concat_same_type([p[c].array for p in parts])
+            joined = type(pieces[0])._concat_same_type(pieces)
             if len(moved):
                 whole = np.arange(len(joined))
                 whole[moved] = source
                 joined = joined.take(whole)
+        del pieces
         out[c] = joined
         del joined
     return pd.DataFrame(out, copy=False)

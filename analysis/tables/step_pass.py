@@ -19,6 +19,9 @@ from stepscope.core import decoding
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
 
 
+_PHASE_SOURCES = ("process", "pid", "rank", "tid", "name", "start_ns", "end_ns", "duration_ns")  # events' columns a phase row copies
+
+
 def _code(categorical, value) -> int:
     cats = categorical.categories
     return int(cats.get_loc(value)) if value in cats else -1
@@ -40,9 +43,10 @@ def _blocks(process_codes: np.ndarray):
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def steps_and_phases(events: pd.DataFrame) -> Optional[Tuple[pd.DataFrame, pd.DataFrame]]:
+def steps_and_phases(events: pd.DataFrame, consume: bool = False) -> Optional[Tuple[pd.DataFrame, pd.DataFrame]]:
     """(steps, phases) as ``stepping.steps_and_phases`` makes them, or None where the
-    native pass does not apply (no steps, or a table whose processes are not in blocks)."""
+    native pass does not apply (no steps, or a table whose processes are not in blocks).
+    ``consume``: where it applies, the columns of ``events`` are dropped once read."""
     if not len(events):
         return None
     process = events["process"].cat.codes.to_numpy()
@@ -80,7 +84,15 @@ def steps_and_phases(events: pd.DataFrame) -> Optional[Tuple[pd.DataFrame, pd.Da
     if not at:
         return None
     del columns
-    join = lambda key: np.concatenate([r[key] for r in parts])  # noqa: E731
+
+    def give_up(*names):  # the events' columns read for the last time
+        for c in names if consume else ():
+            del events[c]
+
+    def join(key):  # a result column of every process (given up by the parts: one copy held, not two)
+        pieces = [r.pop(key) for r in parts]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
     rows = join("step_row")
     steps = pd.DataFrame({
         "process": pd.Categorical.from_codes(process[rows], events["process"].cat.categories),
@@ -96,25 +108,32 @@ def steps_and_phases(events: pd.DataFrame) -> Optional[Tuple[pd.DataFrame, pd.Da
         mode[join("step_interrupted").astype(bool)] = INTERRUPTED
         steps["mode"] = pd.Categorical(mode)
     for i, p in enumerate(PHASES):
-        steps[p] = np.concatenate([r["phase_sums"][i] for r in parts])
+        steps[p] = np.concatenate([r["phase_sums"][i] for r in parts]) if len(parts) > 1 else parts[0]["phase_sums"][i]
     steps["Other"] = join("other")
+    give_up(*(c for c in events.columns if c not in _PHASE_SOURCES))
     rows = join("phase_row")
     if not len(rows):
         return steps[STEP_PHASE_COLUMNS], pd.DataFrame({c: [] for c in PHASE_COLUMNS})
+    # a column at a time, its temporaries gone before the next (a long run has millions of phases)
     labels = join("phase_step")
-    has = labels >= 0
-    safe = np.where(has, labels, 0)
+    missing = labels < 0
+    labels[missing] = 0  # (the native pass's own array)
     step_mode = steps["mode"].astype("category")
-    mode_codes = step_mode.cat.codes.to_numpy()[safe]
-    mode_codes[~has] = -1
-    step = steps["step"].to_numpy().astype(np.int32)[safe]
-    step[~has] = -1
-    start, end = events["start_ns"].to_numpy()[rows], events["end_ns"].to_numpy()[rows]
-    phases = pd.DataFrame({
-        "process": _taken(events["process"], rows), "pid": events["pid"].to_numpy()[rows],
-        "rank": events["rank"].array[rows], "tid": events["tid"].to_numpy()[rows],
-        "mode": pd.Categorical.from_codes(mode_codes, step_mode.cat.categories), "step": step,
-        "name": _taken(events["name"], rows, unused=False),
-        "start_ns": start, "end_ns": end, "duration_ns": events["duration_ns"].to_numpy()[rows],
-        "exclusive_ns": join("phase_exclusive")}, copy=False)
-    return steps[STEP_PHASE_COLUMNS], phases[PHASE_COLUMNS]
+    mode_codes = step_mode.cat.codes.to_numpy()[labels]
+    mode_codes[missing] = -1
+    step = steps["step"].to_numpy().astype(np.int32)[labels]
+    step[missing] = -1
+    del labels, missing
+    phases = {"mode": pd.Categorical.from_codes(mode_codes, step_mode.cat.categories), "step": step}
+    del mode_codes, step
+    phases["process"] = _taken(events["process"], rows)
+    phases["name"] = _taken(events["name"], rows, unused=False)
+    give_up("process", "name")
+    phases["rank"] = events["rank"].array[rows]
+    for c in ("pid", "tid", "start_ns", "end_ns", "duration_ns"):
+        phases[c] = events[c].to_numpy()[rows]
+        give_up(c)
+    give_up("rank")
+    del rows
+    phases["exclusive_ns"] = join("phase_exclusive")
+    return steps[STEP_PHASE_COLUMNS], pd.DataFrame(phases, copy=False)[PHASE_COLUMNS]

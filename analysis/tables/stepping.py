@@ -291,16 +291,19 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
     return out
 
 
-def steps_and_phases(events: pd.DataFrame, native: bool = True):
+def steps_and_phases(events: pd.DataFrame, native: bool = True, consume: bool = False):
     """(steps, phases): steps carry each phase's exclusive time, Other and the step's
     communication (``comm.step_columns``).
 
     The functions above define both tables; ``native`` (the default) computes them
     with one native pass per process (``step_pass``), which tests hold equal to
-    this definition (``native=False``)."""
-    out = step_pass.steps_and_phases(events) if native else None
+    this definition (``native=False``). ``consume``: the caller gives ``events`` up,
+    and the native pass drops each of its columns once read (a long run's phases are
+    millions of rows: the events and the tables are not all held at once)."""
+    comm_rows = comm.comm_events(events) if consume else events  # (all comm needs of them)
+    out = step_pass.steps_and_phases(events, consume=consume) if native else None
     steps, phases = out if out is not None else _steps_and_phases(events)
-    return comm.step_columns(steps, events), phases
+    return comm.step_columns(steps, comm_rows), phases
 
 
 def _steps_and_phases(events: pd.DataFrame):

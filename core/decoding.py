@@ -18,6 +18,10 @@ uses ``stepscope.core.recording``).
 ``kernel_steps(process, device, start, end, step, mode, phase, duration, launched, latency, ...)``
     Compute kernels aggregated per step and per phase (csrc/aggregate/kernel_steps.h;
     analysis/tables/kernel_steps.py calls it).
+``innermost_segments(start, end)`` / ``attribute(start, end, values, times)``
+    A process's phase spans as the segments naming the innermost span, and the
+    value of the interval each time falls in (csrc/aggregate/attribution.h;
+    analysis/tables/gpu.py's Timeline calls them).
 ``demangle(names)``
     C++ symbol names (kernels) as people read them; names that are not
     mangled come back unchanged.
@@ -31,6 +35,9 @@ read_trace = _native.read_trace
 demangle = _native.demangle
 step_phases = _native.step_phases
 kernel_steps = _native.kernel_steps
+innermost_segments = _native.innermost_segments
+attribute = _native.attribute
 FORMAT_VERSION = _native.FORMAT_VERSION
 
-__all__ = ["FORMAT_VERSION", "demangle", "kernel_steps", "read_trace", "step_phases"]
+__all__ = ["FORMAT_VERSION", "attribute", "demangle", "innermost_segments", "kernel_steps", "read_trace",
+           "step_phases"]

@@ -24,6 +24,7 @@ import pandas as pd
 
 from stepscope.analysis.store.frames import without_unused
 from stepscope.analysis.store.gpu_raw import RAW_COLUMNS, empty_raw, raw_frame  # noqa: F401 - the raw records' API
+from stepscope.core import decoding
 from stepscope.core import vocabulary as _v
 from stepscope.core.vocabulary import CONTEXT_STREAM  # noqa: F401 - a sync record not about one stream
 
@@ -162,33 +163,33 @@ class Timeline:
             if len(s):
                 order = np.argsort(s["start_ns"].to_numpy(), kind="stable")
                 mode = pd.Categorical(s["mode"].astype(object), categories=self.modes).codes
-                step_index = (s["start_ns"].to_numpy()[order], s["end_ns"].to_numpy()[order],
-                              np.asarray(mode, dtype=np.int64)[order], s["step"].to_numpy()[order])
+                step_index = (s["start_ns"].to_numpy(np.int64)[order], s["end_ns"].to_numpy(np.int64)[order],
+                              np.asarray(mode, dtype=np.int64)[order], s["step"].to_numpy(np.int64)[order])
             p = self.phases[self.phases["process"] == process]
             phase_index = None
-            if len(p):
-                seg_s, seg_e, idx = _innermost_segments(p["start_ns"].to_numpy(), p["end_ns"].to_numpy())
+            if len(p):  # (native: ``_innermost_segments`` defines it, tests hold the two equal)
+                seg_s, seg_e, idx = decoding.innermost_segments(p["start_ns"].to_numpy(np.int64),
+                                                                p["end_ns"].to_numpy(np.int64))
                 name = pd.Categorical(p["name"].astype(object), categories=self.phase_names).codes
                 phase_index = (seg_s, seg_e, np.asarray(name, dtype=np.int64)[idx])
             self._cache[process] = (step_index, phase_index)
         return self._cache[process]
 
     def codes(self, process, times: np.ndarray):
-        """(mode code, step, phase code) at each time of one process; -1 outside (or time < 0)."""
+        """(mode code, step, phase code) at each time of one process; -1 outside (or time < 0):
+        ``_lookup`` in the steps and in the innermost segments, done natively (one search per
+        time, from the last one's place: a GPU table's times mostly increase)."""
         n = len(times)
-        mode, step, phase = (np.full(n, -1, dtype=np.int64) for _ in range(3))
         step_index, phase_index = self.of(process)
-        valid = times >= 0
-        t = times if valid.all() else np.where(valid, times, np.iinfo(np.int64).min)
+        times = np.ascontiguousarray(times, dtype=np.int64)
         if step_index is not None:
-            at = _lookup(step_index[0], step_index[1], t)
-            hit = at >= 0
-            mode[hit] = step_index[2][at[hit]]
-            step[hit] = step_index[3][at[hit]]
+            mode, step = decoding.attribute(step_index[0], step_index[1], [step_index[2], step_index[3]], times)
+        else:
+            mode, step = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
         if phase_index is not None:
-            at = _lookup(phase_index[0], phase_index[1], t)
-            hit = at >= 0
-            phase[hit] = phase_index[2][at[hit]]
+            phase, = decoding.attribute(phase_index[0], phase_index[1], [phase_index[2]], times)
+        else:
+            phase = np.full(n, -1, dtype=np.int64)
         return mode, step, phase
 
     def labels(self, mode: np.ndarray, phase: np.ndarray, categorical: bool):

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "aggregate/attribution.h"
 #include "aggregate/kernel_steps.h"
 #include "aggregate/step_phases.h"
 #include "bindings/numpy.h"
@@ -101,9 +102,50 @@ nb::dict kernel_steps_py(Column<int64_t> process, Column<int64_t> device, Column
   return d;
 }
 
+nb::tuple innermost_segments_py(Column<int64_t> start, Column<int64_t> end) {
+  if (start.shape(0) != end.shape(0)) throw nb::value_error("innermost_segments: start and end differ in length");
+  aggregate::Segments s;
+  {
+    nb::gil_scoped_release nogil;
+    s = aggregate::innermost_segments(start.data(), end.data(), start.shape(0));
+  }
+  return nb::make_tuple(to_numpy(std::move(s.start)), to_numpy(std::move(s.end)), to_numpy(std::move(s.span)));
+}
+
+// (value_k[row] for each values_k, -1 where no row) of the interval each time falls in
+nb::list attribute_py(Column<int64_t> start, Column<int64_t> end, nb::list values, Column<int64_t> times) {
+  const size_t m = start.shape(0), n = times.shape(0);
+  if (end.shape(0) != m) throw nb::value_error("attribute: start and end differ in length");
+  std::vector<Column<int64_t>> columns;
+  for (nb::handle v : values) {
+    columns.push_back(nb::cast<Column<int64_t>>(v));
+    if (columns.back().shape(0) != m) throw nb::value_error("attribute: a value column differs from start in length");
+  }
+  std::vector<int64_t> row(n);
+  std::vector<std::vector<int64_t>> outs(columns.size(), std::vector<int64_t>(n));
+  {
+    nb::gil_scoped_release nogil;
+    aggregate::lookup(aggregate::Intervals{start.data(), end.data(), m}, times.data(), n, row.data());
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const int64_t* v = columns[k].data();
+      int64_t* o = outs[k].data();
+      for (size_t i = 0; i < n; ++i) o[i] = row[i] >= 0 ? v[row[i]] : -1;
+    }
+  }
+  nb::list out;
+  for (auto& o : outs) out.append(to_numpy(std::move(o)));
+  return out;
+}
+
 }  // namespace
 
 void add_aggregate(nb::module_& m) {
+  m.def("innermost_segments", &innermost_segments_py, nb::arg("start"), nb::arg("end"),
+        "Phase spans of one process as non-overlapping segments naming the innermost span covering each "
+        "(csrc/aggregate/attribution.h): (segment starts, segment ends, span indexes), in time order.");
+  m.def("attribute", &attribute_py, nb::arg("start"), nb::arg("end"), nb::arg("values"), nb::arg("times"),
+        "For intervals sorted by start and times: per value column, its value at the interval each time falls "
+        "in (the last starting at or before it, if not ended), -1 where none (csrc/aggregate/attribution.h).");
   m.def("kernel_steps", &kernel_steps_py, nb::arg("process"), nb::arg("device"), nb::arg("start"), nb::arg("end"),
         nb::arg("step"), nb::arg("mode"), nb::arg("phase"), nb::arg("duration"), nb::arg("launched"),
         nb::arg("latency"), nb::arg("max_gap_ns"), nb::arg("launch_slack_ns"),

@@ -19,7 +19,8 @@ from stepscope.core import decoding
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
 
 
-_PHASE_SOURCES = ("process", "pid", "rank", "tid", "name", "start_ns", "end_ns", "duration_ns")  # events' columns a phase row copies
+# the events' columns a phase row copies
+_PHASE_SOURCES = ("process", "pid", "rank", "tid", "name", "start_ns", "end_ns", "duration_ns")
 
 
 def _code(categorical, value) -> int:

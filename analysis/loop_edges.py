@@ -33,8 +33,10 @@ def intervals(steps: pd.DataFrame) -> pd.DataFrame:
     """Per thread, each gap between a step's end and the next step's start:
     process, tid, kind, start_ns, end_ns."""
     rows = []
+    steps = steps[["process", "tid", "mode", "start_ns", "end_ns"]]  # (what is read: a split copies its columns)
     for (process, tid), s in steps.groupby(["process", "tid"], observed=True, sort=False):
-        s = s.sort_values("start_ns", kind="stable")
+        if not s["start_ns"].is_monotonic_increasing:
+            s = s.sort_values("start_ns", kind="stable")
         start, end = s["start_ns"].to_numpy(), s["end_ns"].to_numpy()
         gaps = np.flatnonzero(start[1:] > end[:-1])
         if not len(gaps):

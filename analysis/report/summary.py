@@ -58,7 +58,7 @@ def summarize(run, params=None) -> dict:
         "dropped_samples": int(getattr(r, "dropped_samples", 0)),  # Python stack samples lost to damage
         "notes": r.notes,
     }
-    for mode, s in steps.groupby("mode", sort=False, observed=True):
+    for mode, s in steps[["mode", "duration_ns"]].groupby("mode", sort=False, observed=True):  # (step_stats' column)
         if mode != INTERRUPTED:
             out["steps"][mode] = step_stats(s)
     interrupted = steps[steps["mode"] == INTERRUPTED] if len(steps) else steps
@@ -161,8 +161,9 @@ def format_text(s: dict) -> str:
 
 def dropped_where(s: dict) -> str:
     """Which ranks the dropped events were lost on ("rank 1 1,234, rank 3 56"; a process
-    without a rank by its folder), where the run has more than one; else ""."""
+    without a rank by its folder), where the run has more than one process or the dropping
+    process has a rank (a distributed job: its other ranks may have recorded nothing); else ""."""
     by = s.get("dropped_by_rank") or {}
-    if not (len(by) > 1 or s.get("ranks", 1) > 1):
+    if not (len(by) > 1 or s.get("ranks", 1) > 1 or any(k.isdigit() for k in by)):
         return ""
     return ", ".join(f"{'rank ' + k if k.isdigit() else k} {v:,}" for k, v in by.items())

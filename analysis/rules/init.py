@@ -26,7 +26,8 @@ class MaxInitializationTime(Rule):
         procs = run.processes
         session = procs["session_start"] if "session_start" in procs else procs["start_time"]
         starts = {name: _latest(a, b) for name, a, b in zip(procs["process"], procs["start_time"], session)}
-        for (process, rank), s in run.steps.groupby(["process", "rank"], dropna=False, sort=True):
+        steps = run.steps[["process", "rank", "start_ns"]]  # (what is read: a split copies its columns)
+        for (process, rank), s in steps.groupby(["process", "rank"], dropna=False, sort=True):
             began = starts.get(process)
             if began is None or began != began:
                 continue

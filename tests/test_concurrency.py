@@ -97,3 +97,8 @@ def test_drops_are_counted_per_rank(tmp_path):
     s = summarize(str(tmp_path / "runs" / "two"))
     assert s["dropped_events"] > 0 and s["dropped_by_rank"] == {"1": s["dropped_events"]}
     assert f"{s['dropped_events']:,} events dropped (the writer could not keep up): rank 1 " in format_text(s)
+    # named even when rank 1 is the only rank with events (rank 0 may record none before it stops)
+    alone = {**s, "ranks": 1}
+    assert f"could not keep up): rank 1 {s['dropped_events']:,}" in format_text(alone)
+    # a process without a rank, alone in its run: nothing to name
+    assert "keep up)\n" in format_text({**s, "ranks": 1, "dropped_by_rank": {"host-123": s["dropped_events"]}}) + "\n"

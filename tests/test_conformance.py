@@ -418,6 +418,9 @@ def check_step_pass(run_path):
     native, reference = stepping.steps_and_phases(events), stepping.steps_and_phases(events, native=False)
     pd.testing.assert_frame_equal(native[0], reference[0])
     pd.testing.assert_frame_equal(native[1], reference[1])
+    consumed = stepping.steps_and_phases(events.copy(), consume=True)  # (as the dataset build runs it)
+    pd.testing.assert_frame_equal(consumed[0], reference[0])
+    pd.testing.assert_frame_equal(consumed[1], reference[1])
 
 
 def check_recorded(run_path, truth):

@@ -12,7 +12,7 @@ import pytest
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.gpudata import process_ranks, steps_by_process
 from stepscope.analysis.store import dataset_read
-from stepscope.analysis.store.frames import concat, concat_in_order
+from stepscope.analysis.store.frames import columns_of, concat, concat_in_order
 from stepscope.analysis.store.reader import start_order
 
 
@@ -38,6 +38,10 @@ def test_concat_in_order_moves_only_the_rows_out_of_place_and_equals_a_sort(seed
     pd.testing.assert_frame_equal(got, want.reset_index(drop=True), check_categorical=False)
     for c in ("process", "name"):
         assert list(got[c].astype(object)) == list(want[c].astype(object))
+    # parts given as columns apart (as the dataset build keeps them): the same, and each let go
+    kept = [columns_of(p, np.ones(len(p), dtype=bool)) for p in parts]
+    pd.testing.assert_frame_equal(concat_in_order(kept, start_order), got)
+    assert all(not k for k in kept)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -114,3 +118,49 @@ def test_the_timelines_step_modes_are_as_strings_gives_them_sorted():
     used = np.unique(code)
     assert list(text[used]) == list(want_text)
     assert np.array_equal(np.searchsorted(want_text, text[code]), want_code)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_aggregates_strings_equal_pandas_astype(seed):
+    """kernel_steps' categorical-to-"str" shortcut (categories converted once) is astype("str"),
+    missing values and unused categories included."""
+    from stepscope.analysis.tables.kernel_steps import _strings
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 500))
+    cats = ["train", "eval", "Forward", "unused"][: int(rng.integers(0, 5))]
+    codes = rng.integers(-1, max(len(cats), 1), n) if cats else np.full(n, -1)
+    column = pd.Series(pd.Categorical.from_codes(codes, cats), index=rng.permutation(n) + 7, name="mode")
+    pd.testing.assert_series_equal(_strings(column), column.astype("str"))
+    plain = pd.Series(rng.choice(["a", "b"], n), name="name")
+    pd.testing.assert_series_equal(_strings(plain), plain.astype("str"))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_split_equals_pandas_groupby_iteration(seed):
+    """frames.split gives groupby(by, observed=True, sort=...)'s groups: keys, order, rows and
+    index, for categorical and plain keys, with missing keys, unused categories, one group."""
+    from stepscope.analysis.store.frames import split
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    one = seed % 4 == 3  # a table of a single group (taken whole)
+    values = rng.choice(["train"] if one else ["train", "eval", "predict"], n)
+    mode = pd.Series(values, dtype=object)
+    if not one:
+        mode[rng.random(n) < 0.1] = None
+    frame = pd.DataFrame({
+        "mode": pd.Categorical(mode, categories=["unused", "train", "predict", "eval"]) if seed % 2 else mode,
+        "x": rng.random(n), "k": np.arange(n)}, index=rng.permutation(n) + 3)
+    for sort in (False, True):
+        want = [(k, g) for k, g in frame.groupby("mode", observed=True, sort=sort)]
+        got = split(frame, "mode", sort=sort)
+        assert [k for k, _ in got] == [k for k, _ in want]
+        for (_, g), (_, w) in zip(got, want):
+            pd.testing.assert_frame_equal(g, w)
+        for (_, g), (_, w) in zip(split(frame, "mode", ["x"], sort=sort), want):
+            pd.testing.assert_frame_equal(g, w[["x"]])
+    if one and n:
+        (_, whole), = split(frame, "mode")
+        whole["x"] = 0.0  # a group's changes stay its own
+        assert frame["x"].sum() > 0

@@ -29,6 +29,7 @@ import pandas as pd
 
 from stepscope.analysis.gpu_activity import busy_ns, device_operations
 from stepscope.core.vocabulary import OTHER, PHASES
+from stepscope.analysis.store.frames import split
 
 COLORS = dict(zip((*PHASES, OTHER), ("#e45756", "#4c78a8", "#f58518", "#54a24b", "#b279a2", "#bab0ac")))
 STEP_POINTS = 3000  # per figure, shared by its processes; beyond it, means of consecutive steps
@@ -156,7 +157,7 @@ def step_figures(run):
     steps = _step_frame(run.steps)
     figs = []
     hist = go.Figure()
-    for mode, s in steps.groupby("mode", observed=True):
+    for mode, s in split(steps, "mode", ["ms"], sort=True):
         counts, edges = np.histogram(s["ms"], bins=min(100, max(10, int(np.sqrt(len(s))))))
         hist.add_trace(go.Bar(x=_r((edges[:-1] + edges[1:]) / 2, 4), y=counts, width=_r(np.diff(edges), 4),
                               name=str(mode), opacity=0.75))

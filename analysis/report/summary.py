@@ -20,6 +20,7 @@ from stepscope.analysis.rules import evaluate
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.tables.system import summarize_system
 from stepscope.core.vocabulary import INTERRUPTED
+from stepscope.analysis.store.frames import split
 
 
 PROFILER_NOTE_SHARE = 0.02
@@ -58,7 +59,7 @@ def summarize(run, params=None) -> dict:
         "dropped_samples": int(getattr(r, "dropped_samples", 0)),  # Python stack samples lost to damage
         "notes": r.notes,
     }
-    for mode, s in steps[["mode", "duration_ns"]].groupby("mode", sort=False, observed=True):  # (step_stats' column)
+    for mode, s in split(steps, "mode", ["duration_ns"]):  # (step_stats' column)
         if mode != INTERRUPTED:
             out["steps"][mode] = step_stats(s)
     interrupted = steps[steps["mode"] == INTERRUPTED] if len(steps) else steps

@@ -26,7 +26,7 @@ import pandas as pd
 
 from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.rules.gpudata import steps_by_process
-from stepscope.analysis.store.frames import as_strings
+from stepscope.analysis.store.frames import as_strings, split
 from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
                                                        phase_sample, reduce_items, sampled_steps)
 
@@ -133,7 +133,7 @@ def _cpu_tracks(b: _Builder, ev: pd.DataFrame, procs: pd.DataFrame, steps: pd.Da
     for i, key in enumerate(threads):
         in_process[process_names[key >> 32]].append(i)
     def per_process(frame):
-        return {str(k): g for k, g in frame.groupby("process", observed=True, sort=False)} if len(frame) else {}
+        return {str(k): g for k, g in split(frame, "process")} if len(frame) else {}
 
     step_proc, kern_proc, launch_proc = per_process(steps), per_process(kernels), per_process(launches)
     hosts: dict = {}

@@ -8,6 +8,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.frames import split
+
 
 def no_gpu_reason(run, need: str) -> Optional[str]:
     """None when the run has the GPU data ``need`` names, else why not.
@@ -51,14 +53,7 @@ def steps_by_process(steps: pd.DataFrame, columns: list) -> dict:
     """{process: its steps' ``columns``}, the rows, order and index of
     ``steps[steps["process"] == process]``, processes in the order they first appear (as
     ``groupby("process", sort=False)``): one split, not a scan of every step per process."""
-    process = pd.Categorical(steps["process"])
-    codes = np.asarray(process.codes)
-    order = np.argsort(codes, kind="stable")
-    cuts = np.flatnonzero(np.diff(codes[order])) + 1
-    part = steps[columns]
-    groups = sorted((rows for rows in np.split(order, cuts) if len(rows) and codes[rows[0]] >= 0),
-                    key=lambda rows: rows[0])  # (a stable sort: each group's first row is its first appearance)
-    return {process.categories[codes[rows[0]]]: part.iloc[rows] for rows in groups}
+    return dict(split(steps, "process", columns))
 
 
 def process_ranks(steps: pd.DataFrame) -> list:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from stepscope.analysis.quantities import phase_shares
 from stepscope.analysis.rules.base import Rule
-from stepscope.analysis.store.frames import as_strings
+from stepscope.analysis.store.frames import as_strings, split
 from stepscope.core.vocabulary import OTHER
 
 SPAN_CATEGORIES = ("framework", "annotation", "module", "op")  # what Debugger called framework metrics
@@ -82,7 +82,7 @@ class OverallFrameworkMetrics(Rule):
     def details(self, run, p):
         steps = run.steps
         out = {}
-        for mode, s in steps.groupby("mode", sort=False, observed=True):
+        for mode, s in split(steps, "mode"):
             total = float(s["duration_ns"].sum())
             shares = phase_shares(s)
             other = float(s[OTHER].sum()) if OTHER in s else 0.0

@@ -246,12 +246,21 @@ def _typed(frame: pd.DataFrame, columns) -> pd.DataFrame:
         elif c.endswith("_median"):
             frame[c] = frame[c].astype(float)
         elif c in ("mode", "phase", "name", "precision"):  # strings, missing as NA (as in the kernels table)
-            frame[c] = frame[c].astype("str")
+            frame[c] = _strings(frame[c])
     if "process" in frame:
         frame["process"] = frame["process"].astype(str).astype("category")
     if "rank" in frame:
         frame["rank"] = frame["rank"].astype("Int64")
     return frame.reset_index(drop=True)
+
+
+def _strings(column: pd.Series) -> pd.Series:
+    """``column.astype("str")``, a categorical's categories converted once rather than
+    each row (a part's aggregates are hundreds of thousands of rows)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column.astype("str")
+    texts = pd.Index(column.cat.categories).astype("str")
+    return pd.Series(texts.take(column.cat.codes.to_numpy(), allow_fill=True), index=column.index, name=column.name)
 
 
 def _empty(columns) -> pd.DataFrame:

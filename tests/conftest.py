@@ -38,6 +38,20 @@ def run_dir(tmp_path):
         os.environ["STEPSCOPE_DIR"] = old
 
 
+GPU_RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gpu", "h200-torch2.11-runs.tgz")
+
+
+@pytest.fixture(scope="module")
+def gpu_fixture_runs(tmp_path_factory):
+    """The runs recorded on a real GPU (tests/test_gpu_fixtures.py says how), unpacked."""
+    import tarfile
+
+    root = tmp_path_factory.mktemp("gpu-runs")
+    with tarfile.open(GPU_RUNS) as tar:
+        tar.extractall(root, filter="data") if sys.version_info >= (3, 12) else tar.extractall(root)
+    return root
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_session():
     yield

@@ -5,19 +5,12 @@ between neighbours) and on the GPU fixtures recorded on an H200 (issue 43)."""
 
 from __future__ import annotations
 
-import os
-import sys
-import tarfile
-
 import numpy as np
 import pytest
 
 import stepscope
 from stepscope.analysis.tables import gpu
 from stepscope.core import decoding
-
-ARCHIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gpu", "h200-torch2.11-runs.tgz")
-
 
 def _spans(rng, n):
     """Phase-like spans: mostly one after the other, some nested (an LBFGS step's Forward in
@@ -106,17 +99,9 @@ def _reference_codes(timeline, process, times):
     return mode, step, phase
 
 
-@pytest.fixture(scope="module")
-def gpu_runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-runs")
-    with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(root, filter="data") if sys.version_info >= (3, 12) else tar.extractall(root)
-    return root
-
-
 @pytest.mark.parametrize("name", ["gpu-train", "gpu-profiler"])
-def test_gpu_fixture_records_are_attributed_as_defined(gpu_runs, name):
-    run = stepscope.load(gpu_runs / name, quiet=True)
+def test_gpu_fixture_records_are_attributed_as_defined(gpu_fixture_runs, name):
+    run = stepscope.load(gpu_fixture_runs / name, quiet=True)
     timeline = gpu.Timeline(run.steps, run.phases)
     k, api = run.kernels, run.cuda_api
     assert len(k) and len(api)

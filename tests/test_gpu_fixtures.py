@@ -18,26 +18,20 @@ numbers the GPU tests (``pytest -m gpu``) check live.
 """
 
 import json
-import os
 import subprocess
 import sys
-import tarfile
 
 import pytest
 
 import stepscope
 
-ARCHIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gpu", "h200-torch2.11-runs.tgz")
 STEPS = 10
 BATCH_BYTES = [4, 512, 64 * 1024 * 4]  # loss.item() (DtoH), y (int64) and x (float32) (HtoD)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-runs")
-    with tarfile.open(ARCHIVE) as tar:
-        tar.extractall(root, filter="data") if sys.version_info >= (3, 12) else tar.extractall(root)
-    return root
+def runs(gpu_fixture_runs):
+    return gpu_fixture_runs
 
 
 def test_kernels_have_names_launches_steps_and_phases(runs):

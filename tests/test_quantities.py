@@ -127,6 +127,12 @@ def test_epoch_start_figure_for_persistent_workers(tmp_path):
     kept = _epochs_run(tmp_path, "persistent", "4", "persistent", "2")
     f = _finding(summarize(kept), "GetNextBottleneck")
     assert "epoch_start" not in f["evidence"] and "would remove" not in f["recommendation"]
+    # what told it: each pass over the loader recorded that it keeps its workers (the plain one did not)
+    from stepscope.core.vocabulary import LOADER_PERSISTENT
+
+    for r, value in ((kept, 1), (run, 0)):
+        marks = r.events[r.events["name"] == LOADER_PERSISTENT]
+        assert len(marks) == 4 and (marks["arg"] == value).all()
 
 
 def test_other_counts_each_steps_gaps_when_processes_overlap_in_time():

@@ -15,7 +15,8 @@ from stepscope.analysis.quantities import ms, phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups
-from stepscope.core.vocabulary import GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY, TRAIN
+from stepscope.core.vocabulary import (GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PERSISTENT, LOADER_PIN_MEMORY,
+                                       TRAIN)
 
 
 
@@ -72,6 +73,14 @@ def pin_memory(run, process):
     ``DataLoader.pin_memory``), or None when not recorded."""
     marks = run.select(kinds=["instant"], names=[LOADER_PIN_MEMORY], processes=[str(process)])
     return bool(marks["arg"].iloc[-1]) if len(marks) else None
+
+
+def keeps_workers(run, process) -> bool:
+    """Whether every multi-process loader pass of ``process`` kept its workers between
+    epochs (``DataLoader.persistent_workers`` recorded, all 1): then its epochs' first
+    steps are not told to set ``persistent_workers=True``, however long they wait."""
+    marks = run.select(kinds=["instant"], names=[LOADER_PERSISTENT], processes=[str(process)])
+    return bool(len(marks)) and bool((marks["arg"] > 0).all())
 
 
 class Dataloader(Rule):

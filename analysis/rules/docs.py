@@ -109,6 +109,7 @@ def rules_markdown() -> str:
               "what the epochs' last steps (whose last fetch shuts the workers down) wait beyond that median. "
               "It is stated only with at least three epochs and when those first steps' median exceeds the "
               "other steps' 90th percentile by `epoch_start_s` (a loader that keeps its workers waits about "
-              "as long for its first batch as for its slowest steady ones); `evidence.epoch_start` holds the "
+              "as long for its first batch as for its slowest steady ones), and never for a process whose "
+              "loaders recorded `persistent_workers=True` already; `evidence.epoch_start` holds the "
               "figures.", ""]
     return "\n".join(lines)

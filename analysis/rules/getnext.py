@@ -6,6 +6,7 @@ from stepscope.analysis.quantities import epoch_start_wait, loop_starts, ms, per
 from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.dataloader import keeps_workers
 from stepscope.analysis.rules.gpudata import train_groups
 from stepscope.core.vocabulary import GETNEXT, TRAIN
 
@@ -60,7 +61,8 @@ class GetNextBottleneck(Rule):
                 if starts is None:
                     starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), steps)
                 mine = steps[steps["process"] == process]
-                epoch = epoch_start_wait(mine, starts, p["epoch_start_s"])
+                if not keeps_workers(run, process):  # (a loader that keeps them is not told to)
+                    epoch = epoch_start_wait(mine, starts, p["epoch_start_s"])
             stats = step_stats(s)
             getnext_ms = ms(s[GETNEXT].mean())
             worst = s.nlargest(5, GETNEXT)

@@ -7,6 +7,7 @@ import numpy as np
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.dataloader import keeps_workers
 from stepscope.core.vocabulary import (GETNEXT, INTERRUPTED, KERAS_PROFILER_WINDOW, OTHER, PHASES,
                                        TORCH_OP_WINDOW_SPANS, TRAIN)
 
@@ -95,7 +96,7 @@ class StepOutlier(Rule):
                               "an uneven data pipeline; in Forward/Backward at changing input shapes or "
                               "recompilation. Make periodic work asynchronous or less frequent.")
             epoch = None
-            if mode == TRAIN and main == GETNEXT and framework_of(run) == TORCH:
+            if mode == TRAIN and main == GETNEXT and framework_of(run) == TORCH and not keeps_workers(run, process):
                 if starts is None:
                     starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
                 epoch = _epoch_starts(bad, rows, culprits, starts, every_step[every_step["process"] == process],

@@ -8,8 +8,8 @@ argument, so analysis can tell a slow worker from a slow loop (the Dataloader
 rule, the report's data-loading section, smdebug's dataloader frame).
 
 The main process records, at each pass over a multi-process loader, how the
-loader was configured: ``DataLoader.num_workers`` and ``DataLoader.pin_memory``
-(instants whose argument is the value).
+loader was configured: ``DataLoader.num_workers``, ``DataLoader.pin_memory`` and
+``DataLoader.persistent_workers`` (instants whose argument is the value).
 
 Only the worker processes pay for the fetch spans: the patch of the fetchers is
 made inside ``_worker_loop``, which only workers run.
@@ -21,11 +21,12 @@ import functools
 
 from stepscope.core import recording
 from stepscope.core.recording import FRAMEWORK, intern
-from stepscope.core.vocabulary import LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PIN_MEMORY
+from stepscope.core.vocabulary import LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PERSISTENT, LOADER_PIN_MEMORY
 
 FETCH = intern(LOADER_FETCH)
 NUM_WORKERS = intern(LOADER_NUM_WORKERS)
 PIN_MEMORY = intern(LOADER_PIN_MEMORY)
+PERSISTENT = intern(LOADER_PERSISTENT)
 
 
 def install(ctx) -> None:
@@ -41,6 +42,7 @@ def loader_configured(loader) -> None:
     if workers:
         recording.instant(FRAMEWORK, NUM_WORKERS, int(workers))
         recording.instant(FRAMEWORK, PIN_MEMORY, int(bool(getattr(loader, "pin_memory", False))))
+        recording.instant(FRAMEWORK, PERSISTENT, int(bool(getattr(loader, "persistent_workers", False))))
 
 
 def _wrap_worker_loop(fail, torch, original):

@@ -89,9 +89,9 @@ TORCH_OP_WINDOW_SPANS = (TORCH_OP_WINDOW_OPEN, TORCH_OP_WINDOW)
 KERAS_PROFILER_WINDOW = "stepscope.profiler_window"
 #: The framework span a PyTorch DataLoader worker records for each batch it makes (``arg``:
 #: the worker id), and the instants a pass over a loader records of its setup (``arg``:
-#: ``num_workers``; ``pin_memory`` and ``persistent_workers`` as 0 or 1). Readers select these names exactly: torch's
-#: own ranges also carry "DataLoader" in their names (``enumerate(DataLoader)#...``), with
-#: an op argument, not a worker id.
+#: ``num_workers``; ``pin_memory`` and ``persistent_workers`` as 0 or 1). Readers select
+#: these names exactly: torch's own ranges also carry "DataLoader" in their names
+#: (``enumerate(DataLoader)#...``), with an op argument, not a worker id.
 LOADER_FETCH = "DataLoader.fetch"
 LOADER_NUM_WORKERS = "DataLoader.num_workers"
 LOADER_PIN_MEMORY = "DataLoader.pin_memory"

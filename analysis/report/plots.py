@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import busy_ns, device_operations
-from stepscope.core.vocabulary import OTHER, PHASES
 from stepscope.analysis.store.frames import split
+from stepscope.core.vocabulary import OTHER, PHASES
 
 COLORS = dict(zip((*PHASES, OTHER), ("#e45756", "#4c78a8", "#f58518", "#54a24b", "#b279a2", "#bab0ac")))
 STEP_POINTS = 3000  # per figure, shared by its processes; beyond it, means of consecutive steps

@@ -19,8 +19,8 @@ from stepscope.analysis.quantities import (other_share, percent, phase_shares, p
 from stepscope.analysis.rules import evaluate
 from stepscope.analysis.run import Run, load
 from stepscope.analysis.tables.system import summarize_system
-from stepscope.core.vocabulary import INTERRUPTED
 from stepscope.analysis.store.frames import split
+from stepscope.core.vocabulary import INTERRUPTED
 
 
 PROFILER_NOTE_SHARE = 0.02

@@ -64,15 +64,12 @@ def concat(parts: List[pd.DataFrame]) -> pd.DataFrame:
     return frame
 
 
-def columns_of(frame: pd.DataFrame, rows: Optional[np.ndarray] = None) -> Dict[str, object]:
-    """A frame's columns (of the rows ``rows``, a boolean mask or positions: None, all) as
-    separate arrays, each its own memory: ``concat_in_order`` frees each part's column as
-    soon as it is joined (a frame's columns may share a block, freed only all together)."""
-    out = {}
-    for c in frame.columns:
-        values = frame[c].array if not isinstance(frame[c].dtype, np.dtype) else frame[c].to_numpy()
-        out[c] = values[rows] if rows is not None else values.copy()
-    return out
+def columns_of(frame: pd.DataFrame, rows: np.ndarray) -> Dict[str, object]:
+    """A frame's columns of the rows ``rows`` (a boolean mask or positions) as separate
+    arrays, each its own memory: ``concat_in_order`` frees each part's column as soon as
+    it is joined (a frame's columns may share a block, freed only all together)."""
+    return {c: (frame[c].to_numpy() if isinstance(frame[c].dtype, np.dtype) else frame[c].array)[rows]
+            for c in frame.columns}
 
 
 def concat_in_order(parts: List[Union[pd.DataFrame, Dict[str, object]]], order_of) -> pd.DataFrame:

@@ -14,7 +14,7 @@ Segments innermost_segments(const int64_t* start, const int64_t* end, size_t n) 
   std::iota(order.begin(), order.end(), size_t(0));
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (start[a] != start[b]) return start[a] < start[b];
-    return start[a] - end[a] < start[b] - end[b];
+    return end[a] > end[b];  // (equal starts: start - end ascending, without its overflow)
   });
   // One walk over every span: a span that overlaps nothing before it closes what
   // was open and starts afresh, as the reference's separate groups do.

@@ -25,6 +25,19 @@ def run_python(code, cwd, env=None, timeout=120, **kwargs):
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def stepscope_frames(text):
+    """The traceback frames in ``text`` that run stepscope's own code: a file inside the
+    imported stepscope package. Not the word "stepscope": the checkout's folder, and with
+    it the tox environment's site-packages, is often named after the project."""
+    import re
+
+    import stepscope
+
+    package = os.path.dirname(os.path.realpath(stepscope.__file__)) + os.sep
+    return [path for path in re.findall(r'^\s*File "([^"]+)", line \d+', text, re.MULTILINE)
+            if os.path.realpath(path).startswith(package)]
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A folder for runs, and STEPSCOPE_DIR pointing at it for in-process sessions."""

@@ -5,7 +5,9 @@
 2. The tests that failed there, once more, one at a time. Many tests time real work
    (phase shares, sampled stacks, busy cores); with two workers on two cores one can
    miss its bound only because the other worker took the core. On an idle machine a
-   real failure fails again, and the run fails; the log names every test rerun.
+   real failure fails again, and the run fails. A test that passes only on its rerun
+   is not hidden: the last line of the run names every test that needed the rerun, so
+   a test that fails on some machines is seen even when the run passes.
 3. The tests marked `alone` (timing seen to need an idle machine), one at a time.
 
 Tests marked `slow` (the conformance corpus, the static-toolchain build: about 19 of
@@ -57,10 +59,21 @@ def main(args):
         print(f"[run_suite] {len(failed)} test(s) failed with workers sharing the cores; "
               "running them again, one at a time:", *failed, sep="\n  ", flush=True)
         rc = pytest(*failed)
-    if rc not in (OK, NO_TESTS):
-        return rc
-    rc = pytest("-m", "alone" + slow)
-    return OK if rc == NO_TESTS else rc
+    if rc in (OK, NO_TESTS):
+        rc = pytest("-m", "alone" + slow)
+        rc = OK if rc == NO_TESTS else rc
+    print(final_line(rc, failed), flush=True)
+    return rc
+
+
+def final_line(rc, rerun):
+    """The run's verdict, naming every test that needed a rerun: one that fails with the
+    workers and passes alone is flaky on this machine, and a passing run must not hide it."""
+    verdict = "passed" if rc == OK else f"FAILED (exit {rc})"
+    if not rerun:
+        return f"[run_suite] {verdict}; no test needed a rerun"
+    return (f"[run_suite] {verdict}; {len(rerun)} test(s) needed a rerun (failed beside the other "
+            f"workers{', passed alone' if rc == OK else ''}): " + ", ".join(rerun))
 
 
 if __name__ == "__main__":

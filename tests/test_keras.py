@@ -12,6 +12,7 @@ pytest.importorskip("keras")
 pytest.importorskip("tensorflow")
 
 import stepscope
+from conftest import stepscope_frames
 from stepscope.core.vocabulary import COMPUTE_PHASES, KERAS_PROFILER_WINDOW, PHASES
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -194,7 +195,8 @@ def test_failing_fit_keeps_its_traceback(tmp_path):
     assert plain.returncode == profiled.returncode == 1
     stamp = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ ", re.MULTILINE)
     assert stamp.sub(r"\1 ", profiled.stderr) == stamp.sub(r"\1 ", plain.stderr)
-    assert "nn.py" in plain.stderr and "stepscope" not in profiled.stderr
+    assert "nn.py" in plain.stderr and "stepscope:" not in profiled.stderr
+    assert not stepscope_frames(profiled.stderr)
     steps = stepscope.load(tmp_path / "runs" / "k").steps
     # The first fit's failed step is no train step; the window the second fit left open is
     # read at stop: its steps completed, and their phases are the only ones measured.

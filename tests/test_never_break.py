@@ -61,7 +61,7 @@ def test_read_only_output_folder_as_unprivileged_user(tmp_path):
         r = run_python(SCRIPT, cwd=work, env=env, user=65534)
     except PermissionError:
         pytest.skip("the interpreter is not executable by an unprivileged user here")
-    if r.returncode != base.returncode and "stepscope" not in r.stderr:
+    if r.returncode != base.returncode and "stepscope:" not in r.stderr:
         pytest.skip(f"the interpreter does not run as an unprivileged user here: {r.stderr[-200:]}")
     _assert_same_plus_one_warning(r, base)
 

@@ -60,3 +60,27 @@ def test_ci_runs_the_slow_tests_and_a_developers_run_leaves_them_out(monkeypatch
     assert not run_suite.whole_suite()
     tox = open(os.path.join(REPO, "tox.ini")).read()
     assert re.search(r"^passenv = .*\bCI\b", tox, re.M), "tox must pass CI on to the suite"
+
+
+def test_a_test_that_passes_only_on_its_rerun_is_named_in_the_last_line(tmp_path):
+    """Issue 56: the suite's one-at-a-time rerun must not hide a test that fails on some
+    machines. A real run of run_suite.py over a test that fails once, then passes: the run
+    passes and its last line names the test."""
+    shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    shutil.copy(os.path.join(REPO, "tests", "run_suite.py"), tmp_path / "run_suite.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: x\n    slow: x\n")
+    (tmp_path / "test_flaky.py").write_text(
+        "import os\n"
+        "def test_steady():\n    assert True\n"
+        "def test_fails_once():\n"
+        "    marker = os.path.join(os.path.dirname(__file__), 'failed-once')\n"
+        "    if not os.path.exists(marker):\n"
+        "        open(marker, 'w').close()\n"
+        "        raise AssertionError('fails the first time')\n")
+    env = {**os.environ, "CI": ""}
+    r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("[run_suite] passed; 1 test(s) needed a rerun"), last
+    assert last.endswith("test_flaky.py::test_fails_once"), last

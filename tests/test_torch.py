@@ -205,23 +205,29 @@ def _accuracy_misses(tmp_path, attempt):
     misses = []
     for phase in PHASES:
         ours_us = steps[phase].sum() / 1e3
-        # torch's ranges include the profiler's own cost of a range: take it out
-        # (twice for Optimizer: optimizer.step() opens a range of its own inside)
-        ranges = 2 if phase == "Optimizer" else 1
-        torch_us = theirs["totals_us"][phase] - ranges * theirs["counts"][phase] * theirs["range_overhead_us"]
-        # (8%: the Python stack sampler's GIL hand-offs land in one measurement or the other)
-        tolerance = max(0.08 * torch_us, 50 * len(steps))
+        # torch's ranges hold the profiler's own cost of a range, measured in the same run:
+        # take it out. optimizer.step() opens a range of its own inside the hand-placed one,
+        # whose whole cost (entering and leaving it, not only its length) is torch's too.
+        own = theirs["nested_range_overhead_us" if phase == "Optimizer" else "range_overhead_us"]
+        torch_us = theirs["totals_us"][phase] - theirs["counts"][phase] * own
+        # What stays: 8% (the Python stack sampler's GIL hand-offs land in one measurement or
+        # the other), or per step twice torch's cost of a range holding a range on this machine
+        # (the Python frames between a call and its hooks, Module.__call__'s and
+        # Tensor.backward's, cost about as much when the step runs cold between matmuls)
+        tolerance = max(0.08 * torch_us, len(steps) * 2 * theirs["nested_range_overhead_us"])
         if abs(ours_us - torch_us) > tolerance:
             misses.append((phase, round(ours_us), round(torch_us), round(tolerance)))
     return misses
 
 
 def test_phase_totals_agree_with_torch_profiler(tmp_path):
-    """Within 5% or 50 us per step of hand-placed record_function ranges.
+    """Within 8% of hand-placed record_function ranges, or per step twice torch's own
+    cost of a range holding a range, measured in the same run.
 
     Both profilers time the same run; what differs is each one's own cost inside
-    the other's ranges, a few tens of microseconds per phase on this 2-core VM,
-    where a busy neighbour can add as much again. Up to three attempts."""
+    the other's ranges. torch's is measured in the same run, on the machine that
+    runs the test (tests/scripts/accuracy.py), and taken out of its totals; what
+    stays is the noise of a busy neighbour. Up to three attempts."""
     misses = []
     for attempt in range(3):
         misses = _accuracy_misses(tmp_path, attempt)

@@ -48,7 +48,7 @@ int tp_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Py_DECREF(forced);
   s->depth = s->in_backward = s->in_optimizer = 0;
   s->optimizer_t0 = s->fetch_t0 = s->zero_grad_t0 = 0;
-  s->optimizer_ranges = s->ranges_began = 0;
+  s->optimizer_ranges = s->ranges_began = s->optimizer_range_t0 = 0;
   s->range_entered = nullptr;
   s->range_route = 0;
   return 0;
@@ -185,7 +185,8 @@ bool optimizer_began(PyObject* local, PyObject* key, bool* in_range) {
   if (depth == 1) {
     Py_INCREF(key);
     Py_XSETREF(st->optimizer_key, key);
-    st->optimizer_t0 = ticks();
+    // inside torch's range: the step began where the range was entered
+    st->optimizer_t0 = (st->optimizer_ranges && bit && st->optimizer_range_t0) ? st->optimizer_range_t0 : ticks();
     ok = tell::optimizer_started(st, key, st->optimizer_t0);
   }
   Py_DECREF(st);
@@ -207,7 +208,10 @@ bool optimizer_done(PyObject* local, PyObject* key) {
   return ok;
 }
 
-void optimizer_range_entered(LoopState* st) { ++st->optimizer_ranges; }
+void optimizer_range_entered(LoopState* st, unsigned long long t0) {
+  ++st->optimizer_ranges;
+  st->optimizer_range_t0 = t0;
+}
 
 bool optimizer_range_exited(LoopState* st, unsigned long long t1) {
   if (!st->optimizer_ranges) return true;  // entered before a forked child's reset

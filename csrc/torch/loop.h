@@ -37,6 +37,10 @@ struct LoopState {
   // range level whose optimizer step the pre-hook began: that range's exit ends it.
   unsigned long long optimizer_ranges;
   unsigned long long ranges_began;
+  // The innermost `Optimizer.step#` range was entered (before torch's own __enter__): a
+  // step its pre-hook begins starts there, so that the Optimizer phase holds the whole
+  // optimizer.step() call torch times, not only what runs between the hooks.
+  unsigned long long optimizer_range_t0;
   // The record_function range entered last on this thread and its route (hooks.cc):
   // its __exit__, when no other range came between, skips reading its name again.
   // An address compared, never dereferenced; cleared at any exit.
@@ -89,9 +93,12 @@ void loop_states_changed();
 // range's exit (optimizer_range_exited): no post-hook is needed, and one that
 // runs anyway (the Python hooks) passes. `in_range` (optional) tells whether
 // such a range was open: where none was, only a post-hook can end the step.
+// The step then runs from the range's entry (its tick `t0`, taken before torch
+// enters it) to the end of its exit: it encloses torch's range, whose own cost
+// (tens of microseconds a step on a small VM) is the optimizer call's, not Other.
 bool optimizer_began(PyObject* local, PyObject* key, bool* in_range = nullptr);
 bool optimizer_done(PyObject* local, PyObject* key);
-void optimizer_range_entered(LoopState* st);
+void optimizer_range_entered(LoopState* st, unsigned long long t0);
 bool optimizer_range_exited(LoopState* st, unsigned long long t1);
 
 // Whether torch.export traces (`compiler._is_compiling_flag`): 1, 0, or -1 with

@@ -162,9 +162,10 @@ PyObject* enter_call(PyObject* callable, PyObject* const* args, size_t nargsf, P
       st->range_route = route;
       if (route == kFetch) ok = fetch_entered(st, t0);
       else if (route == kZeroGrad) ok = zero_grad_entered(st, t0);
-      // torch's range around an optimizer step and its hooks: its exit ends the step the
-      // pre-hook began (loop.h), so that no post-hook runs on every step
-      else if (route == kOptimizerStep) optimizer_range_entered(st);
+      // torch's range around an optimizer step and its hooks: the step the pre-hook
+      // begins starts at its entry (t0) and its exit ends it (loop.h), so that no
+      // post-hook runs on every step
+      else if (route == kOptimizerStep) optimizer_range_entered(st, t0);
       Py_DECREF(st);
     }
   }
@@ -201,20 +202,16 @@ PyObject* exit_call(PyObject* callable, PyObject* const* args, size_t nargsf, Py
       }
       st->range_entered = nullptr;
     }
-    if (st && route == kOptimizerStep) {
-      // the Optimizer phase began inside torch's range (at the pre-hook): it ends inside
-      // it too, so that a profiler's op for the range encloses it
-      if (!optimizer_range_exited(st, ticks())) report(h);
-      Py_DECREF(st);
-      return PyObject_Vectorcall(h->original, args, nargsf, kwnames);
-    }
-    if (st && (route == kFetch || route == kZeroGrad)) {
-      // the loop's span ends after torch's range (a profiler's op for it nests inside)
+    if (st && (route == kFetch || route == kZeroGrad || route == kOptimizerStep)) {
+      // the loop's span ends after torch's range (a profiler's op for it nests inside);
+      // the Optimizer phase, begun at the range's entry (before torch's), likewise
       PyObject* result = PyObject_Vectorcall(h->original, args, nargsf, kwnames);
       unsigned long long t1 = ticks();
       {
         HeldError held;
-        bool ok = route == kFetch ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1) : zero_grad_exited(h, st, t1);
+        bool ok = route == kFetch         ? fetch_exited(st, n >= 2 ? args[1] : nullptr, t1)
+                  : route == kZeroGrad    ? zero_grad_exited(h, st, t1)
+                                          : optimizer_range_exited(st, t1);
         if (!ok) report(h);
       }
       Py_DECREF(st);

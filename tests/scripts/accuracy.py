@@ -1,7 +1,7 @@
 """Phases marked by hand with torch.profiler.record_function, profiled by
 torch.profiler; stepscope (STEPSCOPE=1) profiles the same run. Prints torch's
 per-phase totals in microseconds as JSON, with the measured cost of an empty
-record_function range (torch's own share of each range)."""
+record_function range (torch's own share of each range, measured here, on the machine that runs it)."""
 import json
 import torch
 import torch.nn as nn
@@ -30,11 +30,23 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
         with record_function("Optimizer"):
             opt.step()
         opt.zero_grad()
-        with record_function("Empty"):  # the cost of a range itself, to subtract
+        # torch's own cost inside each hand-placed range, measured on this machine: an empty
+        # range's length (what any range holds of itself), and a range holding one empty range
+        # (what a range nested in it costs the outer one, whole: optimizer.step() opens one).
+        with record_function("Empty"):
             pass
+        with record_function("Holder"):
+            with record_function("Held"):
+                pass
         steps += 1
 averages = {e.key: e for e in prof.key_averages()}
-empty_us = averages["Empty"].cpu_time_total / averages["Empty"].count
+def mean_us(key):
+    return averages[key].cpu_time_total / averages[key].count
+
+
+empty_us = mean_us("Empty")
+holder_us = mean_us("Holder")  # an empty range's own length plus a nested range's whole cost
 totals = {k: averages[k].cpu_time_total for k in ("GetNext", "Forward", "Loss", "Backward", "Optimizer")}
 print("TORCH", json.dumps({"steps": steps, "totals_us": totals, "range_overhead_us": empty_us,
+                           "nested_range_overhead_us": holder_us,
                            "counts": {k: averages[k].count for k in totals}}))

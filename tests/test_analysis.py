@@ -114,9 +114,10 @@ def test_diff_after_raising_num_workers(tmp_path):
     median = next(r for r in diff["rows"] if r["metric"] == "train step time (median)")
     # input-bound, then less so; the share keeps the 8 workers' start and shutdown (the first and
     # last steps' GetNext, ~0.3 s on this 2-core VM), which 40 steps do not amortize, so the
-    # steady state is judged by the median step (~35 ms -> ~17 ms)
+    # steady state is judged by the median step: it loses at least half the first run's wait
+    # (its GetNext share of its step; what that is in ms depends on the CPU: measured, not fixed)
     assert share["a"] > 0.2 and share["b"] < share["a"]
-    assert median["b"] < 0.7 * median["a"]
+    assert median["b"] < median["a"] * (1 - 0.5 * share["a"]), (median, share)
     # (a one-off StepOutlier in either run may come or go with the VM's load)
     assert "GetNextBottleneck" in diff["findings"]["cleared"]
     assert "GetNextBottleneck" not in diff["findings"].get("new", [])

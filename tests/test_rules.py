@@ -230,3 +230,58 @@ def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, cost, found)
         (below,) = result["below_cost_floor"]
         assert below["floor_ms"] == pytest.approx(0.01 * median_ms, abs=1e-3)
         assert below["floor_ms"] == pytest.approx(cost_floor_ms(run, _FixedCost().evaluate(run, {})[0]), abs=1e-3)
+
+
+# --- StepOutlier: only where it pays (issue 64) ------------------------------------------------
+
+def _outliers(summary):
+    return [f for f in summary["findings"] + summary["related_findings"] if f["rule"] == "StepOutlier"]
+
+
+def test_one_slow_step_in_a_hundred_is_listed_not_reported(tmp_path):
+    """A single 0.3 s step among 120: an outlier, but nothing to act on. No finding; the
+    summary's rule_details list it with the reason."""
+    s = run_job(tmp_path, "onehiccup")
+    assert not _outliers(s), s["findings"]
+    (quiet,) = [q for q in s["rule_details"]["StepOutlier"]["outliers_not_reported"] if q["mode"] == "train"]
+    assert quiet["steps"] == [60] and "an isolated step" in quiet["why_not_reported"], quiet
+
+
+def test_a_periodic_40_ms_stall_is_found_with_its_period(tmp_path):
+    s = run_job(tmp_path, "stall40")
+    (f,) = _outliers(s)
+    assert sorted(o["step"] for o in f["evidence"]["outliers"]) == [25, 65, 105, 145, 185, 225]
+    assert f["evidence"]["pattern"] == "recurring every 40 steps", f["evidence"]
+    assert f["evidence"]["mostly"] == "Other"
+
+
+def test_a_tenth_of_the_steps_three_times_slower_is_found(tmp_path):
+    s = run_job(tmp_path, "slowtenth")
+    (f,) = _outliers(s)
+    found = len(f["evidence"]["outliers"])
+    assert 16 <= found <= 24, f["evidence"]  # the 20 slow steps (a busy machine may add or hide one or two)
+    assert f["evidence"]["pattern"].endswith("% of the steps") and f["evidence"]["cost_share"] > 0.1, f["evidence"]
+
+
+def test_the_first_validation_pass_warming_up_is_no_finding(tmp_path):
+    """4 epochs with a validation pass each; the first pass is slow (caches, traces) and the
+    later ones are not: warm-up, listed with its reason, no finding."""
+    s = run_job(tmp_path, "evalpasses")
+    assert s["steps"]["eval"]["count"] == 48
+    assert not _outliers(s), s["findings"]
+    (quiet,) = [q for q in s["rule_details"]["StepOutlier"]["outliers_not_reported"] if q["mode"] == "eval"]
+    assert set(quiet["steps"]) <= set(range(12)) and "first of 4 passes" in quiet["why_not_reported"], quiet
+
+
+def test_a_short_job_on_a_busy_machine_gets_no_step_outlier(tmp_path):
+    """The clean job while two other processes keep every core busy: its steps are slowed at
+    random by the scheduler, which is no pattern to act on."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        s = run_job(tmp_path, "clean")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert s["steps"]["train"]["count"] == 60
+    assert not _outliers(s), s["findings"]

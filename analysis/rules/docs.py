@@ -22,7 +22,8 @@ def rules_markdown() -> str:
              "severity given to its findings, which `--fail-on` gates on (see \"Gating CI\"). "
              "A rule whose data a run lacks does not run; the summary lists it under "
              "`rules_not_applicable` with the reason. Figures that rules report whether or not they fire "
-             "(Dataloader, OverallSystemUsage, OverallFrameworkMetrics, ProfilerReport) are in the summary's "
+             "(Dataloader, OverallSystemUsage, OverallFrameworkMetrics, ProfilerReport; StepOutlier's outliers "
+             "that are no finding) are in the summary's "
              "`rule_details` (JSON).", ""]
     for rule in registry.builtin_rules():
         lines += [f"## {rule.name}", "", rule.summary, ""]

@@ -28,17 +28,27 @@ def _profiled(steps, windows) -> np.ndarray:
 
 class StepOutlier(Rule):
     name = "StepOutlier"
-    summary = "Steps much slower than the median step of their rank and mode (robust statistics)."
+    summary = ("Steps much slower than the median step of their rank and mode (robust statistics), where they "
+               "recur or cost a share of the time: one slow step, or slow steps only in the first of several "
+               "passes (warm-up), is no finding (the summary's `rule_details` lists them).")
     params = {
         "factor": Param(2.0, "ratio", "a step is an outlier above this multiple of the median step time..."),
         "mad_multiple": Param(8.0, "ratio", "...and above the median by this many robust standard deviations "
                                             "(1.4826 x median absolute deviation)"),
-        "min_excess_s": Param(0.05, "s", "...and longer than the median by at least this much (ignores "
+        "min_excess_s": Param(0.02, "s", "...and longer than the median by at least this much (ignores "
                                          "scheduler hiccups on short steps)"),
         "min_steps": Param(10, "steps", "ranks/modes with fewer steps are not judged"),
         "warmup_steps": Param(1, "steps", "first steps of each rank and mode left out (and, in eval and predict, "
                                           "the first step of every pass: a new iterator, a retrace)"),
-        "min_outliers": Param(1, "steps", "fire when a rank and mode has at least this many outlier steps"),
+        "min_outliers": Param(1, "steps", "fire when a rank and mode has at least this many outlier steps "
+                                          "(and they recur or cost enough: below)"),
+        "min_recurring": Param(3, "steps", "outliers recur when there are at least this many and they come at "
+                                           "a regular period, or make up `min_step_share` of the steps, or cost "
+                                           "`min_cost_share` of the time; outliers at the same place in two "
+                                           "passes or more (an epoch's first or last step) recur too"),
+        "min_step_share": Param(0.05, "ratio", "...this share of the steps judged"),
+        "min_cost_share": Param(0.05, "ratio", "...their excess over the median, this share of the judged steps' "
+                                               "time"),
         "mode": Param("all", "", "the steps judged: `all` modes (each on its own), or only `train`, `eval` or "
                                  "`predict` steps", choices=("all", "train", "eval", "predict")),
         "epoch_start_s": Param(0.01, "s", "PyTorch: where the train outliers slow in GetNext are the first steps "
@@ -53,7 +63,16 @@ class StepOutlier(Rule):
         return None
 
     def evaluate(self, run, p):
-        out = []
+        return [finding for finding, _ in self._judged(run, p) if finding is not None]
+
+    def details(self, run, p):
+        """Outliers that are no finding (one slow step, the first pass's warm-up): listed, so
+        that a user who looks for them finds them (the report's step plot marks the slowest)."""
+        quiet = [note for finding, note in self._judged(run, p) if finding is None and note]
+        return {"outliers_not_reported": quiet[:20]} if quiet else None
+
+    def _judged(self, run, p):
+        """(finding or None, the group's note) per rank and mode with outlier steps."""
         steps = run.steps
         every_step = steps
         steps = steps[steps["mode"] != INTERRUPTED]  # no iteration that finished: not judged
@@ -62,9 +81,10 @@ class StepOutlier(Rule):
                              columns=["process", "start_ns", "end_ns"])
         if p.get("mode", "all") != "all":
             steps = steps[steps["mode"] == p["mode"]]
-        for (process, rank, mode), s in steps.groupby(["process", "rank", "mode"], dropna=False, sort=True,
-                                                      observed=True):
-            s = s.sort_values("start_ns").iloc[int(p["warmup_steps"]):]
+        for (process, rank, mode), group in steps.groupby(["process", "rank", "mode"], dropna=False, sort=True,
+                                                          observed=True):
+            group = group.sort_values("start_ns", kind="stable")
+            s = group.iloc[int(p["warmup_steps"]):]
             if mode != TRAIN:  # each evaluation pass warms up anew (a new iterator, a retrace): its first step
                 if starts is None:
                     starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
@@ -78,46 +98,116 @@ class StepOutlier(Rule):
             sigma = 1.4826 * float(np.median(np.abs(d - med)))
             bad = s[(d > p["factor"] * med) & (d > med + p["mad_multiple"] * sigma)
                     & (d > med + p["min_excess_s"] * 1e9)]
-            if bad.empty or len(bad) < p.get("min_outliers", 1):
+            if bad.empty:
                 continue
-            typical = s[list(PARTS)].median()
-            rows, culprits = [], []
-            for r in bad.itertuples():
-                excess = {part: getattr(r, part) - typical[part] for part in PARTS}
-                slowest = max(excess, key=excess.get)
-                culprits.append(slowest)
-                rows.append({"step": int(r.step), "duration_ms": round(r.duration_ns / 1e6, 3),
-                             "slowest_part": slowest, "excess_ms": round(excess[slowest] / 1e6, 3)})
-            main = max(set(culprits), key=culprits.count)
-            where = "outside every phase (Other)" if main == "Other" else f"in {main}"
-            listed = ", ".join(str(r["step"]) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
-            recommendation = ("Look at these steps in the timeline. Time in Other points at work between "
-                              "phases (checkpointing, logging, evaluation, garbage collection); in GetNext at "
-                              "an uneven data pipeline; in Forward/Backward at changing input shapes or "
-                              "recompilation. Make periodic work asynchronous or less frequent.")
-            epoch = None
-            if mode == TRAIN and main == GETNEXT and framework_of(run) == TORCH and not keeps_workers(run, process):
-                if starts is None:
-                    starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
-                epoch = _epoch_starts(bad, rows, culprits, starts, every_step[every_step["process"] == process],
-                                      p["epoch_start_s"])
-            if epoch is not None:
-                edges = {r.get("epoch") for r in rows}
-                listed += ": the first" + ("" if edges == {"first"} else " and last") + " steps of epochs"
-                recommendation = advice("epoch_start", TORCH, **epoch).strip()
-            evidence = {"process": str(process), "mode": mode, "median_ms": round(med / 1e6, 3),
-                        "robust_sigma_ms": round(sigma / 1e6, 3), "steps_judged": int(len(s)),
-                        "outliers": rows[:50], "mostly": main}
-            if epoch is not None:
-                evidence["epoch_start"] = epoch
-            out.append(Finding(
-                rule=self.name, rank=clean_rank(rank), severity="warning",
-                message=(f"{rank_label(rank, process)}: {len(rows)} of {len(s)} {mode} steps took more than "
-                         f"{p['factor']:g}x the median {med / 1e6:.1f} ms (steps {listed}); the extra time is "
-                         f"mostly {where}"),
-                recommendation=recommendation, evidence=evidence,
-                cost_ms_per_step=float((bad["duration_ns"] - med).sum()) / len(s) / 1e6))
+            if starts is None:
+                starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
+            pattern = _pattern(group, bad, s, med, starts, p)
+            label = rank_label(rank, process)
+            if pattern["reported"] is None or len(bad) < p.get("min_outliers", 1):
+                yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
+                             "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
+                             "why_not_reported": f"{label}: {pattern['why_not']}"}
+                continue
+            yield self._finding(run, p, process, rank, mode, s, bad, med, sigma, starts, every_step, pattern), None
+
+    def _finding(self, run, p, process, rank, mode, s, bad, med, sigma, starts, every_step, pattern):
+        typical = s[list(PARTS)].median()
+        rows, culprits = [], []
+        for r in bad.itertuples():
+            excess = {part: getattr(r, part) - typical[part] for part in PARTS}
+            slowest = max(excess, key=excess.get)
+            culprits.append(slowest)
+            rows.append({"step": int(r.step), "duration_ms": round(r.duration_ns / 1e6, 3),
+                         "slowest_part": slowest, "excess_ms": round(excess[slowest] / 1e6, 3)})
+        main = max(set(culprits), key=culprits.count)
+        where = "outside every phase (Other)" if main == "Other" else f"in {main}"
+        listed = ", ".join(str(r["step"]) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
+        recommendation = ("Look at these steps in the timeline. Time in Other points at work between "
+                          "phases (checkpointing, logging, evaluation, garbage collection); in GetNext at "
+                          "an uneven data pipeline; in Forward/Backward at changing input shapes or "
+                          "recompilation. Make periodic work asynchronous or less frequent.")
+        epoch = None
+        if mode == TRAIN and main == GETNEXT and framework_of(run) == TORCH and not keeps_workers(run, process):
+            epoch = _epoch_starts(bad, rows, culprits, starts, every_step[every_step["process"] == process],
+                                  p["epoch_start_s"])
+        if epoch is not None:
+            edges = {r.get("epoch") for r in rows}
+            listed += ": the first" + ("" if edges == {"first"} else " and last") + " steps of epochs"
+            recommendation = advice("epoch_start", TORCH, **epoch).strip()
+        evidence = {"process": str(process), "mode": mode, "median_ms": round(med / 1e6, 3),
+                    "robust_sigma_ms": round(sigma / 1e6, 3), "steps_judged": int(len(s)),
+                    "outliers": rows[:50], "mostly": main, "pattern": pattern["reported"],
+                    "cost_share": round(pattern["cost_share"], 4)}
+        if epoch is not None:
+            evidence["epoch_start"] = epoch
+        return Finding(
+            rule=self.name, rank=clean_rank(rank), severity="warning",
+            message=(f"{rank_label(rank, process)}: {len(rows)} of {len(s)} {mode} steps took more than "
+                     f"{p['factor']:g}x the median {med / 1e6:.1f} ms (steps {listed}; {pattern['reported']}, "
+                     f"{100 * pattern['cost_share']:.1f}% of the time of these steps); the extra time is "
+                     f"mostly {where}"),
+            recommendation=recommendation, evidence=evidence,
+            cost_ms_per_step=float((bad["duration_ns"] - med).sum()) / len(s) / 1e6)
+
+
+def _pattern(group, bad, judged, med, starts, p) -> dict:
+    """Whether a rank and mode's outliers say something to act on, and in what words.
+
+    ``reported``: the pattern in words (None when the outliers are no finding: ``why_not``
+    says why), and ``cost_share``: their excess over the median, as a share of the judged
+    steps' time. Outliers are worth a finding when they recur -- at the same place in two
+    passes or more (an epoch's first or last step: the loader restarting its workers, an
+    end-of-epoch checkpoint), or ``min_recurring`` of them or more at a regular period, or as
+    ``min_step_share`` of the steps -- or when ``min_recurring`` of them or more cost
+    ``min_cost_share`` of the time. One slow step, and slow steps only in the first of several
+    passes (its iterator, caches and traces warming up), are not."""
+    durations = judged["duration_ns"].to_numpy(dtype=float)
+    cost_share = float((bad["duration_ns"].to_numpy(dtype=float) - med).sum() / durations.sum())
+    n, k = len(judged), len(bad)
+    out = {"reported": None, "why_not": "", "cost_share": cost_share}
+    # each step's pass (a new one at every loop start: an epoch, an evaluation pass) and place in it
+    first = starts.reindex(group.index, fill_value=False).to_numpy(dtype=bool, copy=True)
+    first[0] = True
+    pass_id = np.cumsum(first) - 1
+    lengths = np.bincount(pass_id)
+    where = np.flatnonzero(group.index.isin(bad.index))
+    bad_pass = pass_id[where]
+    from_start = where - np.flatnonzero(first)[bad_pass]
+    from_end = lengths[bad_pass] - 1 - from_start
+    passes = len(lengths)
+    share = f"{100 * cost_share:.1f}% of the time of the steps judged"
+    if passes >= 2 and (bad_pass == 0).all():
+        out["why_not"] = (f"{k} slow step(s), all in the first of {passes} passes over the data: its warm-up "
+                          f"(a new iterator, caches, traces), not repeated later ({share})")
         return out
+    same_place = (len(set(from_start)) == 1 or len(set(from_end)) == 1
+                  or ((from_start == 0) | (from_end == 0)).all())
+    if k >= 2 and len(set(bad_pass)) >= 2 and same_place:
+        edge = ("first" if (from_start == 0).all() else "last" if (from_end == 0).all()
+                else "first or last" if ((from_start == 0) | (from_end == 0)).all() else None)
+        place = f"the {edge} step of" if edge else "the same place in"
+        out["reported"] = f"recurring at {place} {len(set(bad_pass))} of {passes} passes"
+        return out
+    if k >= p["min_recurring"]:
+        numbers = bad["step"].to_numpy(dtype=np.int64)
+        gaps = np.diff(np.sort(numbers))
+        period = float(np.median(gaps)) if len(gaps) else 0.0
+        if period >= 2 and np.abs(gaps - period).max() <= max(1.0, 0.1 * period):
+            out["reported"] = f"recurring every {period:g} steps"
+            return out
+        if k >= p["min_step_share"] * n:
+            out["reported"] = f"{100 * k / n:.0f}% of the steps"
+            return out
+        if cost_share >= p["min_cost_share"]:
+            out["reported"] = "costing " + share
+            return out
+    out["why_not"] = (f"{k} slow step(s) of {n}, {share}: " +
+                      ("an isolated step" if k == 1 else "neither recurring nor costly enough") +
+                      f" (a finding needs {int(p['min_recurring'])} or more at a regular period or as "
+                      f"{100 * p['min_step_share']:g}% of the steps, or costing {100 * p['min_cost_share']:g}% of "
+                      f"the time, or the same place in two passes or more)")
+    return out
 
 
 def _epoch_starts(bad, rows, culprits, starts, process_steps, min_s):

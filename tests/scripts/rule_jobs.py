@@ -51,6 +51,32 @@ def main(kind):
         train(DataLoader(SlowDataset(32 * 40), batch_size=32, num_workers=8), hidden=2048)
     elif kind == "stall":
         train(DataLoader(data, batch_size=128), steps_hook=lambda i: time.sleep(0.2) if i % 15 == 7 else None)
+    elif kind == "onehiccup":  # one slow step in 120 (a scheduler hiccup, a one-off log flush): no finding
+        big = TensorDataset(torch.randn(128 * 120, 512), torch.randn(128 * 120, 1))
+        train(DataLoader(big, batch_size=128), steps_hook=lambda i: time.sleep(0.3) if i == 60 else None)
+    elif kind == "stall40":  # a 40 ms stall every 40 steps (periodic work): a finding
+        big = TensorDataset(torch.randn(64 * 240, 512), torch.randn(64 * 240, 1))
+        train(DataLoader(big, batch_size=64), steps_hook=lambda i: time.sleep(0.04) if i % 40 == 25 else None)
+    elif kind == "slowtenth":  # a tenth of the steps, at no regular place, 3x slower: a finding
+        import random
+        slow = set(random.Random(0).sample(range(5, 200), 20))
+        big = TensorDataset(torch.randn(32 * 200, 512), torch.randn(32 * 200, 1))
+        train(DataLoader(big, batch_size=32), steps_hook=lambda i: time.sleep(0.045 if i in slow else 0.015))
+    elif kind == "evalpasses":  # 4 epochs, each with a validation pass; the first pass warms up slowly
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        val = DataLoader(TensorDataset(torch.randn(64 * 12, 512), torch.randn(64 * 12, 1)), batch_size=64)
+        for epoch in range(4):
+            m.train()
+            for x, y in DataLoader(data, batch_size=256):
+                opt.zero_grad()
+                nn.functional.mse_loss(m(x), y).backward()
+                opt.step()
+            m.eval()
+            with torch.no_grad():
+                for x, y in val:
+                    m(x)
+                    time.sleep(0.003 if epoch else 0.08)  # the first pass: caches, a new iterator, traces
     elif kind.startswith("epochworkers"):  # workers started again at every epoch, each opening its data
         hidden = 2048 if kind == "epochworkers" else 128
         loader = DataLoader(TensorDataset(torch.randn(64 * 40, 512), torch.randn(64 * 40, 1)), batch_size=64,

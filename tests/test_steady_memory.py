@@ -70,15 +70,20 @@ def test_a_leak_that_starts_after_the_warm_up_is_found_with_its_rate(tmp_path):
 
 def test_growth_over_a_steady_state_too_short_to_judge_is_not_extrapolated(tmp_path):
     """Issue 47: "still grows 115531 MB/min ... used up in 12 s" from a 1.7 s window. Here a
-    loop of about a second fills a cache: no finding, and none of its rate. Judged from any
-    window (the rule before), the same run was a leak to be used up within minutes."""
+    loop of about a second keeps 8 MiB every step: no rate in time is extrapolated from it and
+    no time until memory runs out. Issue 58: memory that grows by the same amount at every
+    step through the loop is a leak whatever the duration: found by its steps. Judged from
+    any window (the rule before), the same run was a leak to be used up within minutes."""
     from stepscope.analysis.rules import evaluate
 
     s, run = run_job(tmp_path, "shortwindow")
     assert s["steps"]["train"]["count"] == 60
     start, end = loop_rss_mb(run)
     assert end - start > 400  # it did grow: 60 x 8 MiB
-    assert memory_findings(s) == [], s["findings"]
+    (f,) = memory_findings(s)
+    assert "used up" not in f["message"] and "MB/min" not in f["message"] and "every step" in f["message"]
+    assert f["evidence"]["time_to_full_s"] is None and f["evidence"]["window_s"] < 5
+    assert 6 <= f["evidence"]["growth_mb_per_step"] <= 10, f["evidence"]  # 8 MiB a step
     anywindow = {"HostMemoryIncrease": {"min_window_s": 0, "min_window_share": 0}}
     (old,) = [f for f in evaluate(run, anywindow)["findings"] if f["rule"] == "HostMemoryIncrease"]
     assert old["evidence"]["window_s"] < 5 and "is used up in" in old["message"]
@@ -125,3 +130,13 @@ def test_gpu_leak_after_a_flat_warm_up_is_found_with_time_until_full(tmp_path, g
     assert ev["time_to_full_s"] == pytest.approx(ev["free_mb"] / ev["rate_mb_per_min"] * 60, rel=0.01, abs=0.1)
     assert 40 * 1024 < ev["free_mb"] < 52 * 1024  # of 80 GiB, ~30 used at the end
     assert np.isfinite(ev["time_to_full_s"]) and "are used up in" in f["message"]
+
+
+def test_a_short_job_whose_memory_grows_once_says_why_it_is_not_judged(tmp_path):
+    """Issue 58: no silent abstention. A short loop whose memory jumps once (a second model
+    built mid-loop: a one-off change, not a similar amount every step) is too short to judge
+    a trend: no finding, and rules_not_applicable names the figures that stopped the rule."""
+    s, run = run_job(tmp_path, "shortjump")
+    assert memory_findings(s) == [], s["findings"]
+    why = s["rules_not_applicable"]["HostMemoryIncrease"]
+    assert "too short to judge a trend" in why and "MB in" in why and "a line over the steps explains" in why, why

@@ -70,6 +70,7 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
                 skipped[rule.name] = reason
                 continue
             found = list(rule.evaluate(run, params))
+            unjudged = None if found else rule.why_not_judged(run, params)
             d = rule.details(run, params)
         except Exception as exc:  # a custom rule's bug must not hide the others' findings
             if rule.name in builtin:
@@ -85,6 +86,8 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
                 f.severity = severity
             elif f.severity not in SEVERITIES:
                 f.severity = "warning"
+        if unjudged:
+            skipped[rule.name] = unjudged
         findings.extend(found)
         counts[rule.name] = len(found)
         if d:

@@ -126,6 +126,12 @@ class Rule:
     def evaluate(self, run, p: Dict[str, float]) -> List[Finding]:
         raise NotImplementedError
 
+    def why_not_judged(self, run, p: Dict[str, float]) -> Optional[str]:
+        """Asked when the rule found nothing: why it could not judge, naming the figure that
+        stopped it (the summary's ``rules_not_applicable``); None when it judged. SPEC §7:
+        a rule never abstains in silence."""
+        return None
+
     def details(self, run, p: Dict[str, float]) -> Optional[dict]:
         """Figures a rule reports whether or not it fires (OverallSystemUsage's percentiles);
         None for most rules. They go to the summary's ``rule_details``."""

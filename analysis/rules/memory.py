@@ -46,6 +46,11 @@ class HostMemoryIncrease(Rule):
                                          "later half: steady growth that goes on, not one spike"),
         "window_share": Param(0.2, "ratio", "compare the first and last this share of the steady state"),
         **steady.PARAMS,
+        "min_fit": Param(0.95, "ratio", "a steady state too short to judge a trend in time (`min_window_s`, "
+                                        "`min_window_share`) is still judged where memory grew by a similar "
+                                        "amount at every step: a straight line over the steps explains at least "
+                                        "this share of its variance (R^2), the other thresholds holding; no time "
+                                        "until memory runs out is extrapolated from it"),
     }
 
     def not_applicable(self, run):
@@ -55,22 +60,47 @@ class HostMemoryIncrease(Rule):
             return "no process memory samples"
         return None
 
+    def why_not_judged(self, run, p):
+        """The first process whose memory grew past the thresholds in a steady state too
+        short to judge a trend, and not by a similar amount every step: its figures."""
+        unjudged = self._judge(run, p)[1]
+        return unjudged[0] if unjudged else None
+
     def evaluate(self, run, p):
-        found = []
+        return self._findings(run, p, self._judge(run, p)[0])
+
+    def _judge(self, run, p):
+        """(process, rank, figures) of the growing processes, and why the others whose memory
+        grew could not be judged."""
+        found, unjudged = [], []
         rss = samples_of(run, "proc_rss")
         # a rank and its children, summed per sample
         total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
-        nodes = node_of(run)
         by_process = steps_by_process(run.steps, ["mode", "start_ns", "end_ns", "step"])
         for process, rank in process_ranks(run.steps):
             r = total[total["process"] == process].sort_values("timestamp_ns")
             g = steady.steady_growth(loop_steps(by_process.get(process, _EMPTY)), r["timestamp_ns"].to_numpy(np.int64),
-                                     r["value"].to_numpy(dtype=float), p)
-            if g is None or not g["growing"]:
+                                     r["value"].to_numpy(dtype=float), p, short_ok=True)
+            if g is None:
                 continue
-            if g["growth"] < p["min_increase_mb"] * MB or g["growth"] < p["min_increase_ratio"] * g["first"]:
+            big = g["growth"] >= p["min_increase_mb"] * MB and g["growth"] >= p["min_increase_ratio"] * g["first"]
+            if not big:
                 continue
-            found.append((process, rank, g))
+            if g["short"] and not (g["growing"] and g["fit"] >= p["min_fit"]):
+                window = (g["t1"] - g["t0"]) / 1e9
+                unjudged.append(
+                    f"{rank_label(rank, process)}: host memory grew {g['growth'] / MB:.0f} MB in {window:.1f} s of "
+                    f"steady training (steps {g['steps'][0]}-{g['steps'][1]}, {g['samples']} samples), too short to "
+                    f"judge a trend (needs {p['min_window_s']:g} s, {100 * p['min_window_share']:g}% of the loop and "
+                    f"{steady.MIN_WINDOW_SAMPLES} samples), and not by a similar amount every step (a line over "
+                    f"the steps explains {100 * g['fit']:.0f}% of it, under {100 * p['min_fit']:g}%)")
+                continue
+            if g["growing"]:
+                found.append((process, rank, g))
+        return found, unjudged
+
+    def _findings(self, run, p, found):
+        nodes = node_of(run)
         # the machine runs out when all of its growing ranks together have used its free memory
         node_rate = defaultdict(float)
         for process, _, g in found:
@@ -83,13 +113,19 @@ class HostMemoryIncrease(Rule):
             others = " with the host's other growing ranks" if node_rate[node] > g["rate_per_s"] else ""
             runs_out = (f"; at that rate{others} the host's {free / 2**30:.1f} GiB of free memory is used up in "
                         f"{steady.duration_text(left)}" if left is not None else "")
-            warm = (f"after a warm-up of {g['warmup']} steps" if g["warmup"] else "from the first step")
             steady_ev = steady.evidence_of(g, MB)  # the rate the message states is the evidence's
+            growth = f"still grows {steady_ev['rate_mb_per_min']:.0f} MB/min{runs_out}"
+            if g["short"]:  # a leak by its steps: no rate in time, no time to run out, from a short window
+                left = None
+                growth = (f"grew by a similar amount every step ({g['late_per_step'] / MB:.1f} MB a step; a line "
+                          f"over the steps explains {100 * g['fit']:.0f}% of it; too short a run to say when "
+                          f"memory would run out)")
+            warm = (f"after a warm-up of {g['warmup']} steps" if g["warmup"] else "from the first step")
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
                 message=(f"{rank_label(rank, process)}: host memory grew from {g['first'] / MB:.0f} MB to "
                          f"{g['last'] / MB:.0f} MB during training, {warm} to the end (steps {g['steps'][0]}-"
-                         f"{g['steps'][1]}), and still grows {steady_ev['rate_mb_per_min']:.0f} MB/min{runs_out}"),
+                         f"{g['steps'][1]}), and {growth}"),
                 recommendation=("Something keeps references across steps: a list of losses or outputs that "
                                 "still hold tensors (store loss.item() instead), caches without a bound, "
                                 "growing logs. Left alone it ends in an out-of-memory kill."),

@@ -125,7 +125,8 @@ def median_of_three(values: np.ndarray, last: float) -> np.ndarray:
     return out
 
 
-def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) -> Optional[dict]:
+def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict,
+                  short_ok: bool = False) -> Optional[dict]:
     """Judges one memory series over one loop's steps (a process's train steps, sorted).
 
     t: sample times (ns) and v: values, sorted by time. Returns None when the series
@@ -133,7 +134,10 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
     rule's own size thresholds passed): ``first``/``last`` (medians of the steady
     state's first and last ``window_share``), ``trend``, ``trend_late``,
     ``rate_per_s`` (of the later half), ``warmup`` (steps left out) and why, and
-    ``t0``/``t1``/``steps`` of the steady state."""
+    ``t0``/``t1``/``steps`` of the steady state. A steady state too short to extrapolate
+    from (``_long_enough``) gives None, or with ``short_ok`` its figures with ``short``
+    set, and ``fit``: how much of the memory's variance a straight line over the steps
+    explains (R^2: a leak of a similar amount every step is near 1)."""
     if not steps["start_ns"].is_monotonic_increasing:  # (a process's steps usually are)
         steps = steps.sort_values("start_ns", kind="stable")
     starts, ends = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
@@ -162,7 +166,8 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
            else "step time" if warmup == timed and timed > documented else "steps")
     keep = pos >= warmup
     t, v, pos = t[keep], v[keep], pos[keep]
-    if not _long_enough(int(starts[warmup]), int(ends[-1]), int(ends[-1] - starts[0]), len(v), p):
+    short = not _long_enough(int(starts[warmup]), int(ends[-1]), int(ends[-1] - starts[0]), len(v), p)
+    if short and (not short_ok or len(v) < 8):
         return None
     k = max(2, int(len(v) * p["window_share"]))
     first, last = float(np.median(v[:k])), float(np.median(v[-k:]))
@@ -178,7 +183,17 @@ def steady_growth(steps: pd.DataFrame, t: np.ndarray, v: np.ndarray, p: dict) ->
             "rate_per_s": max(_slope(t[late] / 1e9, v[late]), 0.0), "growing": bool(growing),
             "warmup": int(warmup), "warmup_why": why, "samples": int(len(v)),
             "t0": int(starts[warmup]), "t1": int(ends[-1]),
-            "steps": [int(numbers[warmup]), int(numbers[-1])], "last_value": float(v[-1])}
+            "steps": [int(numbers[warmup]), int(numbers[-1])], "last_value": float(v[-1]),
+            "short": bool(short), "fit": _line_fit(pos, v)}
+
+
+def _line_fit(x: np.ndarray, y: np.ndarray) -> float:
+    """R^2 of the least-squares line of y over x (0 where y does not vary)."""
+    total = float(((y - y.mean()) ** 2).sum())
+    if len(x) < 3 or total <= 0:
+        return 0.0
+    residual = y - y.mean() - _slope(x, y) * (x - x.mean())
+    return max(0.0, 1.0 - float((residual ** 2).sum()) / total)
 
 
 def _long_enough(t0: int, t1: int, loop_ns: int, samples: int, p: dict) -> bool:

@@ -4,9 +4,11 @@ warmup: 32 MiB more a step for the first 30 of 150 steps (a cache filled while w
         up, kept for good), then flat: a healthy job.
 late:   flat for 40 steps, then 8 MiB a step for the 110 steps after: a leak that starts
         after a warm-up.
-shortwindow: 60 steps (~10 ms) that fill an 8 MiB-a-step cache for the epoch: the steady
-        state lasts about a second, too short to tell a leak from a one-off fill, such as
-        DataLoader workers started again at an epoch faulting in their memory.
+shortwindow: 60 steps (~10 ms) that keep 8 MiB a step: the steady state lasts about a
+        second, too short to extrapolate a rate in time, but memory grows by the same
+        amount at every step: a leak by its steps.
+shortjump: 60 steps (~10 ms) in which memory jumps once by 480 MiB, at step 30 (a
+        second model built): too short to judge a trend, and no growth every step.
 """
 import sys
 import time
@@ -24,7 +26,7 @@ def main(kind):
     opt = torch.optim.SGD(m.parameters(), lr=1e-3)
     x, y = torch.randn(64, 256), torch.randn(64, 1)
     kept = []
-    for i in range(60 if kind == "shortwindow" else 150):
+    for i in range(60 if kind.startswith("short") else 150):
         opt.zero_grad()
         loss = nn.functional.mse_loss(m(x), y)
         loss.backward()
@@ -38,6 +40,9 @@ def main(kind):
             t = torch.tanh(t @ t) * 0.5
         if kind == "shortwindow":
             kept.append(torch.ones(8 * MiB // 4))
+        if kind == "shortjump" and i == 30:
+            kept.append(torch.ones(480 * MiB // 4))
+        if kind.startswith("short"):
             continue
         time.sleep(0.035)  # a loop long enough to judge: the steady state lasts over 5 s (min_window_s)
     print("done", kind, len(kept))

@@ -1,0 +1,113 @@
+"""A rule's verdicts against the truth: findings expected vs fired, over the conformance
+corpus (healthy jobs of many shapes: no finding expected) and the diagnosis jobs
+(tests/scripts/rule_jobs.py: each provokes its rule, or none).
+
+    python3 bench/diagnosis.py [--rule StepOutlier] [--before FILE] [-k SUBSTRING]
+
+Each job runs once under STEPSCOPE=1 (the corpus's torchrun cases under torchrun); the
+rule is judged on that run as it is now and, with --before, as the module FILE defines
+it (e.g. `git show REV:analysis/rules/outlier.py > /tmp/before.py`), so both verdicts
+come from the same runs. Prints one row per job and the precision and recall of each.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORPUS = os.path.join(REPO, "tests", "conformance")
+JOBS = os.path.join(REPO, "tests", "scripts", "rule_jobs.py")
+# The diagnosis jobs and the rules each must provoke (every other rule: none)
+DIAGNOSIS = {"clean": [], "stall": ["StepOutlier"], "stall40": ["StepOutlier"], "slowtenth": ["StepOutlier"],
+             "onehiccup": [], "evalpasses": [], "epochworkers": ["StepOutlier"], "slowdata": ["GetNextBottleneck"],
+             "leak": ["HostMemoryIncrease"], "slowinit": ["MaxInitializationTime"]}
+
+
+def truth_of(path):
+    lines = [ln[len("# expect:"):] for ln in open(path) if ln.startswith("# expect:")]
+    return json.loads("".join(lines)) if lines else None
+
+
+def jobs(substring):
+    for name in sorted(os.listdir(CORPUS)):
+        path = os.path.join(CORPUS, name)
+        truth = truth_of(path) if name.endswith(".py") else None
+        if truth is None or (substring and substring not in name):
+            continue
+        cmd = [sys.executable, path, *truth.get("args", [])]
+        if truth.get("launch") == "torchrun":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                   path, *truth.get("args", [])]
+        # a corpus case that crashes on purpose is still a healthy loop until it does
+        yield name[:-3], cmd, truth.get("timeout", 300), []
+    for kind, expected in DIAGNOSIS.items():
+        if not substring or substring in kind:
+            yield f"diagnosis:{kind}", [sys.executable, JOBS, kind], 300, expected
+
+
+def rule_from(path, name):
+    spec = importlib.util.spec_from_file_location("before_rule", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)()
+
+
+def fired(rule, run):
+    from stepscope.analysis.rules import evaluate
+    from stepscope.analysis.rules.base import negligible
+
+    if rule is None:
+        result = evaluate(run)
+        return sorted({f["rule"] for f in result["findings"] + result["related_findings"]})
+    if rule.not_applicable(run):
+        return []
+    params = {k: v.default for k, v in rule.params.items()}
+    return sorted({f.rule for f in rule.evaluate(run, params) if not negligible(run, f)})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rule", default="StepOutlier")
+    p.add_argument("--before", help="a module file defining the rule as it was")
+    p.add_argument("-k", dest="substring", help="only the jobs whose name contains this")
+    args = p.parse_args()
+    import stepscope
+
+    before = rule_from(args.before, args.rule) if args.before else None
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cmd, timeout, expected in jobs(args.substring):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+            env.update(STEPSCOPE="1", STEPSCOPE_DIR=os.path.join(tmp, "runs"), STEPSCOPE_RUN=name.replace(":", "-"))
+            cwd = os.path.join(tmp, name.replace(":", "-"))
+            os.makedirs(cwd)
+            try:
+                subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, timeout=timeout)
+                run = stepscope.load(os.path.join(tmp, "runs", name.replace(":", "-")), quiet=True)
+            except Exception as exc:  # noqa: BLE001 - a job that could not run is reported, not judged
+                print(f"{name}: not judged ({type(exc).__name__}: {exc})", flush=True)
+                continue
+            now = [r for r in fired(None, run) if r == args.rule]
+            then = fired(before, run) if before else None
+            want = [r for r in expected if r == args.rule]
+            rows.append((name, want, then, now))
+            print(f"{name:48} expected {want or '-'}  before {then if then is not None else '?'}  now {now or '-'}",
+                  flush=True)
+    for label, column in (("before", 2), ("now", 3)):
+        if column == 2 and before is None:
+            continue
+        tp = sum(1 for r in rows if r[1] and r[column])
+        fp = sum(1 for r in rows if not r[1] and r[column])
+        fn = sum(1 for r in rows if r[1] and not r[column])
+        precision = tp / (tp + fp) if tp + fp else 1.0
+        recall = tp / (tp + fn) if tp + fn else 1.0
+        print(f"{args.rule} {label}: {len(rows)} jobs, fired on {tp + fp} ({tp} expected, {fp} not), missed {fn}; "
+              f"precision {precision:.2f}, recall {recall:.2f}")
+
+
+if __name__ == "__main__":
+    main()

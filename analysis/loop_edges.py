@@ -12,10 +12,11 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.quantities import ms
-from stepscope.core.vocabulary import INTERRUPTED, TRAIN
+from stepscope.core.vocabulary import INTERRUPTED, LOOP_MARK, TRAIN
 
 VALIDATION_START = "validation start-up"
 EPOCH_END = "epoch end"
+NEXT_LOOP = "the next loop's set-up"  # a new model, fold or fit built (analysis/loops.py)
 BETWEEN = "between loops"
 TOP_ACTIONS = 3  # the framework actions named, by their time inside the intervals...
 MIN_ACTION_SHARE = 0.05  # ...each with at least this share of the largest one's
@@ -64,7 +65,9 @@ def _largest_actions(run, gaps: pd.DataFrame, epochs: int) -> dict:
     if not len(picked):
         return {}
     total = (picked["end_ns"] - picked["start_ns"]).groupby(picked["name"].astype(str)).sum()
-    floor = MIN_ACTION_SHARE * float(total.max())  # (a hook of stepscope's own, a few microseconds: not named)
+    # (a hook of stepscope's own, a few microseconds, is not named; nor is an action that holds
+    # a negligible share of the intervals: "mostly" must be true)
+    floor = MIN_ACTION_SHARE * max(float(total.max()), float((gaps["end_ns"] - gaps["start_ns"]).sum()))
     return {str(name): ms(ns / epochs) for name, ns in total.nlargest(TOP_ACTIONS).items() if ns >= floor}
 
 
@@ -79,6 +82,14 @@ def between_loops(run) -> Optional[dict]:
     gaps = intervals(steps)
     if not len(gaps):
         return None
+    marks = run.select(categories=["framework"], kinds=["instant"], names=[LOOP_MARK], columns=["process", "start_ns"])
+    for process, m in marks.groupby("process", observed=True):
+        at = np.sort(m["start_ns"].to_numpy(np.int64))
+        mine = (gaps["process"].astype(str) == str(process)).to_numpy()
+        # a gap holding a loop mark is where the next loop was set up (its model built), no epoch's end
+        holds = np.searchsorted(at, gaps["end_ns"].to_numpy(np.int64), side="right") > \
+            np.searchsorted(at, gaps["start_ns"].to_numpy(np.int64), side="left")
+        gaps.loc[mine & holds, "kind"] = NEXT_LOOP
     cost = gaps["end_ns"] - gaps["start_ns"]
     before_train = int((gaps["kind"] == EPOCH_END).sum())
     epochs = before_train + 1 if (steps["mode"] == TRAIN).any() else len(gaps) + 1

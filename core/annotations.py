@@ -10,7 +10,7 @@ import functools
 import inspect
 
 from stepscope.core import _native
-from stepscope.core.vocabulary import CATEGORIES, MODES, PHASE_NAMES
+from stepscope.core.vocabulary import CATEGORIES, LOOP_MARK, MODES, PHASE_NAMES
 
 CATEGORY = {name: i for i, name in enumerate(CATEGORIES)}
 PHASES = PHASE_NAMES  # GetNext, Forward, Loss, Backward, Optimizer, Recompute (as _native.PHASES)
@@ -77,6 +77,13 @@ def end_step() -> None:
     global by_hand
     by_hand = True
     _native.end_step()
+
+
+def new_loop() -> None:
+    """Marks that another training loop begins here (an integration calls it where the
+    model, optimizer or ``fit`` changes): the analysis judges each loop apart."""
+    if _native.enabled():
+        _native.instant(CATEGORY["framework"], _native.intern(LOOP_MARK))
 
 
 def counter(name: str, value: float) -> None:

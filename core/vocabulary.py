@@ -34,6 +34,11 @@ MODES = (TRAIN, EVAL, PREDICT)
 #: The name of a step mark that ends the current step without starting another
 #: (``stepscope.end_step()``, a loader running out, the session's stop).
 END_MARK = "end"
+#: The framework instant an integration records where a process begins another training
+#: loop (SPEC §3): an optimizer created after train steps (a second model, the next fold,
+#: fine-tuning after pre-training, the next trial of a search), another Keras ``fit``. The
+#: steps after it belong to the next loop (``analysis/loops.py``).
+LOOP_MARK = "stepscope.loop"
 #: A step mark that flags the step open on its thread (the one its argument numbers)
 #: as interrupted: it ended without its optimizer step (SPEC §3). Readers give that
 #: step this mode, so it is in no mode's statistics, rules or phase shares.

@@ -14,6 +14,7 @@ from stepscope.analysis.ending import run_ending
 from stepscope.analysis.epochs import between_epochs, format_line as between_epochs_line
 from stepscope.analysis.loop import run_loop_notes
 from stepscope.analysis.loop_edges import between_loops, format_line as between_loops_line
+from stepscope.analysis.loops import format_lines, loops_block
 from stepscope.analysis.quantities import (other_share, percent, phase_shares, profiler_windows, step_stats,
                                            summary_steps)
 from stepscope.analysis.rules import evaluate
@@ -86,6 +87,9 @@ def summarize(run, params=None) -> dict:
         edges = between_loops(r)  # any other loop's: the gaps between a thread's loops
         if edges is not None:
             out["between_loops"] = edges  # the loops' time outside every step, named (SPEC §3)
+    loops = loops_block(r)
+    if loops:
+        out["loops"] = loops  # a process ran several loops one after another: each one's figures (SPEC §3)
     out["loop_notes"] = run_loop_notes(r, ending)
     rules = evaluate(r, params)
     out["findings"] = rules["findings"]
@@ -106,6 +110,9 @@ def format_text(s: dict) -> str:
     for mode, st in s["steps"].items():
         lines.append(f"  {mode:<8} {st['count']:>6} steps  mean {st['mean_ms']:.2f} ms  "
                      f"median {st['median_ms']:.2f} ms  p95 {st['p95_ms']:.2f} ms  max {st['max_ms']:.2f} ms")
+    if s.get("loops"):
+        lines.append(f"  {len(s['loops'])} loops, one after another (each judged on its own):")
+        lines.extend(format_lines(s["loops"]))
     if s.get("interrupted"):
         i = s["interrupted"]
         lines.append(f"  {'':<8} {i['count']:>6} interrupted step(s), {i['total_ms']:.1f} ms: iterations that ended "

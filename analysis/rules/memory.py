@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.loops import step_loops
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import node_of, process_ranks, samples_of, steps_by_process
@@ -21,6 +22,24 @@ def loop_steps(steps):
     steps, or all its steps when it has none."""
     train = steps[steps["mode"] == "train"]
     return train if len(train) else steps
+
+
+def _loops_of(by_process, ranks, loops):
+    """(process, rank, loop or None, the steps judged) per loop of each process: its memory
+    is judged within each loop (a model built between loops is the next one's warm-up);
+    loop None where the process ran one."""
+    for process, rank in ranks:
+        steps = loop_steps(by_process.get(process, _EMPTY))
+        numbers = loops.reindex(steps.index).fillna(0).to_numpy(np.int64) if len(steps) else np.zeros(0, np.int64)
+        if not len(numbers) or numbers.max() == 0:
+            yield process, rank, None, steps
+            continue
+        for loop in np.unique(numbers):
+            yield process, rank, int(loop), steps[numbers == loop]
+
+
+def _in_loop(g: dict) -> str:
+    return f" (loop {g['loop']})" if g.get("loop") is not None else ""
 
 
 def free_memory(system, node, t1) -> float:
@@ -77,23 +96,26 @@ class HostMemoryIncrease(Rule):
         # a rank and its children, summed per sample
         total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
         by_process = steps_by_process(run.steps, ["mode", "start_ns", "end_ns", "step"])
-        for process, rank in process_ranks(run.steps):
+        loops = step_loops(run)
+        for process, rank, loop, steps in _loops_of(by_process, process_ranks(run.steps), loops):
             r = total[total["process"] == process].sort_values("timestamp_ns")
-            g = steady.steady_growth(loop_steps(by_process.get(process, _EMPTY)), r["timestamp_ns"].to_numpy(np.int64),
-                                     r["value"].to_numpy(dtype=float), p, short_ok=True)
+            g = steady.steady_growth(steps, r["timestamp_ns"].to_numpy(np.int64), r["value"].to_numpy(dtype=float),
+                                     p, short_ok=True)
             if g is None:
                 continue
+            g["loop"] = loop
             big = g["growth"] >= p["min_increase_mb"] * MB and g["growth"] >= p["min_increase_ratio"] * g["first"]
             if not big:
                 continue
             if g["short"] and not (g["growing"] and g["fit"] >= p["min_fit"]):
                 window = (g["t1"] - g["t0"]) / 1e9
                 unjudged.append(
-                    f"{rank_label(rank, process)}: host memory grew {g['growth'] / MB:.0f} MB in {window:.1f} s of "
-                    f"steady training (steps {g['steps'][0]}-{g['steps'][1]}, {g['samples']} samples), too short to "
-                    f"judge a trend (needs {p['min_window_s']:g} s, {100 * p['min_window_share']:g}% of the loop and "
-                    f"{steady.MIN_WINDOW_SAMPLES} samples), and not by a similar amount every step (a line over "
-                    f"the steps explains {100 * g['fit']:.0f}% of it, under {100 * p['min_fit']:g}%)")
+                    f"{rank_label(rank, process)}{_in_loop(g)}: host memory grew {g['growth'] / MB:.0f} MB in "
+                    f"{window:.1f} s of steady training (steps {g['steps'][0]}-{g['steps'][1]}, "
+                    f"{g['samples']} samples), too short to judge a trend (needs {p['min_window_s']:g} s, "
+                    f"{100 * p['min_window_share']:g}% of the loop and {steady.MIN_WINDOW_SAMPLES} samples), "
+                    f"and not by a similar amount every step (a line over the steps explains "
+                    f"{100 * g['fit']:.0f}% of it, under {100 * p['min_fit']:g}%)")
                 continue
             if g["growing"]:
                 found.append((process, rank, g))
@@ -123,13 +145,13 @@ class HostMemoryIncrease(Rule):
             warm = (f"after a warm-up of {g['warmup']} steps" if g["warmup"] else "from the first step")
             out.append(Finding(
                 rule=self.name, rank=clean_rank(rank), severity="warning",
-                message=(f"{rank_label(rank, process)}: host memory grew from {g['first'] / MB:.0f} MB to "
+                message=(f"{rank_label(rank, process)}{_in_loop(g)}: host memory grew from {g['first'] / MB:.0f} MB to "
                          f"{g['last'] / MB:.0f} MB during training, {warm} to the end (steps {g['steps'][0]}-"
                          f"{g['steps'][1]}), and {growth}"),
                 recommendation=("Something keeps references across steps: a list of losses or outputs that "
                                 "still hold tensors (store loss.item() instead), caches without a bound, "
                                 "growing logs. Left alone it ends in an out-of-memory kill."),
-                evidence={"process": str(process), "rss_start_mb": round(g["first"] / MB, 1),
+                evidence={"process": str(process), "loop": g["loop"], "rss_start_mb": round(g["first"] / MB, 1),
                           "rss_end_mb": round(g["last"] / MB, 1), "growth_mb": round(g["growth"] / MB, 1),
                           **steady_ev,
                           "host_free_mb": round(free / MB, 1) if np.isfinite(free) else None,

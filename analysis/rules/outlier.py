@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepscope.analysis.loops import step_loops
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
@@ -81,8 +82,14 @@ class StepOutlier(Rule):
                              columns=["process", "start_ns", "end_ns"])
         if p.get("mode", "all") != "all":
             steps = steps[steps["mode"] == p["mode"]]
-        for (process, rank, mode), group in steps.groupby(["process", "rank", "mode"], dropna=False, sort=True,
-                                                          observed=True):
+        loops = step_loops(run)
+        keys = ["process", "rank", "mode"]
+        if (loops > 0).any():  # each loop judged against its own median (a second model's steps differ)
+            steps = steps.assign(loop=loops.reindex(steps.index).to_numpy())
+            keys.append("loop")
+        for key, group in steps.groupby(keys, dropna=False, sort=True, observed=True):
+            process, rank, mode = key[:3]
+            loop = key[3] if len(key) > 3 else None
             group = group.sort_values("start_ns", kind="stable")
             s = group.iloc[int(p["warmup_steps"]):]
             if mode != TRAIN:  # each evaluation pass warms up anew (a new iterator, a retrace): its first step
@@ -103,13 +110,17 @@ class StepOutlier(Rule):
             if starts is None:
                 starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
             pattern = _pattern(group, bad, s, med, starts, p)
-            label = rank_label(rank, process)
+            label = rank_label(rank, process) + (f" (loop {int(loop)})" if loop is not None else "")
             if pattern["reported"] is None or len(bad) < p.get("min_outliers", 1):
                 yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
                              "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
                              "why_not_reported": f"{label}: {pattern['why_not']}"}
                 continue
-            yield self._finding(run, p, process, rank, mode, s, bad, med, sigma, starts, every_step, pattern), None
+            finding = self._finding(run, p, process, rank, mode, s, bad, med, sigma, starts, every_step, pattern)
+            if loop is not None:
+                finding.evidence["loop"] = int(loop)
+                finding.message = finding.message.replace(rank_label(rank, process), label, 1)
+            yield finding, None
 
     def _finding(self, run, p, process, rank, mode, s, bad, med, sigma, starts, every_step, pattern):
         typical = s[list(PARTS)].median()

@@ -21,6 +21,7 @@ PyMemberDef members[] = {
     MEMBER("done", T_BOOL, done),
     MEMBER("fed", T_BOOL, fed),
     MEMBER("optimizer_seen", T_BOOL, opt_used),
+    {"trained", T_BOOL, offsetof(Tracker, finished), READONLY, "a train step of this thread completed"},
     MEMBER("last_end", T_ULONGLONG, last_end),
     MEMBER("forwards_in_step", T_LONG, forwards_in_step),
     MEMBER("prefetched", T_ULONG, prefetched),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from stepscope.core import safety
+from stepscope.core import annotations, safety
 from stepscope.core.recording import FRAMEWORK, begin_step, end_step, intern, interrupt_step, now, span
 from stepscope.integrations._late_class import late_class
 from stepscope.integrations.keras._backend_hooks import backend_hooks
@@ -19,6 +19,7 @@ VALIDATION_START = "keras.validation_start"
 EPOCH_END = "keras.epoch_end"
 BETWEEN_EPOCHS = (VALIDATION_START, EPOCH_END)
 FIT = "keras.fit"  # a fit's loop, on_train_begin to on_train_end: what its steps and intervals cover
+_FITS = [0]  # the fits this process began: from the second on, each is another loop (SPEC §3)
 
 
 def _backend(keras) -> str:
@@ -74,6 +75,9 @@ def _build_class(keras):
                 self._boundary_begins(VALIDATION_START)
             if kind == "train":
                 self._fit_begin = now()
+                _FITS[0] += 1
+                if _FITS[0] > 1:  # another fit in this process (a second model, the next fold): another loop
+                    annotations.new_loop()
             if backend == "tensorflow":
                 restore = self._begin_tf(kind)
             elif backend == "torch":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from stepscope.core import importhook
+from stepscope.core import annotations, importhook
 from stepscope.integrations.torch import _native_hooks
 
 
@@ -146,7 +146,13 @@ class OptimizerHooks:
                 except TypeError:  # a class with __slots__ and no __weakref__: its compiled steps go unseen
                     pass
                 try:
-                    ctx.loops.local.s.tracker.optimizer_known(id(optimizer))
+                    tracker = ctx.loops.local.s.tracker
+                    if tracker.trained:
+                        # another loop begins (a second model, the next fold): the last step
+                        # ends where its work ended, the build of the next is between loops
+                        tracker.loop_ended()
+                        annotations.new_loop()
+                    tracker.optimizer_known(id(optimizer))
                     ctx.roots.look_again()
                 except Exception as exc:  # noqa: BLE001
                     ctx.fail(exc)

@@ -1,0 +1,98 @@
+"""Loops: the training loops a process runs one after another (SPEC §3).
+
+A script may train several things in sequence: k-fold with a new model per fold, a
+second model after the first, fine-tuning after pre-training, the trials of a search.
+The integrations record a loop mark (``LOOP_MARK``) where another loop begins: an
+optimizer created after train steps of its thread (PyTorch, Lightning, Accelerate), a
+second Keras ``fit``. Each step belongs to the loop of its process begun last before it,
+numbered from 0; statistics and rules judge each loop apart (a model built between
+loops is the next loop's warm-up, never a leak; a later loop's other step time is no
+outlier of the first's).
+
+Scripts that create an optimizer inside every iteration (a meta-learning inner loop)
+would mark a loop every few steps: where a process's loops hold a median of fewer than
+``MIN_LOOP_STEPS`` train steps, they are taken as that iteration's own structure, and
+the process has one loop.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+import pandas as pd
+
+from stepscope.core.vocabulary import LOOP_MARK, TRAIN
+
+MIN_LOOP_STEPS = 10
+
+
+def step_loops(run) -> pd.Series:
+    """Each step's loop in its process (int, from 0), indexed like ``run.steps``."""
+    cache = getattr(run, "_derived", None)
+    if cache is not None and "loops" in cache:
+        return cache["loops"]
+    steps = run.steps
+    marks = run.select(categories=["framework"], kinds=["instant"], names=[LOOP_MARK],
+                       columns=["process", "start_ns"])
+    out = loop_numbers(steps, marks)
+    if cache is not None:
+        cache["loops"] = out
+    return out
+
+
+def loop_numbers(steps: pd.DataFrame, marks: pd.DataFrame) -> pd.Series:
+    """The loop of each step: the number of its process's loop marks at or before its start."""
+    out = pd.Series(np.zeros(len(steps), dtype=np.int64), index=steps.index, name="loop")
+    if not len(steps) or not len(marks):
+        return out
+    times = {str(p): np.sort(g["start_ns"].to_numpy(np.int64)) for p, g in marks.groupby("process", observed=True)}
+    for process, s in steps.groupby("process", observed=True, sort=False):
+        at = times.get(str(process))
+        if at is None:
+            continue
+        loop = np.searchsorted(at, s["start_ns"].to_numpy(np.int64), side="right")
+        train = (s["mode"] == TRAIN).to_numpy()
+        per_loop = np.bincount(loop[train], minlength=len(at) + 1)
+        held = per_loop[per_loop > 0]
+        if len(held) > 2 and np.median(held) < MIN_LOOP_STEPS:
+            continue  # an optimizer made in every iteration: the iteration's structure, one loop
+        # loops numbered as they come, none left empty (two marks with no step between are one edge)
+        _, dense = np.unique(loop, return_inverse=True)
+        out.loc[s.index] = dense.astype(np.int64)
+    return out
+
+
+def loops_block(run) -> List[dict]:
+    """The summary's ``loops``: per process that ran more than one loop, each loop's steps
+    per mode, its train steps' median and its span; [] when every process ran one."""
+    steps = run.steps
+    if not len(steps):
+        return []
+    loops = step_loops(run)
+    if not (loops > 0).any():
+        return []
+    out = []
+    frame = steps.assign(loop=loops.to_numpy())
+    for (process, loop), s in frame.groupby(["process", "loop"], observed=True, sort=True):
+        if frame.loc[frame["process"] == process, "loop"].max() == 0:
+            continue
+        train = s[s["mode"] == TRAIN]["duration_ns"]
+        rank = s["rank"].iloc[0] if "rank" in s else None
+        out.append({"process": str(process), "rank": None if pd.isna(rank) else int(rank), "loop": int(loop),
+                    "steps": {str(m): int(n) for m, n in s["mode"].value_counts().items() if n},
+                    "train_median_ms": round(float(train.median()) / 1e6, 3) if len(train) else None,
+                    "start_s": round(float(s["start_ns"].min() - steps["start_ns"].min()) / 1e9, 3),
+                    "duration_s": round(float(s["end_ns"].max() - s["start_ns"].min()) / 1e9, 3)})
+    return out
+
+
+def format_lines(block: List[dict]) -> List[str]:
+    lines = []
+    for b in block:
+        counts = ", ".join(f"{n} {m}" for m, n in b["steps"].items())
+        median = f", train median {b['train_median_ms']:.2f} ms" if b["train_median_ms"] is not None else ""
+        who = f"rank {b['rank']}" if b["rank"] is not None else b["process"]
+        lines.append(f"  loop {b['loop']:<4} {who}: {counts}{median}, from {b['start_s']:.1f} s for "
+                     f"{b['duration_s']:.1f} s")
+    return lines

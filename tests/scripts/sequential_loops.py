@@ -1,0 +1,61 @@
+"""Scripts that train several things one after another in one process (SPEC §3: loops):
+python sequential_loops.py KIND.
+
+twomodels: a small model trained 100 steps (~50 ms), then a larger one built (with a
+           600 MB table) and trained 30 steps (~110 ms): two loops, a healthy script, no
+           memory leak and no outlier.
+kfold:     4 folds, a new model and optimizer per fold, 40 steps each (~30 ms): 4 loops.
+keras:     (Keras) a small model's fit, then a larger model's fit: two loops.
+"""
+import sys
+import time
+
+
+def torch_loop(model, steps, pause, batch=64, width=256):
+    import torch
+    import torch.nn as nn
+
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x, y = torch.randn(batch, width), torch.randn(batch, 1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        time.sleep(pause)  # the rest of a real step (logging, a larger batch's compute)
+
+
+def main(kind):
+    if kind == "keras":
+        return keras_two_fits()
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    if kind == "twomodels":
+        torch_loop(nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1)), 100, 0.05)
+        big = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
+        big.register_buffer("table", torch.ones(150_000_000))  # a 600 MB lookup table built with it
+        torch_loop(big, 30, 0.1)
+    elif kind == "kfold":
+        for fold in range(4):
+            model = nn.Sequential(nn.Linear(256, 128 * (fold + 1)), nn.ReLU(), nn.Linear(128 * (fold + 1), 1))
+            torch_loop(model, 40, 0.03)
+    print("done", kind)
+
+
+def keras_two_fits():
+    import numpy as np
+    import keras
+
+    x, y = np.random.rand(640, 32).astype("float32"), np.random.rand(640, 1).astype("float32")
+    for width in (16, 512):
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(width, activation="relu"),
+                                  keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    print("done keras")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

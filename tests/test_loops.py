@@ -1,0 +1,77 @@
+"""Loops one after another in one process (SPEC §3, issue 58): a second model, k-fold, a
+second Keras fit. Each loop's steps are numbered as such, the summary shows each loop, and
+the rules judge each loop apart: a model built between loops is no leak, a later loop's
+other step time no outlier."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import stepscope
+from stepscope.analysis.loops import loop_numbers, step_loops
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "sequential_loops.py")
+
+
+def run_job(tmp_path, kind, **env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env.update(STEPSCOPE_DIR=str(tmp_path / "runs"), **env_extra)
+    r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--name", kind, "--", sys.executable, SCRIPT, kind],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and f"done {kind}" in r.stdout, r.stderr[-3000:]
+    s = subprocess.run([sys.executable, "-m", "stepscope", "summary", kind, "--json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert s.returncode == 0, s.stderr
+    return json.loads(s.stdout), stepscope.load(tmp_path / "runs" / kind), r.stderr
+
+
+def test_a_second_model_is_a_second_loop_not_a_leak_or_outliers(tmp_path):
+    """A small model trained 100 steps, then a larger one built with a 600 MB table and
+    trained 30 slower steps. Judged as one loop (before), that was a host-memory leak "used
+    up in 3 min" and 27 outlier steps; judged per loop it is a healthy script."""
+    s, run, printed = run_job(tmp_path, "twomodels")
+    assert s["findings"] == [], s["findings"]
+    loops = s["loops"]
+    assert [(b["loop"], b["steps"]) for b in loops] == [(0, {"train": 100}), (1, {"train": 30})]
+    assert loops[1]["train_median_ms"] > 1.5 * loops[0]["train_median_ms"]
+    assert "2 loops, one after another" in printed
+    numbers = step_loops(run)
+    steps = run.steps.sort_values("start_ns")
+    assert numbers.reindex(steps.index).tolist() == [0] * 100 + [1] * 30
+    # the larger model's build is between the loops, in no step: the first loop's last step is
+    # no longer than its typical step, and the build did not land in the next loop's first step
+    first = steps[numbers.reindex(steps.index) == 0]["duration_ns"]
+    assert first.iloc[-1] < 3 * first.median()
+    assert s["between_loops"]["total_ms"] > 50  # the 600 MB table's allocation, at least
+
+
+def test_k_fold_is_a_loop_per_fold(tmp_path):
+    s, run, _ = run_job(tmp_path, "kfold")
+    assert [b["steps"] for b in s["loops"]] == [{"train": 40}] * 4
+    assert s["steps"]["train"]["count"] == 160
+    assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
+
+
+def test_two_keras_fits_are_two_loops(tmp_path):
+    pytest.importorskip("keras")
+    pytest.importorskip("tensorflow")
+    s, run, _ = run_job(tmp_path, "keras", KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    assert [b["steps"] for b in s["loops"]] == [{"train": 60}, {"train": 60}]
+    assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
+
+
+def test_loop_numbers_from_marks_and_an_optimizer_made_every_iteration():
+    """Steps take the number of their process's marks before them; where the loops would hold
+    fewer than MIN_LOOP_STEPS train steps each (an optimizer made in every iteration, as
+    meta-learning inner loops do), the process has one loop."""
+    import pandas as pd
+
+    steps = pd.DataFrame({"process": ["a"] * 6 + ["b"] * 40, "mode": ["train"] * 46,
+                          "start_ns": list(range(0, 60, 10)) + list(range(0, 400, 10))})
+    marks = pd.DataFrame({"process": ["a", "a"] + ["b"] * 14, "start_ns": [25, 25] + list(range(5, 400, 30))})
+    got = loop_numbers(steps, marks)
+    assert got.tolist()[:6] == [0, 0, 0, 1, 1, 1]  # two marks with no step between: one edge
+    assert set(got.tolist()[6:]) == {0}  # b: a mark every 3 steps

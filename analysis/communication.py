@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from stepscope.analysis.quantities import summary_steps
 from stepscope.analysis.tables import comm
+from stepscope.core import decoding
 from stepscope.core.vocabulary import PHASES
 
 def _ms(ns) -> float:
@@ -88,7 +90,7 @@ def communication(run) -> Optional[dict]:
     for kind, c in colls.groupby("kind", sort=False):
         out["by_kind"][str(kind)] = {"count": int(len(c)), "bytes": int(c["bytes"].sum()),
                                      "total_ms": _ms(c["duration_ns"].sum()),
-                                     "async": int(c["is_async"].sum())}
+                                     "async": int(c["is_async"].sum()), "ddp": int(c["ddp"].sum())}
     if len(steps) and len(colls):
         out["by_phase"] = _exposed_by_phase(run, colls, blocked, steps, total)
     arr = run.memo("comm_arrivals", lambda: comm.arrivals(colls, blocked))
@@ -125,6 +127,11 @@ def _exposed_by_phase(run, colls, blocked, steps, total) -> dict:
         hidden = comm.intersect(comm.union(c["start_ns"].to_numpy(), c["end_ns"].to_numpy()),
                                 comm.union(w["start_ns"].to_numpy(), w["end_ns"].to_numpy()))
         ph = phases[rows]
+        # each instant once, in its innermost phase: with an optimizer closure (Lightning's,
+        # LBFGS) Backward runs inside Optimizer, and its waits are Backward's only
+        seg_s, seg_e, idx = decoding.innermost_segments(ph["start_ns"].to_numpy(np.int64),
+                                                        ph["end_ns"].to_numpy(np.int64))
+        ph = pd.DataFrame({"name": ph["name"].astype(str).to_numpy()[idx], "start_ns": seg_s, "end_ns": seg_e})
         exposed = comm.measure(hidden, ph["start_ns"].to_numpy(), ph["end_ns"].to_numpy())
         for name, ns in pd.Series(exposed).groupby(ph["name"].astype(str).to_numpy()).sum().items():
             entry = by.setdefault(name, {"exposed_ns": 0, "kinds": {}})

@@ -72,3 +72,27 @@ def test_wrong_arguments_raise():
         _native.around(len, len, len)
     with pytest.raises(TypeError):
         _native.around(len, len, len, "not callable")
+
+
+def test_init_process_group_that_raises_prints_torch_s_traceback_byte_for_byte(tmp_path):
+    """Issue 57 item 7: torch.distributed.init_process_group raising (here an unknown backend)
+    under STEPSCOPE=1 prints the plain run's stderr exactly: no frame of stepscope's wrapper."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    from conftest import stepscope_frames
+
+    script = tmp_path / "join.py"
+    script.write_text("import torch.distributed as dist\n"
+                      "dist.init_process_group('no-such-backend', init_method='tcp://127.0.0.1:29759', rank=0, "
+                      "world_size=1)\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    runs = [subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                           env={**base, **extra})
+            for extra in ({}, {"STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path / "runs")})]
+    plain, profiled = runs
+    assert plain.returncode == profiled.returncode != 0 and "Traceback" in plain.stderr, plain.stderr
+    assert profiled.stderr == plain.stderr
+    assert not stepscope_frames(profiled.stderr)

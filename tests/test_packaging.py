@@ -77,7 +77,9 @@ def test_a_test_that_passes_only_on_its_rerun_is_named_in_the_last_line(tmp_path
         "    if not os.path.exists(marker):\n"
         "        open(marker, 'w').close()\n"
         "        raise AssertionError('fails the first time')\n")
-    env = {**os.environ, "CI": ""}
+    # (not the outer suite's worker: a nested run must not think it is an xdist worker)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
+    env["CI"] = ""
     r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -3,12 +3,15 @@ and the GPUs of one node should carry the same load."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.communication import communication
+from stepscope.analysis.communication import comm_tables
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import node_of, samples_of, train_groups, train_steps
+from stepscope.analysis.tables import comm
 from stepscope.analysis.store.frames import as_strings
 
 
@@ -23,6 +26,10 @@ class LoadBalancing(Rule):
                                                 "share of the median step time..."),
         "min_ms": Param(5.0, "ms", "...and this many milliseconds"),
         "warmup_steps": Param(2, "steps", "first train steps left out"),
+        "min_last_share": Param(0.65, "ratio", "with collectives recorded: the straggler arrives last at no less "
+                                               "than this share of the collectives inside train steps (two ranks "
+                                               "that wait for each other about equally are jitter, not a slow "
+                                               "rank)"),
         "gpu_imbalance_ratio": Param(0.25, "ratio", "GPUs of a node: fire when the least busy GPU's busy share of "
                                                     "the loop is below the busiest one's by this fraction of it "
                                                     "(data-parallel GPUs run the same kernels: a quarter less is "
@@ -83,21 +90,25 @@ class LoadBalancing(Rule):
             return []
         step_ms = float(np.median([v[2] for v in per_rank.values()])) / 1e6
         work = {str(r): round(v[0] / 1e6, 3) for r, v in sorted(per_rank.items())}
-        c = communication(run)
-        waited = c["waited_for"][0] if c and c["waited_for"] else None
-        if waited is not None:
-            slow, cost = waited["rank"], waited["ms_per_step"]
-            if cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
+        judged = net_waits(run, p["warmup_steps"])
+        if judged is not None:  # the collectives were recorded: the straggler by its net cost in train steps
+            slow = judged["rank"]
+            cost = judged["net_ms_per_step"]
+            if (cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms)
+                    or judged["last_share"] < p["min_last_share"]):
                 return []
             return [Finding(
                 rule=self.name, rank=clean_rank(slow), severity="warning",
-                message=(f"rank {slow} is the straggler: it arrives last at {waited['last_at']} of {waited['of']} "
-                         f"collectives, and the other rank(s) wait for it {cost:.1f} ms per step "
-                         f"({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
+                message=(f"rank {slow} is the straggler: inside the train steps it arrives last at "
+                         f"{judged['last_at']} of {judged['of']} collectives, and the other rank(s) wait for it "
+                         f"{judged['waited_ms_per_step']:.1f} ms per step, {cost:.1f} ms more than it waits for "
+                         f"them ({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
                 recommendation=_EVEN_OUT.format(rank=slow),
-                evidence={"slow_rank": slow, "waited_ms_per_step": cost, "waited_ms": waited["waited_ms"],
-                          "last_at": waited["last_at"], "collectives": waited["of"],
-                          "waited_for": c["waited_for"][:4], "step_ms_median": round(step_ms, 3),
+                evidence={"slow_rank": slow, "waited_ms_per_step": judged["waited_ms_per_step"],
+                          "own_wait_ms_per_step": judged["own_wait_ms_per_step"], "net_ms_per_step": cost,
+                          "waited_ms": judged["waited_ms"], "last_at": judged["last_at"],
+                          "collectives": judged["of"], "last_share": judged["last_share"],
+                          "outside_train_steps": judged["outside"], "step_ms_median": round(step_ms, 3),
                           "work_outside_backward_ms": work},
                 cost_ms_per_step=cost)]
         slow = max(per_rank, key=lambda r: per_rank[r][0])
@@ -107,13 +118,63 @@ class LoadBalancing(Rule):
             return []
         return [Finding(
             rule=self.name, rank=clean_rank(slow), severity="warning",
-            message=(f"rank {slow} is the straggler: it works {extra / 1e6:.1f} ms longer per step outside "
-                     f"the gradient all-reduce, and the other {len(others)} rank(s) wait for it in Backward "
-                     f"({100 * extra / 1e6 / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
+            message=(f"rank {slow} may be a straggler: it spends {extra / 1e6:.1f} ms longer per step outside "
+                     f"Backward than the other {len(others)} rank(s) ({100 * extra / 1e6 / step_ms:.0f}% of a "
+                     f"{step_ms:.1f} ms step); no collective was recorded, so who waits for whom is not measured "
+                     "(in data parallelism the others would wait for it in the gradient all-reduce)"),
             recommendation=_EVEN_OUT.format(rank=slow),
             evidence={"slow_rank": slow, "extra_ms_per_step": round(extra / 1e6, 3),
                       "step_ms_median": round(step_ms, 3), "work_outside_backward_ms": work},
             cost_ms_per_step=extra / 1e6)]
+
+
+def net_waits(run, warmup_steps) -> Optional[dict]:
+    """Who the ranks wait for inside their train steps, or None where no collective of two
+    ranks or more was recorded there.
+
+    Only the collectives a rank enters inside one of its train steps (after the warm-up)
+    are judged: a wait at set-up (a rank loading a checkpoint while the others meet it at a
+    broadcast), in validation or at a checkpoint is no cost of a train step; its total is
+    reported apart (``outside``). The straggler is the rank whose net cost is highest: the
+    time the others were blocked waiting for it, less the time it was blocked waiting for
+    them, per train step of the ranks that waited. ``last_share``: the share of those
+    collectives at which it arrived last."""
+    colls, blocked = comm_tables(run)
+    if not len(colls):
+        return None
+    steps = train_steps(run, warmup_steps)
+    inside = np.zeros(len(colls), dtype=bool)
+    for process, s in steps.groupby(as_strings(steps["process"]), sort=False):
+        mine = (as_strings(colls["process"]) == process)
+        if not mine.any():
+            continue
+        s = s.sort_values("start_ns")
+        starts, ends = s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64)
+        at = colls["start_ns"].to_numpy(np.int64)[mine]
+        k = np.searchsorted(starts, at, side="right") - 1
+        inside[np.flatnonzero(mine)] = (k >= 0) & (at < ends[np.clip(k, 0, len(ends) - 1)])
+    arr = comm.arrivals(colls[inside], blocked)
+    if not len(arr):
+        return None
+    outside = comm.arrivals(colls[~inside], blocked)
+    rank_steps = steps["rank"].dropna().astype(int).value_counts()
+    of = int(arr.groupby(["group", "seq"]).ngroups)
+    best = None
+    for row in comm.waited_for(arr, blocked).itertuples():
+        rank = int(row.rank)
+        others = max(int(rank_steps.sum() - rank_steps.get(rank, 0)), 1)
+        own = float(arr.loc[arr["rank"] == rank, "waited_ns"].sum())
+        net = (float(row.waited_ns) / others - own / max(int(rank_steps.get(rank, 0)), 1)) / 1e6
+        if best is None or net > best["net_ms_per_step"]:
+            best = {"rank": rank, "last_at": int(row.last_at), "of": of, "last_share": round(row.last_at / of, 3),
+                    "waited_ms": round(float(row.waited_ns) / 1e6, 3),
+                    "waited_ms_per_step": round(float(row.waited_ns) / others / 1e6, 3),
+                    "own_wait_ms_per_step": round(own / max(int(rank_steps.get(rank, 0)), 1) / 1e6, 3),
+                    "net_ms_per_step": round(net, 3)}
+    if best is not None:
+        best["outside"] = {"collectives": int(outside.groupby(["group", "seq"]).ngroups) if len(outside) else 0,
+                           "waited_ms": round(float(outside["waited_ns"].sum()) / 1e6, 3) if len(outside) else 0.0}
+    return best
 
 
 _EVEN_OUT = ("Even out the work: look at what rank {rank} does that the others do not (extra logging or evaluation on "

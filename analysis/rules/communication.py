@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from stepscope.analysis.communication import communication
+from stepscope.analysis.rules.balance import LoadBalancing, net_waits
 from stepscope.analysis.rules.base import Finding, Param, Rule
+
+# a straggler is judged as LoadBalancing judges it: the ranks' waits inside train steps
+STRAGGLER_WARMUP = LoadBalancing.params["warmup_steps"].default
+STRAGGLER_LAST_SHARE = LoadBalancing.params["min_last_share"].default
 
 
 class CommunicationBound(Rule):
@@ -41,7 +46,7 @@ class CommunicationBound(Rule):
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
-        cause, advice, straggler = _cause(c, p, main_kind, phase)
+        cause, advice, straggler = _cause(c, p, main_kind, phase, net_waits(run, STRAGGLER_WARMUP))
         where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
         if on_gpu:
             what = (f"the GPUs run nothing but communication {100 * share:.0f}% of train step time ({exposed_ms:.2f} "
@@ -62,17 +67,26 @@ class CommunicationBound(Rule):
             cost_ms_per_step=exposed_ms)]
 
 
-def _cause(c: dict, p: dict, kind: str, phase) -> tuple:
-    """(what causes it, what to do, the straggler rank or None), from what the collectives show."""
-    exposed_total = c["exposed_ms_per_step"] * c["steps"]
-    top = c["waited_for"][0] if c["waited_for"] else None
-    if top and exposed_total > 0 and top["waited_ms"] >= p["straggler_share"] * exposed_total:
+def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:
+    """(what causes it, what to do, the straggler rank or None), from what the collectives show;
+    ``judged``: who the ranks wait for inside train steps (LoadBalancing's figures)."""
+    top = judged
+    if (top and c["exposed_ms_per_step"] > 0 and top["last_share"] >= STRAGGLER_LAST_SHARE
+            and top["waited_ms_per_step"] >= p["straggler_share"] * c["exposed_ms_per_step"]):
         return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
-                f"{top['of']} collectives ({top['ms_per_step']:.2f} ms a step of the others'): a straggler.",
+                f"{top['of']} collectives in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "
+                "others'): a straggler.",
                 f"Even out the work of rank {top['rank']}: what it does that the others do not (logging, evaluation "
                 "or checkpointing on one rank, uneven batches or sequence lengths, a slower host or device, a busy "
                 "data loader). Faster communication will not help while the others wait for it.", top["rank"])
     ddp = c["sources"]["ddp"]
+    broadcast = c["by_kind"].get("broadcast", {})
+    if kind == "broadcast" and broadcast.get("ddp", 0) * 2 >= broadcast.get("count", 0) > 0:
+        return ("DDP broadcasts the module's buffers (batch-norm statistics) from rank 0 before every forward "
+                "(broadcast_buffers=True, its default), and the loop waits for it.",
+                "Where the buffers need no synchronization every step (no batch norm, or SyncBatchNorm, or "
+                "statistics that may differ per rank), construct DDP with broadcast_buffers=False; otherwise "
+                "synchronize them less often yourself.", None)
     if ddp and phase == "Backward":
         per_step = ddp / max(c["steps"], 1)
         return (f"DDP's gradient all-reduce ends after backward's computation ({per_step:.1f} bucket(s) a step): "

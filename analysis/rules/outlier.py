@@ -45,8 +45,9 @@ class StepOutlier(Rule):
                                           "(and they recur or cost enough: below)"),
         "min_recurring": Param(3, "steps", "outliers recur when there are at least this many and they come at "
                                            "a regular period, or make up `min_step_share` of the steps, or cost "
-                                           "`min_cost_share` of the time; outliers at the same place in two "
-                                           "passes or more (an epoch's first or last step) recur too"),
+                                           "`min_cost_share` of the time; outliers at the same place in this "
+                                           "many passes, or in every pass after the first (an epoch's first or "
+                                           "last step), recur too"),
         "min_step_share": Param(0.05, "ratio", "...this share of the steps judged"),
         "min_cost_share": Param(0.05, "ratio", "...their excess over the median, this share of the judged steps' "
                                                "time"),
@@ -167,10 +168,11 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
 
     ``reported``: the pattern in words (None when the outliers are no finding: ``why_not``
     says why), and ``cost_share``: their excess over the median, as a share of the judged
-    steps' time. Outliers are worth a finding when they recur -- at the same place in two
-    passes or more (an epoch's first or last step: the loader restarting its workers, an
-    end-of-epoch checkpoint), or ``min_recurring`` of them or more at a regular period, or as
-    ``min_step_share`` of the steps -- or when ``min_recurring`` of them or more cost
+    steps' time. Outliers are worth a finding when they recur -- at the same place (an
+    epoch's first or last step: the loader restarting its workers, an end-of-epoch
+    checkpoint) in ``min_recurring`` passes or in every pass after the first, or
+    ``min_recurring`` of them or more at a regular period, or as ``min_step_share`` of the
+    steps -- or when ``min_recurring`` of them or more cost
     ``min_cost_share`` of the time. One slow step, and slow steps only in the first of several
     passes (its iterator, caches and traces warming up), are not."""
     durations = judged["duration_ns"].to_numpy(dtype=float)
@@ -194,11 +196,14 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
         return out
     same_place = (len(set(from_start)) == 1 or len(set(from_end)) == 1
                   or ((from_start == 0) | (from_end == 0)).all())
-    if k >= 2 and len(set(bad_pass)) >= 2 and same_place:
+    # at the same place in min_recurring passes, or in every pass after the first (the first
+    # steps of epochs 2 and 3 of 3: a loader starting its workers again)
+    in_passes = len(set(bad_pass))
+    if k >= 2 and same_place and (in_passes >= p["min_recurring"] or in_passes >= max(2, passes - 1)):
         edge = ("first" if (from_start == 0).all() else "last" if (from_end == 0).all()
                 else "first or last" if ((from_start == 0) | (from_end == 0)).all() else None)
         place = f"the {edge} step of" if edge else "the same place in"
-        out["reported"] = f"recurring at {place} {len(set(bad_pass))} of {passes} passes"
+        out["reported"] = f"recurring at {place} {in_passes} of {passes} passes"
         return out
     if k >= p["min_recurring"]:
         numbers = bad["step"].to_numpy(dtype=np.int64)
@@ -217,7 +222,8 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
                       ("an isolated step" if k == 1 else "neither recurring nor costly enough") +
                       f" (a finding needs {int(p['min_recurring'])} or more at a regular period or as "
                       f"{100 * p['min_step_share']:g}% of the steps, or costing {100 * p['min_cost_share']:g}% of "
-                      f"the time, or the same place in two passes or more)")
+                      f"the time, or the same place in {int(p['min_recurring'])} passes or in every pass after "
+                      f"the first)")
     return out
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import sys
 
 from stepscope.core import runinfo
+from stepscope.integrations._frameless import frameless
 from stepscope.integrations.torch import _clocksync
+
+
+def _as_is(*args, **kwargs):
+    return args, kwargs, None
 
 
 def patch_init_process_group(ctx) -> None:
@@ -19,18 +24,20 @@ def patch_init_process_group(ctx) -> None:
         return
     from torch.distributed import distributed_c10d
 
-    def wrap(original):
-        def init_process_group(*args, **kwargs):
-            result = original(*args, **kwargs)
-            try:
-                rank, world = dist.get_rank(), dist.get_world_size()
-                runinfo.note_rank(rank, world)
-                _clocksync.start(dist, rank, world)
-            except Exception:  # noqa: BLE001 - the rank is a nicety, the group is the user's
-                pass
-            return result
+    def joined(token, exc) -> None:
+        if exc is not None:  # the group was not made: the user's error, as it is
+            return
+        try:
+            rank, world = dist.get_rank(), dist.get_world_size()
+            runinfo.note_rank(rank, world)
+            _clocksync.start(dist, rank, world)
+        except Exception:  # noqa: BLE001 - the rank is a nicety, the group is the user's
+            pass
 
-        return init_process_group
+    def wrap(original):
+        # frameless (C): when init_process_group raises (a wrong address, a timeout), the
+        # traceback the user reads is torch's own, with no frame of stepscope's in it
+        return frameless(original, _as_is, joined, "the torch.distributed integration failed")
 
     wrapped = ctx.patch(distributed_c10d, "init_process_group", wrap)
     if wrapped is not None and getattr(dist, "init_process_group", None) is not wrapped:

@@ -7,6 +7,11 @@
     late_hook  ...after the first step (it then runs inside stepscope's)
     cycles     stepscope started and stopped twice around training the same model (its own
                API, no STEPSCOPE=1), then the program registers a hook with stepscope off
+    setupskew  rank 1 sets up 1 s longer (loads a checkpoint), both meet at a broadcast, then
+               20 balanced steps: the wait is set-up, no straggler
+    balanced   20 balanced steps of a mid-sized model (the test runs it beside busy cores)
+    closure    the exposed job's model stepped with a closure (Lightning's way): backward,
+               and its all-reduce, run inside optimizer.step()
 
 Prints the buckets the program's hook counted (own_hook, late_hook) as ``buckets <n>``."""
 
@@ -42,14 +47,18 @@ def main(job):
     if job == "healthy":  # buckets of about one layer each: all but the first layer's overlap backward
         width, batch = 256, 2048
         inner = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(6)], nn.Linear(256, 1))
-    elif job == "exposed":
+    elif job in ("exposed", "closure"):
         width, batch = 768, 16
         inner = nn.Sequential(*[nn.Sequential(nn.Linear(768, 768), nn.ReLU()) for _ in range(4)], nn.Linear(768, 1))
     else:
         width, batch = 64, 32
         inner = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+    if job in ("setupskew", "balanced"):
+        width, batch = 128, 256
+        inner = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
     delay = DELAY_S if job == "straggler" and rank == 1 else 0.0
-    model = DDP(module=Slow(inner, delay), bucket_cap_mb={"exposed": 1000, "healthy": 0.3}.get(job, 25))
+    caps = {"exposed": 1000, "closure": 1000, "healthy": 0.3}  # MB: one bucket, or one per layer
+    model = DDP(module=Slow(inner, delay), bucket_cap_mb=caps.get(job, 25))
     counted = [0]
 
     def counting(state, bucket):
@@ -74,9 +83,22 @@ def main(job):
                     opt.step()
             st_torch.uninstrument()
         model.register_comm_hook(None, counting)
+    if job == "setupskew":
+        if rank == 1:
+            time.sleep(1.0)  # loading and sharding a checkpoint
+        dist.broadcast(torch.zeros(1000), src=0)  # the others wait for it here, before training
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(STEPS):
+    for step in range(20 if job in ("setupskew", "balanced") else STEPS):
         x, y = torch.randn(batch, width), torch.randn(batch, 1)
+        if job == "closure":
+            def closure():
+                opt.zero_grad()
+                out = nn.functional.mse_loss(model(x), y)
+                out.backward()
+                return out
+
+            loss = opt.step(closure)
+            continue
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()

@@ -61,7 +61,7 @@ def main(kind):
         import random
         slow = set(random.Random(0).sample(range(5, 200), 20))
         big = TensorDataset(torch.randn(32 * 200, 512), torch.randn(32 * 200, 1))
-        train(DataLoader(big, batch_size=32), steps_hook=lambda i: time.sleep(0.045 if i in slow else 0.015))
+        train(DataLoader(big, batch_size=32), steps_hook=lambda i: time.sleep(0.09 if i in slow else 0.03))
     elif kind == "evalpasses":  # 4 epochs, each with a validation pass; the first pass warms up slowly
         m = model()
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)

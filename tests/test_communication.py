@@ -375,6 +375,7 @@ def test_a_profiled_ddp_model_deep_copies_and_loads_without_stepscope(tmp_path):
     assert loaded.stdout == saved.stdout  # the saved weights
 
 
+@pytest.mark.alone  # two ranks on two cores: a test beside them slows one of them for real
 def test_a_wait_at_set_up_is_no_straggler(tmp_path):
     """Issue 57 item 1: rank 1 sets up 1 s longer, both meet at a broadcast, then 20 balanced
     steps. The second's wait is set-up, outside every train step: no LoadBalancing finding

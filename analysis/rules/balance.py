@@ -97,18 +97,23 @@ class LoadBalancing(Rule):
             if (cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms)
                     or judged["last_share"] < p["min_last_share"]):
                 return []
+            busy = _host_busy_percent(run, per_rank.get(slow, (0, None, 0))[1])
+            crowded = (f"; its host's cores were {busy:.0f}% busy through the loop (oversubscribed: the delay may "
+                       "be contention for the CPU, not this rank's own work)" if busy is not None
+                       and busy >= OVERSUBSCRIBED_PERCENT else "")
             return [Finding(
                 rule=self.name, rank=clean_rank(slow), severity="warning",
                 message=(f"rank {slow} is the straggler: inside the train steps it arrives last at "
                          f"{judged['last_at']} of {judged['of']} collectives, and the other rank(s) wait for it "
                          f"{judged['waited_ms_per_step']:.1f} ms per step, {cost:.1f} ms more than it waits for "
-                         f"them ({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
+                         f"them ({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step){crowded}"),
                 recommendation=_EVEN_OUT.format(rank=slow),
                 evidence={"slow_rank": slow, "waited_ms_per_step": judged["waited_ms_per_step"],
                           "own_wait_ms_per_step": judged["own_wait_ms_per_step"], "net_ms_per_step": cost,
                           "waited_ms": judged["waited_ms"], "last_at": judged["last_at"],
                           "collectives": judged["of"], "last_share": judged["last_share"],
                           "outside_train_steps": judged["outside"], "step_ms_median": round(step_ms, 3),
+                          "host_cpu_percent": None if busy is None else round(busy, 1),
                           "work_outside_backward_ms": work},
                 cost_ms_per_step=cost)]
         slow = max(per_rank, key=lambda r: per_rank[r][0])
@@ -126,6 +131,26 @@ class LoadBalancing(Rule):
             evidence={"slow_rank": slow, "extra_ms_per_step": round(extra / 1e6, 3),
                       "step_ms_median": round(step_ms, 3), "work_outside_backward_ms": work},
             cost_ms_per_step=extra / 1e6)]
+
+
+OVERSUBSCRIBED_PERCENT = 90.0  # a host whose cores are this busy through the loop: ranks compete for them
+
+
+def _host_busy_percent(run, process) -> Optional[float]:
+    """The mean busy share of the cores of ``process``'s node over its train steps (%), or
+    None where not sampled."""
+    if process is None:
+        return None
+    cpu = samples_of(run, "cpu_util")
+    if cpu.empty:
+        return None
+    node = node_of(run).get(str(process))
+    steps = run.steps[(as_strings(run.steps["process"]) == str(process)) & (run.steps["mode"] == "train")]
+    if steps.empty:
+        return None
+    cores = cpu[(cpu["node"] == node) & cpu["device"].astype(str).str.fullmatch(r"cpu\d+").to_numpy()
+                & (cpu["timestamp_ns"] >= steps["start_ns"].min()) & (cpu["timestamp_ns"] <= steps["end_ns"].max())]
+    return float(cores["value"].mean()) if len(cores) else None
 
 
 def net_waits(run, warmup_steps) -> Optional[dict]:

@@ -44,13 +44,13 @@ class StepOutlier(Rule):
         "min_outliers": Param(1, "steps", "fire when a rank and mode has at least this many outlier steps "
                                           "(and they recur or cost enough: below)"),
         "min_recurring": Param(3, "steps", "outliers recur when there are at least this many and they come at "
-                                           "a regular period, or make up `min_step_share` of the steps, or cost "
+                                           "a regular period (four at least), or make up `min_step_share` of the steps, or cost "
                                            "`min_cost_share` of the time; outliers at the same place in this "
                                            "many passes, or in every pass after the first (an epoch's first or "
                                            "last step), recur too"),
         "min_step_share": Param(0.05, "ratio", "...this share of the steps judged"),
-        "min_cost_share": Param(0.05, "ratio", "...their excess over the median, this share of the judged steps' "
-                                               "time"),
+        "min_cost_share": Param(0.05, "ratio", "...their excess over the median (the largest one's left out: one "
+                                               "long step is no pattern), this share of the judged steps' time"),
         "mode": Param("all", "", "the steps judged: `all` modes (each on its own), or only `train`, `eval` or "
                                  "`predict` steps", choices=("all", "train", "eval", "predict")),
         "epoch_start_s": Param(0.01, "s", "PyTorch: where the train outliers slow in GetNext are the first steps "
@@ -171,9 +171,9 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
     steps' time. Outliers are worth a finding when they recur -- at the same place (an
     epoch's first or last step: the loader restarting its workers, an end-of-epoch
     checkpoint) in ``min_recurring`` passes or in every pass after the first, or
-    ``min_recurring`` of them or more at a regular period, or as ``min_step_share`` of the
-    steps -- or when ``min_recurring`` of them or more cost
-    ``min_cost_share`` of the time. One slow step, and slow steps only in the first of several
+    ``min_recurring`` of them or more at a regular period (four at least), or as
+    ``min_step_share`` of the steps -- or when ``min_recurring`` of them or more cost
+    ``min_cost_share`` of the time without the largest one. One slow step, and slow steps only in the first of several
     passes (its iterator, caches and traces warming up), are not."""
     durations = judged["duration_ns"].to_numpy(dtype=float)
     cost_share = float((bad["duration_ns"].to_numpy(dtype=float) - med).sum() / durations.sum())
@@ -209,13 +209,16 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
         numbers = bad["step"].to_numpy(dtype=np.int64)
         gaps = np.diff(np.sort(numbers))
         period = float(np.median(gaps)) if len(gaps) else 0.0
-        if period >= 2 and np.abs(gaps - period).max() <= max(1.0, 0.1 * period):
+        # (three gaps at least: any three steps are two gaps, nearly equal by chance)
+        if len(gaps) >= 3 and period >= 2 and np.abs(gaps - period).max() <= max(1.0, 0.1 * period):
             out["reported"] = f"recurring every {period:g} steps"
             return out
         if k >= p["min_step_share"] * n:
             out["reported"] = f"{100 * k / n:.0f}% of the steps"
             return out
-        if cost_share >= p["min_cost_share"]:
+        excess = np.sort(bad["duration_ns"].to_numpy(dtype=float) - med)
+        # costly without the largest one: one long step beside a few short hiccups is no pattern
+        if excess[:-1].sum() / durations.sum() >= p["min_cost_share"]:
             out["reported"] = "costing " + share
             return out
     out["why_not"] = (f"{k} slow step(s) of {n}, {share}: " +

@@ -70,9 +70,11 @@ def test_periodic_stall_names_the_steps_and_other(tmp_path):
     s = run_job(tmp_path, "stall")
     assert fired(s) == ["StepOutlier"], s["findings"]
     (f,) = s["findings"]
-    steps = sorted(o["step"] for o in f["evidence"]["outliers"])
-    assert steps == [7, 22, 37, 52]  # the sleep after step i's optimizer is Other in step i
-    assert f["evidence"]["mostly"] == "Other"
+    outliers = {o["step"]: o for o in f["evidence"]["outliers"]}
+    assert {7, 22, 37, 52} <= set(outliers)  # the sleep after step i's optimizer is Other in step i
+    # a loaded machine may add a hiccup of its own: far smaller than the 0.2 s stalls
+    assert all(o["excess_ms"] < 100 for n, o in outliers.items() if n not in (7, 22, 37, 52)), outliers
+    assert f["evidence"]["mostly"] == "Other" and f["evidence"]["pattern"] == "recurring every 15 steps"
 
 
 def test_epoch_start_outliers_name_persistent_workers(tmp_path):

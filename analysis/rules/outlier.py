@@ -45,9 +45,9 @@ class StepOutlier(Rule):
                                           "(and they recur or cost enough: below)"),
         "min_recurring": Param(3, "steps", "outliers recur when there are at least this many and they come at "
                                            "a regular period (four at least), or make up `min_step_share` of "
-                                           "the steps, or cost `min_cost_share` of the time; outliers at the same place in this "
-                                           "many passes, or in every pass after the first (an epoch's first or "
-                                           "last step), recur too"),
+                                           "the steps, or cost `min_cost_share` of the time; outliers at the "
+                                           "same place in this many passes, or in every pass after the first "
+                                           "(an epoch's first or last step), recur too"),
         "min_step_share": Param(0.05, "ratio", "...this share of the steps judged"),
         "min_cost_share": Param(0.05, "ratio", "...their excess over the median (the largest one's left out: one "
                                                "long step is no pattern), this share of the judged steps' time"),

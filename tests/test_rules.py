@@ -290,3 +290,15 @@ def test_a_short_job_on_a_busy_machine_gets_no_step_outlier(tmp_path):
             b.wait()
     assert s["steps"]["train"]["count"] == 60
     assert not _outliers(s), s["findings"]
+
+
+def test_the_period_of_outliers_survives_a_hiccup_between():
+    import numpy as np
+
+    from stepscope.analysis.rules.outlier import _period
+
+    assert _period(np.array([7, 22, 37, 52])) == 15
+    assert _period(np.array([7, 22, 37, 52, 55])) == 15  # a loaded machine's hiccup among the stalls
+    assert _period(np.array([52, 56, 60])) == 0  # three steps: two gaps, equal by chance
+    rng = np.random.default_rng(0)
+    assert _period(np.sort(rng.choice(np.arange(5, 200), 20, replace=False))) == 0  # no period

@@ -206,11 +206,8 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
         out["reported"] = f"recurring at {place} {in_passes} of {passes} passes"
         return out
     if k >= p["min_recurring"]:
-        numbers = bad["step"].to_numpy(dtype=np.int64)
-        gaps = np.diff(np.sort(numbers))
-        period = float(np.median(gaps)) if len(gaps) else 0.0
-        # (three gaps at least: any three steps are two gaps, nearly equal by chance)
-        if len(gaps) >= 3 and period >= 2 and np.abs(gaps - period).max() <= max(1.0, 0.1 * period):
+        period = _period(bad["step"].to_numpy(dtype=np.int64))
+        if period:
             out["reported"] = f"recurring every {period:g} steps"
             return out
         if k >= p["min_step_share"] * n:
@@ -228,6 +225,25 @@ def _pattern(group, bad, judged, med, starts, p) -> dict:
                       f"the time, or the same place in {int(p['min_recurring'])} passes or in every pass after "
                       f"the first)")
     return out
+
+
+def _period(numbers: np.ndarray) -> float:
+    """The period in steps at which most outliers come (0 where none): four of them at least,
+    and three quarters of them, on one progression (a loaded machine's own hiccup may fall
+    between). Three steps are two gaps, nearly equal by chance: not enough."""
+    numbers = np.sort(numbers)
+    gaps = np.diff(numbers)
+    if len(gaps) < 3:
+        return 0.0
+    period = float(np.median(gaps))
+    if period < 2:
+        return 0.0
+    slack = max(1.0, 0.1 * period)
+    on = 0
+    for anchor in numbers:  # outliers on the progression through this one
+        off = np.abs((numbers - anchor + period / 2) % period - period / 2)
+        on = max(on, int((off <= slack).sum()))
+    return period if on >= max(4, 0.75 * len(numbers)) else 0.0
 
 
 def _epoch_starts(bad, rows, culprits, starts, process_steps, min_s):

@@ -278,6 +278,7 @@ def test_the_first_validation_pass_warming_up_is_no_finding(tmp_path):
     assert set(quiet["steps"]) <= set(range(12)) and "first of 4 passes" in quiet["why_not_reported"], quiet
 
 
+@pytest.mark.alone  # it makes the machine busy on purpose
 def test_a_short_job_on_a_busy_machine_gets_no_step_outlier(tmp_path):
     """The clean job while two other processes keep every core busy: its steps are slowed at
     random by the scheduler, which is no pattern to act on."""

@@ -238,7 +238,9 @@ def _period(numbers: np.ndarray) -> float:
     period = float(np.median(gaps))
     if period < 2:
         return 0.0
-    slack = max(1.0, 0.1 * period)
+    # a step off only on long periods: with period 6, one step either way would take half
+    # of all steps as "on" it, and outliers at random would look periodic
+    slack = max(0.5, 0.1 * period)
     on = 0
     for anchor in numbers:  # outliers on the progression through this one
         off = np.abs((numbers - anchor + period / 2) % period - period / 2)

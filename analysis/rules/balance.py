@@ -95,7 +95,7 @@ class LoadBalancing(Rule):
             slow = judged["rank"]
             cost = judged["net_ms_per_step"]
             if (cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms)
-                    or judged["last_share"] < p["min_last_share"]):
+                    or judged["last_share"] < p["min_last_share"] or not judged["consistent"]):
                 return []
             busy = _host_busy_percent(run, per_rank.get(slow, (0, None, 0))[1])
             crowded = (f"; its host's cores were {busy:.0f}% busy through the loop (oversubscribed: the delay may "
@@ -134,6 +134,9 @@ class LoadBalancing(Rule):
 
 
 OVERSUBSCRIBED_PERCENT = 90.0  # a host whose cores are this busy through the loop: ranks compete for them
+# A rank last at a collective by chance is last at 1/ranks of them: the straggler's count must be
+# this many standard deviations above that (two ranks, 18 collectives: 14 or more of them, not 12)
+CONSISTENT_Z = 2.5
 
 
 def _host_busy_percent(run, process) -> Optional[float]:
@@ -163,7 +166,8 @@ def net_waits(run, warmup_steps) -> Optional[dict]:
     reported apart (``outside``). The straggler is the rank whose net cost is highest: the
     time the others were blocked waiting for it, less the time it was blocked waiting for
     them, per train step of the ranks that waited. ``last_share``: the share of those
-    collectives at which it arrived last."""
+    collectives at which it arrived last; ``consistent``: it arrived last more often than
+    chance allows (``CONSISTENT_Z``): ranks on busy cores are last at random."""
     colls, blocked = comm_tables(run)
     if not len(colls):
         return None
@@ -197,6 +201,10 @@ def net_waits(run, warmup_steps) -> Optional[dict]:
                     "own_wait_ms_per_step": round(own / max(int(rank_steps.get(rank, 0)), 1) / 1e6, 3),
                     "net_ms_per_step": round(net, 3)}
     if best is not None:
+        ranks = max(int(arr["rank"].nunique()), 2)
+        chance = of / ranks
+        spread = (of * (1 / ranks) * (1 - 1 / ranks)) ** 0.5
+        best["consistent"] = bool(best["last_at"] >= chance + CONSISTENT_Z * max(spread, 1e-9))
         best["outside"] = {"collectives": int(outside.groupby(["group", "seq"]).ngroups) if len(outside) else 0,
                            "waited_ms": round(float(outside["waited_ns"].sum()) / 1e6, 3) if len(outside) else 0.0}
     return best

@@ -71,7 +71,7 @@ def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:
     """(what causes it, what to do, the straggler rank or None), from what the collectives show;
     ``judged``: who the ranks wait for inside train steps (LoadBalancing's figures)."""
     top = judged
-    if (top and c["exposed_ms_per_step"] > 0 and top["last_share"] >= STRAGGLER_LAST_SHARE
+    if (top and c["exposed_ms_per_step"] > 0 and top["last_share"] >= STRAGGLER_LAST_SHARE and top["consistent"]
             and top["waited_ms_per_step"] >= p["straggler_share"] * c["exposed_ms_per_step"]):
         return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
                 f"{top['of']} collectives in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "

@@ -119,6 +119,11 @@ class Rule:
     summary: ClassVar[str]
     params: ClassVar[Dict[str, Param]] = {}
 
+    @classmethod
+    def defaults(cls) -> Dict[str, float]:
+        """The rule's parameters at their defaults."""
+        return {k: v.default for k, v in cls.params.items()}
+
     def not_applicable(self, run) -> Optional[str]:
         """None when the run has the data this rule needs, else why not."""
         return None

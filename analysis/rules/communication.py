@@ -46,7 +46,10 @@ class CommunicationBound(Rule):
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
-        cause, advice, straggler = _cause(c, p, main_kind, phase, net_waits(run, STRAGGLER_WARMUP))
+        judged = net_waits(run, STRAGGLER_WARMUP)
+        if judged is not None and LoadBalancing().why_not_judged(run, LoadBalancing.defaults()):
+            judged = None  # other processes kept the host busy: no rank is blamed (LoadBalancing says why)
+        cause, advice, straggler = _cause(c, p, main_kind, phase, judged)
         where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
         if on_gpu:
             what = (f"the GPUs run nothing but communication {100 * share:.0f}% of train step time ({exposed_ms:.2f} "

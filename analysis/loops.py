@@ -74,8 +74,9 @@ def loops_block(run) -> List[dict]:
         return []
     out = []
     frame = steps.assign(loop=loops.to_numpy())
+    several = frame.groupby("process", observed=True)["loop"].max() > 0
     for (process, loop), s in frame.groupby(["process", "loop"], observed=True, sort=True):
-        if frame.loc[frame["process"] == process, "loop"].max() == 0:
+        if not several.get(process, False):
             continue
         train = s[s["mode"] == TRAIN]["duration_ns"]
         rank = s["rank"].iloc[0] if "rank" in s else None

@@ -65,8 +65,7 @@ def fired(rule, run):
         return sorted({f["rule"] for f in result["findings"] + result["related_findings"]})
     if rule.not_applicable(run):
         return []
-    params = {k: v.default for k, v in rule.params.items()}
-    return sorted({f.rule for f in rule.evaluate(run, params) if not negligible(run, f)})
+    return sorted({f.rule for f in rule.evaluate(run, rule.defaults()) if not negligible(run, f)})
 
 
 def main():

@@ -10,7 +10,7 @@ import pandas as pd
 
 from stepscope.analysis.communication import comm_tables
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, samples_of, train_groups, train_steps
+from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups, train_steps
 from stepscope.analysis.tables import comm
 from stepscope.analysis.store.frames import as_strings
 
@@ -51,13 +51,10 @@ class LoadBalancing(Rule):
 
     def why_not_judged(self, run, p):
         """A straggler not named because other processes kept its host busy (its figures)."""
-        judged = net_waits(run, p["warmup_steps"])
-        if judged is None or judged["last_share"] < p["min_last_share"] or not judged["consistent"]:
+        judged = judged_straggler(run, p)
+        if judged is None or not judged["contended"]:
             return None
-        process = next((q for (q, r), _ in train_groups(run) if not pd.isna(r) and int(r) == judged["rank"]), None)
-        load = others_load(run, process)
-        if load is None or load["other_cores"] < CONTENDED_CORES:
-            return None
+        load = judged["host"]
         return (f"rank {judged['rank']} arrived last at {judged['last_at']} of {judged['of']} collectives in the "
                 f"train steps ({judged['net_ms_per_step']:.1f} ms a step more waited for than waiting), but other "
                 f"processes kept {load['other_cores']:.1f} cores of its host busy (the host "
@@ -105,16 +102,14 @@ class LoadBalancing(Rule):
             return []
         step_ms = float(np.median([v[2] for v in per_rank.values()])) / 1e6
         work = {str(r): round(v[0] / 1e6, 3) for r, v in sorted(per_rank.items())}
-        judged = net_waits(run, p["warmup_steps"])
-        if judged is not None:  # the collectives were recorded: the straggler by its net cost in train steps
-            slow = judged["rank"]
-            cost = judged["net_ms_per_step"]
-            if (cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms)
-                    or judged["last_share"] < p["min_last_share"] or not judged["consistent"]):
+        if net_waits(run, p["warmup_steps"]) is not None:  # collectives recorded: judged by the net cost
+            judged = judged_straggler(run, p)
+            # (contention for the CPU is not the rank's own work: why_not_judged says so)
+            if judged is None or judged["contended"]:
                 return []
-            load = others_load(run, per_rank.get(slow, (0, None, 0))[1])
-            if load is not None and load["other_cores"] >= CONTENDED_CORES:
-                return []  # contention for the CPU, not the rank's own work: why_not_judged says so
+            slow, cost = judged["rank"], judged["net_ms_per_step"]
+            if cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
+                return []
             return [Finding(
                 rule=self.name, rank=clean_rank(slow), severity="warning",
                 message=(f"rank {slow} is the straggler: inside the train steps it arrives last at "
@@ -127,7 +122,7 @@ class LoadBalancing(Rule):
                           "waited_ms": judged["waited_ms"], "last_at": judged["last_at"],
                           "collectives": judged["of"], "last_share": judged["last_share"],
                           "outside_train_steps": judged["outside"], "step_ms_median": round(step_ms, 3),
-                          "host": load,
+                          "host": judged["host"],
                           "work_outside_backward_ms": work},
                 cost_ms_per_step=cost)]
         slow = max(per_rank, key=lambda r: per_rank[r][0])
@@ -180,6 +175,19 @@ def others_load(run, process) -> Optional[dict]:
     return {"busy_percent": round(100 * busy_cores / max(n, 1), 1), "other_cores": round(busy_cores - job_cores, 2)}
 
 
+def judged_straggler(run, p) -> Optional[dict]:
+    """``net_waits``' figures of the rank the others wait for most, where it arrived last at
+    ``min_last_share`` of the collectives and more often than chance allows; with ``host``
+    (``others_load``) and ``contended``: other processes kept its host busy, and no rank is
+    named. None where no rank is last that consistently."""
+    judged = net_waits(run, p["warmup_steps"])
+    if judged is None or judged["last_share"] < p["min_last_share"] or not judged["consistent"]:
+        return None
+    process = next((q for (q, r), _ in train_groups(run) if not pd.isna(r) and int(r) == judged["rank"]), None)
+    load = others_load(run, process)
+    return {**judged, "host": load, "contended": load is not None and load["other_cores"] >= CONTENDED_CORES}
+
+
 def net_waits(run, warmup_steps) -> Optional[dict]:
     """Who the ranks wait for inside their train steps, or None where no collective of two
     ranks or more was recorded there.
@@ -191,14 +199,20 @@ def net_waits(run, warmup_steps) -> Optional[dict]:
     time the others were blocked waiting for it, less the time it was blocked waiting for
     them, per train step of the ranks that waited. ``last_share``: the share of those
     collectives at which it arrived last; ``consistent``: it arrived last more often than
-    chance allows (``CONSISTENT_Z``): ranks on busy cores are last at random."""
+    chance allows (``CONSISTENT_Z``): ranks on busy cores are last at random. Computed once
+    per run (LoadBalancing and CommunicationBound both ask)."""
+    return memo(run, ("net_waits", float(warmup_steps)), lambda: _net_waits(run, warmup_steps))
+
+
+def _net_waits(run, warmup_steps) -> Optional[dict]:
     colls, blocked = comm_tables(run)
     if not len(colls):
         return None
     steps = train_steps(run, warmup_steps)
     inside = np.zeros(len(colls), dtype=bool)
+    issuers = np.asarray(as_strings(colls["process"]))
     for process, s in steps.groupby(as_strings(steps["process"]), sort=False):
-        mine = (as_strings(colls["process"]) == process)
+        mine = issuers == process
         if not mine.any():
             continue
         s = s.sort_values("start_ns")

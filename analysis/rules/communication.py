@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from stepscope.analysis.communication import communication
-from stepscope.analysis.rules.balance import LoadBalancing, net_waits
+from stepscope.analysis.rules.balance import LoadBalancing, judged_straggler
 from stepscope.analysis.rules.base import Finding, Param, Rule
-
-# a straggler is judged as LoadBalancing judges it: the ranks' waits inside train steps
-STRAGGLER_WARMUP = LoadBalancing.params["warmup_steps"].default
-STRAGGLER_LAST_SHARE = LoadBalancing.params["min_last_share"].default
 
 
 class CommunicationBound(Rule):
@@ -46,8 +42,8 @@ class CommunicationBound(Rule):
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
-        judged = net_waits(run, STRAGGLER_WARMUP)
-        if judged is not None and LoadBalancing().why_not_judged(run, LoadBalancing.defaults()):
+        judged = judged_straggler(run, LoadBalancing.defaults())
+        if judged is not None and judged["contended"]:
             judged = None  # other processes kept the host busy: no rank is blamed (LoadBalancing says why)
         cause, advice, straggler = _cause(c, p, main_kind, phase, judged)
         where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
@@ -73,9 +69,9 @@ class CommunicationBound(Rule):
 def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:
     """(what causes it, what to do, the straggler rank or None), from what the collectives show;
     ``judged``: who the ranks wait for inside train steps (LoadBalancing's figures)."""
-    top = judged
-    if (top and c["exposed_ms_per_step"] > 0 and top["last_share"] >= STRAGGLER_LAST_SHARE and top["consistent"]
-            and top["waited_ms_per_step"] >= p["straggler_share"] * c["exposed_ms_per_step"]):
+    top = judged  # (LoadBalancing's judgement: last consistently, the host not contended)
+    exposed = c["exposed_ms_per_step"]
+    if top and exposed > 0 and top["waited_ms_per_step"] >= p["straggler_share"] * exposed:
         return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
                 f"{top['of']} collectives in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "
                 "others'): a straggler.",

@@ -11,7 +11,7 @@ import pandas as pd
 from stepscope.analysis.loops import step_loops
 from stepscope.analysis.rules import steady
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.gpudata import node_of, process_ranks, samples_of, steps_by_process
+from stepscope.analysis.rules.gpudata import memo, node_of, process_ranks, samples_of, steps_by_process
 
 MB = 1 << 20
 _EMPTY = pd.DataFrame({"mode": [], "start_ns": [], "end_ns": [], "step": []})
@@ -90,7 +90,10 @@ class HostMemoryIncrease(Rule):
 
     def _judge(self, run, p):
         """(process, rank, figures) of the growing processes, and why the others whose memory
-        grew could not be judged."""
+        grew could not be judged; once per run and parameters (evaluate and why_not_judged ask)."""
+        return memo(run, ("HostMemoryIncrease", tuple(sorted(p.items()))), lambda: self._judged(run, p))
+
+    def _judged(self, run, p):
         found, unjudged = [], []
         rss = samples_of(run, "proc_rss")
         # a rank and its children, summed per sample

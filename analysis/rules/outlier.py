@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from stepscope.analysis.loops import step_loops
@@ -9,6 +11,7 @@ from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.dataloader import keeps_workers
+from stepscope.analysis.rules.gpudata import memo
 from stepscope.core.vocabulary import (GETNEXT, INTERRUPTED, KERAS_PROFILER_WINDOW, OTHER, PHASES,
                                        TORCH_OP_WINDOW_SPANS, TRAIN)
 
@@ -65,13 +68,18 @@ class StepOutlier(Rule):
         return None
 
     def evaluate(self, run, p):
-        return [finding for finding, _ in self._judged(run, p) if finding is not None]
+        # copies: the rules' evaluation sets severities and relations on the findings it gets
+        return [copy.deepcopy(finding) for finding, _ in self._judge(run, p) if finding is not None]
 
     def details(self, run, p):
         """Outliers that are no finding (one slow step, the first pass's warm-up): listed, so
         that a user who looks for them finds them (the report's step plot marks the slowest)."""
-        quiet = [note for finding, note in self._judged(run, p) if finding is None and note]
+        quiet = [note for finding, note in self._judge(run, p) if finding is None and note]
         return {"outliers_not_reported": quiet[:20]} if quiet else None
+
+    def _judge(self, run, p) -> list:
+        """``_judged``'s verdicts, once per run and parameters (evaluate and details both ask)."""
+        return memo(run, ("StepOutlier", tuple(sorted(p.items()))), lambda: list(self._judged(run, p)))
 
     def _judged(self, run, p):
         """(finding or None, the group's note) per rank and mode with outlier steps."""

@@ -22,23 +22,21 @@ from typing import List
 import numpy as np
 import pandas as pd
 
-from stepscope.core.vocabulary import LOOP_MARK, TRAIN
+from stepscope.analysis.quantities import other_share, phase_shares
+from stepscope.core.vocabulary import LOOP_MARK, OTHER, TRAIN
 
 MIN_LOOP_STEPS = 10
 
 
 def step_loops(run) -> pd.Series:
-    """Each step's loop in its process (int, from 0), indexed like ``run.steps``."""
-    cache = getattr(run, "_derived", None)
-    if cache is not None and "loops" in cache:
-        return cache["loops"]
+    """Each step's loop in its process (int, from 0), indexed like ``run.steps``: its
+    ``loop`` column."""
     steps = run.steps
-    marks = run.select(categories=["framework"], kinds=["instant"], names=[LOOP_MARK],
+    if "loop" in steps:
+        return steps["loop"].rename("loop")
+    marks = run.select(categories=["framework"], kinds=["instant"], names=[LOOP_MARK],  # (tables of another kind)
                        columns=["process", "start_ns"])
-    out = loop_numbers(steps, marks)
-    if cache is not None:
-        cache["loops"] = out
-    return out
+    return loop_numbers(steps, marks)
 
 
 def loop_numbers(steps: pd.DataFrame, marks: pd.DataFrame) -> pd.Series:
@@ -65,7 +63,8 @@ def loop_numbers(steps: pd.DataFrame, marks: pd.DataFrame) -> pd.Series:
 
 def loops_block(run) -> List[dict]:
     """The summary's ``loops``: per process that ran more than one loop, each loop's steps
-    per mode, its train steps' median and its span; [] when every process ran one."""
+    per mode, its train steps' median, their phase shares (``phases``: Other's too) and
+    its span; [] when every process ran one."""
     steps = run.steps
     if not len(steps):
         return []
@@ -83,8 +82,18 @@ def loops_block(run) -> List[dict]:
         out.append({"process": str(process), "rank": None if pd.isna(rank) else int(rank), "loop": int(loop),
                     "steps": {str(m): int(n) for m, n in s["mode"].value_counts().items() if n},
                     "train_median_ms": round(float(train.median()) / 1e6, 3) if len(train) else None,
+                    "phases": _shares(s[s["mode"] == TRAIN]),
                     "start_s": round(float(s["start_ns"].min() - steps["start_ns"].min()) / 1e9, 3),
                     "duration_s": round(float(s["end_ns"].max() - s["start_ns"].min()) / 1e9, 3)})
+    return out
+
+
+def _shares(train: pd.DataFrame) -> dict:
+    """Each phase's share of the loop's train step time, and Other's (``phase_shares``)."""
+    out = {name: p["share"] for name, p in phase_shares(train).items()}
+    other = other_share(train)
+    if other is not None:
+        out[OTHER] = other["share"]
     return out
 
 
@@ -94,6 +103,7 @@ def format_lines(block: List[dict]) -> List[str]:
         counts = ", ".join(f"{n} {m}" for m, n in b["steps"].items())
         median = f", train median {b['train_median_ms']:.2f} ms" if b["train_median_ms"] is not None else ""
         who = f"rank {b['rank']}" if b["rank"] is not None else b["process"]
+        shares = "".join(f", {name} {100 * v:.0f}%" for name, v in b.get("phases", {}).items() if v >= 0.005)
         lines.append(f"  loop {b['loop']:<4} {who}: {counts}{median}, from {b['start_s']:.1f} s for "
-                     f"{b['duration_s']:.1f} s")
+                     f"{b['duration_s']:.1f} s{shares}")
     return lines

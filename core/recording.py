@@ -29,7 +29,7 @@ Annotations and phases
 
 Steps (SPEC §3; docs/design.md, "Where steps begin and end")
     ``begin_step(mode, at=0)`` -> the step's number, ``end_step(at=0,
-    thread=0)``, ``interrupt_step(at=0)``, ``current_step()``;
+    thread=0)``, ``interrupt_step(at=0)``, ``void_step(at=0)``, ``current_step()``;
     ``StepTracker``: the step state machine an integration subclasses
     (through ``stepscope.integrations._steps``).
 
@@ -83,6 +83,7 @@ PHASES = _native.PHASES
 begin_step = _native.begin_step
 end_step = _native.end_step
 interrupt_step = _native.interrupt_step
+void_step = _native.void_step
 current_step = _native.current_step
 StepTracker = _native.StepTracker
 
@@ -92,4 +93,4 @@ around = _native.around
 __all__ = ["ANNOTATION", "COMM", "COUNTER", "FRAMEWORK", "GPU", "INTERNAL", "MAX_NAMES", "MODULE", "OP", "PHASE",
            "PHASES", "STEP", "SYSTEM", "Span", "annotate", "annotation_begin", "annotation_end", "around",
            "begin_step", "category", "clock_info", "counter", "current_step", "enabled", "end_step", "instant",
-           "intern", "interrupt_step", "now", "phase", "span", "StepTracker"]
+           "intern", "interrupt_step", "now", "phase", "span", "StepTracker", "void_step"]

@@ -43,6 +43,14 @@ LOOP_MARK = "stepscope.loop"
 #: as interrupted: it ended without its optimizer step (SPEC §3). Readers give that
 #: step this mode, so it is in no mode's statistics, rules or phase shares.
 INTERRUPTED = "interrupted"
+#: A step mark that voids the step open on its thread (the one its argument numbers):
+#: the call it began met the end of the data (Keras's last ``train_function`` call of an
+#: epoch of unknown length). Readers take that step's begin mark as an end mark: its
+#: time lies after its loop (SPEC §3), its number is given to the next step.
+VOID_MARK = "void"
+#: The framework span of the call that met the end of the data (a loader's
+#: ``StopIteration``, tf.data's ``OutOfRangeError``): after its loop, in no step.
+END_OF_DATA = "end of data"
 
 # --- events (docs/format.md) ------------------------------------------------------------
 #: Event categories by number (the category byte of a record; numbers 11-15 are free).

@@ -159,6 +159,9 @@ NB_MODULE(_native, m) {
   m.def("interrupt_step", [](uint64_t at) { return interrupt_step(at); }, nb::arg("at") = 0,
         "Flags the calling thread's open step as interrupted (it ended without its optimizer "
         "step, SPEC §3): readers keep its time, with mode 'interrupted'. False: no step is open.");
+  m.def("void_step", [](uint64_t at) { return void_step(at); }, nb::arg("at") = 0,
+        "Voids the calling thread's open step: the call it began met the end of the data "
+        "(readers take its begin as an end; its number goes to the next step). False: none open.");
   m.def("current_step", [] { return g_step.load(); });
   m.def("open", [](const std::string& path, const std::string& header_json, int flush_ms,
                    size_t buffer_bytes, uint64_t disk_floor_bytes, double disk_floor_fraction) {

@@ -12,6 +12,7 @@ import pytest
 
 import stepscope
 from stepscope.analysis.loops import loop_numbers, step_loops
+from stepscope.core.vocabulary import END_OF_DATA
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "sequential_loops.py")
 
@@ -39,6 +40,9 @@ def test_a_second_model_is_a_second_loop_not_a_leak_or_outliers(tmp_path):
     assert loops[1]["train_median_ms"] > 1.5 * loops[0]["train_median_ms"]
     assert "2 loops, one after another" in printed
     numbers = step_loops(run)
+    assert run.steps["loop"].tolist() == numbers.tolist()  # the steps table carries each step's loop
+    assert set(loops[0]["phases"]) >= {"Forward", "Backward", "Optimizer", "Other"}
+    assert loops[1]["phases"]["Other"] > 0.5  # the larger model's steps: mostly its 100 ms sleep
     steps = run.steps.sort_values("start_ns")
     assert numbers.reindex(steps.index).tolist() == [0] * 100 + [1] * 30
     # the larger model's build is between the loops, in no step: the first loop's last step is
@@ -61,6 +65,60 @@ def test_two_keras_fits_are_two_loops(tmp_path):
     s, run, _ = run_job(tmp_path, "keras", KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     assert [b["steps"] for b in s["loops"]] == [{"train": 60}, {"train": 60}]
     assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
+
+
+def test_keras_mirrored_fit_of_unknown_length_counts_its_steps_and_finds_nothing(tmp_path):
+    """Under MirroredStrategy over tf.data of unknown length, each epoch ends in a call that
+    meets the end of the data. That call began a step (before: 17 train steps an epoch for 16,
+    and its last step an outlier in every epoch); it is no step now, and its time is the
+    epoch's end."""
+    pytest.importorskip("keras")
+    pytest.importorskip("tensorflow")
+    s, run, _ = run_job(tmp_path, "mirrored", KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    assert s["steps"]["train"]["count"] == 160 and s["steps"]["eval"]["count"] == 40
+    assert s["findings"] == [], s["findings"]
+    steps = run.steps
+    for mode, n in (("train", 160), ("eval", 40)):  # numbered without gaps
+        assert sorted(steps[steps["mode"] == mode]["step"]) == list(range(n))
+    ends = run.events[run.events["name"] == END_OF_DATA]
+    assert len(ends) == 20  # one per epoch and one per validation
+    train = steps[steps["mode"] == "train"].sort_values("start_ns")
+    last = train.groupby(train["step"] // 16).tail(1)
+    for end in ends["start_ns"]:  # each is after its loop's last step, in no step
+        assert not ((steps["start_ns"] < end) & (steps["end_ns"] > end)).any()
+    assert (last["duration_ns"] < 3 * train["duration_ns"].median()).mean() >= 0.8
+
+
+def test_the_loaders_last_call_is_after_the_loop(tmp_path):
+    """The fetch that meets a DataLoader's end (2 workers shut down) was its loop's last
+    step's; now each epoch's last step ends where that call began, and the call is named."""
+    s, run, _ = run_job(tmp_path, "epochloader")
+    assert s["steps"]["train"]["count"] == 120
+    ends = run.events[run.events["name"] == END_OF_DATA].sort_values("start_ns")
+    assert len(ends) == 6
+    train = run.steps[run.steps["mode"] == "train"].sort_values("start_ns")
+    last = train.groupby(train["step"] // 20).tail(1)
+    assert last["end_ns"].tolist() == ends["start_ns"].tolist()
+    assert "end of data" in s["between_loops"]["largest"], s["between_loops"]
+
+
+def test_a_void_mark_turns_its_step_into_an_end():
+    """``voided``: a void mark's step begin (its process, thread and number, begun by then)
+    reads as an end mark, as the void mark itself; other threads' steps stay."""
+    import pandas as pd
+
+    from stepscope.analysis.tables.stepping import voided
+    from stepscope.core.vocabulary import END_MARK, VOID_MARK
+
+    names = ["train", "train", "train", VOID_MARK, "train", "train"]
+    ev = pd.DataFrame({"process": pd.Categorical(["p"] * 6), "tid": [1, 1, 2, 1, 1, 2],
+                       "kind": pd.Categorical(["instant"] * 6), "category": pd.Categorical(["step"] * 6),
+                       "name": pd.Categorical(names),
+                       "start_ns": [0, 10, 12, 15, 20, 25], "arg": [0, 1, 1, 1, 1, 2]})
+    out = voided(ev)
+    assert out["name"].astype(str).tolist() == ["train", END_MARK, "train", END_MARK, "train", "train"]
+    assert out["arg"].tolist() == [0, 0, 1, 0, 1, 2]
+    assert ev["name"].astype(str).tolist() == names  # the frame given is left as it was
 
 
 def test_loop_numbers_from_marks_and_an_optimizer_made_every_iteration():

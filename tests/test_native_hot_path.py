@@ -58,13 +58,16 @@ def test_tracker_makes_contiguous_steps_from_phase_reports(run_dir):
     r = stepscope.load(run.path)
     steps = r.steps
     assert steps["step"].tolist() == [0, 1, 2, 3] and set(steps["mode"]) == {"train"}
-    # each step runs from its fetch to the next fetch (the last: to the end of the loader)
-    assert steps["duration_ns"].iloc[:3].tolist() == pytest.approx([7_500_000] * 3, rel=1e-3)
-    assert steps["duration_ns"].iloc[3] == pytest.approx(7_600_000, rel=1e-3)
+    # each step runs from its fetch to the next fetch; the last to where the fetch that met the
+    # loader's end began: that call is after the loop (SPEC §3), named
+    assert steps["duration_ns"].tolist() == pytest.approx([7_500_000] * 4, rel=1e-3)
     ph = r.events[r.events["category"] == "phase"]
     counts = ph["name"].astype(str).value_counts().to_dict()
-    assert counts == {"GetNext": 5, "Forward": 4, "Loss": 4, "Backward": 4, "Optimizer": 4}
-    assert ph.groupby("step").size().tolist() == [5, 5, 5, 6]
+    assert counts == {"GetNext": 4, "Forward": 4, "Loss": 4, "Backward": 4, "Optimizer": 4}
+    assert ph.groupby("step").size().tolist() == [5, 5, 5, 5]
+    end = r.events[r.events["name"] == "end of data"]
+    assert len(end) == 1 and end["duration_ns"].iloc[0] == pytest.approx(100_000, rel=1e-3)
+    assert end["start_ns"].iloc[0] == steps["end_ns"].iloc[3]
 
 
 def test_parts_of_a_directly_called_forward_are_one_forward(run_dir):

@@ -73,8 +73,9 @@ def test_dataloader_with_workers_train_and_eval(tmp_path, kind):
     run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "8")
     run = stepscope.load(tmp_path / "runs" / "run")
     steps = check_steps(run, {"train": 16, "eval": 16})
-    # 32 batches, plus the last, empty fetch of each of the 4 passes (worker shutdown)
-    assert phase_counts(run) == {"GetNext": 36, "Forward": 32, "Loss": 16, "Backward": 16, "Optimizer": 16}
+    # 32 batches; the last, empty fetch of each of the 4 passes (worker shutdown) is after its loop
+    assert phase_counts(run) == {"GetNext": 32, "Forward": 32, "Loss": 16, "Backward": 16, "Optimizer": 16}
+    assert (run.events["name"] == "end of data").sum() == 4
     train = steps[steps["mode"] == "train"]
     assert (train[PHASES] > 0).all().all(), "every train step has every phase"
     # each worker (2 per pass, 4 passes) records its fetches in its own folder, and nothing else

@@ -23,6 +23,7 @@ import os
 import time
 from typing import Optional
 
+from stepscope.analysis.loops import format_lines
 from stepscope.analysis.report import plots
 from stepscope.analysis.report import sections as sections_
 from stepscope.analysis.report.flame import flame_section
@@ -119,6 +120,9 @@ def _job_summary(run: Run, summary: dict) -> str:
         b = summary["between_loops"]
         rows.append(("between loops", f"{b['per_epoch_ms']:.1f} ms per epoch, in no step: "
                      + ", ".join(f"{k} {v:.1f} ms" for k, v in b["parts"].items())))
+    for line in format_lines(summary.get("loops", [])):  # several loops one after another: each one's figures
+        label, _, figures = line.strip().partition(": ")
+        rows.append((label, figures))
     rows.append(("ranks", str(summary["ranks"])))
     rows.append(("hosts", ", ".join(sorted({str(h) for h in procs["host"].dropna()}))))
     rows.append(("processes", str(len(procs))))

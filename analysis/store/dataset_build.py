@@ -32,7 +32,7 @@ from stepscope.analysis.tables import gpu, gpu_build, kernel_steps, stepping
 from stepscope.analysis.store.reader import PROGRESS_BYTES, empty_events, events_frame, start_order
 from stepscope.analysis.store import py_samples
 from stepscope.analysis.store.dataset_files import link_or_copy, partition_dir, safe_partition, write_file
-from stepscope.analysis.store.dataset_live import DERIVED_FROM, ended, keep_part, reused_part, trace_identity
+from stepscope.analysis.store.dataset_live import derived_rows, ended, keep_part, reused_part, trace_identity
 from stepscope.analysis.store.frames import columns_of, concat, concat_in_order
 from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES
 from stepscope.analysis.tables.system import system_frame
@@ -107,10 +107,8 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
         if parts == 1:
             kept.append(events)
         else:
-            # the process's last event end closes its last step: keep that event too
-            keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
-            keep[int(events["end_ns"].to_numpy().argmax())] = True
-            kept.append(columns_of(events, keep))  # (columns apart: concat_in_order frees each as it goes)
+            # (columns apart: concat_in_order frees each as it goes)
+            kept.append(columns_of(events, derived_rows(events)))
         kept_file = part["events_file"] if reused is not None else None
         if live and kept_file is None and os.path.exists(os.path.join(live, f"part-{i:05d}.json")):
             kept_file = os.path.join(live, f"part-{i:05d}.events.parquet")  # kept just now

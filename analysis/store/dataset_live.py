@@ -7,14 +7,26 @@ import json
 import os
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.dataset_files import write_file
-from stepscope.core.vocabulary import PROCESS_JSON, TRACE_FILE
+from stepscope.core.vocabulary import LOOP_MARK, PROCESS_JSON, TRACE_FILE
 
-LIVE_VERSION = 2  # of the parts kept between builds of a trace still being written (2: GPU records decoded again)
+# of the parts kept between builds of a trace still being written (2: GPU records decoded again; 3: loop marks kept)
+LIVE_VERSION = 3
 # What the derived tables are built from: a small share of a large trace's events.
 DERIVED_FROM = ("step", "phase", "system", "comm")
+
+
+def derived_rows(events: pd.DataFrame) -> np.ndarray:
+    """The events the derived tables are built from: those of ``DERIVED_FROM``, the loop
+    marks (the steps' loops) and the last event to end (it closes the last step)."""
+    keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
+    keep |= (events["name"] == LOOP_MARK).to_numpy()
+    if len(events):
+        keep[int(events["end_ns"].to_numpy().argmax())] = True
+    return keep
 
 
 def trace_identity(folder: str, part_bytes: int) -> Optional[list]:
@@ -38,9 +50,7 @@ def keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> N
     """Keeps a finished part: its events file and the events the derived tables need (its
     GPU records are decoded again: cheaper than keeping them); the JSON, written last,
     makes it usable."""
-    keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
-    if len(events):
-        keep[int(events["end_ns"].to_numpy().argmax())] = True
+    keep = derived_rows(events)
     write_file(events, f"{where}.events.parquet")
     tmp = f"{where}.kept.parquet.tmp{os.getpid()}"  # (another load of the run may be reading it)
     events[keep].to_parquet(tmp, index=False)  # every column, as decoded

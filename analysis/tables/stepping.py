@@ -2,7 +2,8 @@
 
 * ``steps``: one row per step (SPEC §3): process, pid, rank, mode, step,
   start_ns, end_ns, duration_ns, the five phases' exclusive time in the
-  step, and Other (the step's time outside every phase).
+  step, Other (the step's time outside every phase), its communication and
+  its loop (``analysis/loops.py``).
 * ``phases``: one row per phase span, attributed by time to the step it
   starts in, with its exclusive time (a phase minus the phases nested in it,
   as Forward/Backward inside an LBFGS Optimizer step).
@@ -16,9 +17,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_PHASE_COLUMNS
+from stepscope.analysis.loops import loop_numbers
+from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_LOOP_COLUMN, STEP_PHASE_COLUMNS
 from stepscope.analysis.tables import comm, step_pass
-from stepscope.core.vocabulary import END_MARK, INTERRUPTED, PHASES, TORCH_OP_WINDOW_SPANS
+from stepscope.core.vocabulary import END_MARK, INTERRUPTED, LOOP_MARK, PHASES, TORCH_OP_WINDOW_SPANS, VOID_MARK
 
 
 
@@ -300,10 +302,55 @@ def steps_and_phases(events: pd.DataFrame, native: bool = True, consume: bool = 
     this definition (``native=False``). ``consume``: the caller gives ``events`` up,
     and the native pass drops each of its columns once read (a long run's phases are
     millions of rows: the events and the tables are not all held at once)."""
+    events = voided(events)
     comm_rows = comm.comm_events(events) if consume else events  # (all comm needs of them)
+    marks = loop_marks(events)
     out = step_pass.steps_and_phases(events, consume=consume) if native else None
     steps, phases = out if out is not None else _steps_and_phases(events)
-    return comm.step_columns(steps, comm_rows), phases
+    steps = comm.step_columns(steps, comm_rows)
+    steps[STEP_LOOP_COLUMN] = loop_numbers(steps, marks).to_numpy()
+    return steps, phases
+
+
+def loop_marks(events: pd.DataFrame) -> pd.DataFrame:
+    """The loop marks (``LOOP_MARK``): process and start_ns."""
+    rows = _rows_of(events, "framework", "instant")
+    if len(rows):
+        rows = rows[(events["name"].iloc[rows] == LOOP_MARK).to_numpy()]
+    return pd.DataFrame({"process": events["process"].to_numpy()[rows].astype(str),
+                         "start_ns": events["start_ns"].to_numpy()[rows]})
+
+
+def voided(events: pd.DataFrame) -> pd.DataFrame:
+    """``events`` with each void mark (``VOID_MARK``) and the begin mark of the step it
+    voids (the latest of its process and thread with its number, begun by then) read as
+    end marks: that call met the end of the data, and its time lies after its loop. The
+    frame itself when no mark voids a step (a copy of two columns otherwise)."""
+    names = events["name"]
+    if VOID_MARK not in names.cat.categories:
+        return events
+    rows = _rows_of(events, "step", "instant")
+    codes = names.cat.codes.to_numpy()
+    voids = rows[codes[rows] == names.cat.categories.get_loc(VOID_MARK)]
+    if not len(voids):
+        return events
+    categories = list(names.cat.categories)
+    if END_MARK not in categories:
+        categories.append(END_MARK)
+    end = categories.index(END_MARK)
+    flagged = (INTERRUPTED, VOID_MARK, END_MARK)
+    begins = rows[~np.isin(codes[rows], [categories.index(n) for n in flagged if n in categories])]
+    proc, tid = events["process"].cat.codes.to_numpy(), events["tid"].to_numpy()
+    start, arg = events["start_ns"].to_numpy(), events["arg"].to_numpy()
+    new_codes, new_arg = codes.copy(), arg.copy()
+    for v in voids:
+        match = begins[(proc[begins] == proc[v]) & (tid[begins] == tid[v]) & (arg[begins] == arg[v])
+                       & (start[begins] <= start[v])]
+        if len(match):
+            new_codes[match[np.argmax(start[match])]] = end
+        new_codes[v] = end
+    new_arg[new_codes != codes] = 0  # (an end mark's argument names another thread)
+    return events.assign(name=pd.Categorical.from_codes(new_codes, categories), arg=new_arg)
 
 
 def _steps_and_phases(events: pd.DataFrame):

@@ -120,6 +120,10 @@ void end_step(uint64_t at = 0);  // ends the calling thread's open step, if any
 // its optimizer step: SPEC §3), with a mark named "interrupted" at `at` (0: now) whose
 // argument is the step's number; it begins and ends nothing. False: no step is open.
 bool interrupt_step(uint64_t at = 0);
+// Voids the calling thread's open step (the call it began met the end of the data): a
+// mark named "void" at `at` (0: now) carries its number, readers take the step's begin
+// as an end, and the next step of its mode gets that number. False: no step is open.
+bool void_step(uint64_t at = 0);
 // Ends the step of another thread's loop (`tid`: its OS thread id), at session end;
 // the mark carries the thread in its argument.
 void end_step_of_thread(uint64_t tid, uint64_t at);

@@ -57,6 +57,20 @@ bool interrupt_step(uint64_t at) {
   return true;
 }
 
+bool void_step(uint64_t at) {
+  if (tls_open_mode < 0 || tls_open_generation != g_steps_generation.load(std::memory_order_relaxed)) return false;
+  static const uint32_t void_name = intern("void");
+  record_instant_at(kCatStep, void_name, at ? at : ticks(), uint64_t(tls_open_number), true);
+  {
+    std::lock_guard<std::mutex> lk(g_steps_mu);
+    int32_t& next = g_next_step_by_mode[uint32_t(tls_open_mode)];
+    if (next == tls_open_number + 1) next = tls_open_number;  // (no step of its mode began since)
+  }
+  tls_open_mode = -1;
+  g_step.store(-1, std::memory_order_relaxed);
+  return true;
+}
+
 void end_step_of_thread(uint64_t tid, uint64_t at) {
   static const uint32_t end_name = intern("end");
   record_instant_at(kCatStep, end_name, at ? at : ticks(), tid, true);

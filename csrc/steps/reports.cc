@@ -64,8 +64,10 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
     }
   }
   if (!no_mode(t)) {
-    if (t1 > t0) phase(kGetNext, t0, t1);
-    if (!end(self, std::max(t0, t1), 0)) return false;
+    // The call that met the end of the data lies after its loop (SPEC §3): named, in no step
+    if (!end(self, t0, 0)) return false;
+    static const uint32_t end_of_data = intern("end of data");  // (vocabulary.END_OF_DATA)
+    if (t1 > t0) record_span(kCatFramework, end_of_data, t0, t1);
     put(&t->mode, Py_None);
     t->done = 0;
   }

@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 
 from stepscope.core import annotations, safety
-from stepscope.core.recording import FRAMEWORK, begin_step, end_step, intern, interrupt_step, now, span
+from stepscope.core.recording import FRAMEWORK, begin_step, end_step, intern, interrupt_step, now, span, void_step
+from stepscope.core.vocabulary import END_OF_DATA
 from stepscope.integrations._late_class import late_class
 from stepscope.integrations.keras._backend_hooks import backend_hooks
-from stepscope.integrations.keras._tf_backend import _fetching_in_python, _has_strategy
+from stepscope.integrations.keras._tf_backend import _has_strategy, _step_function
 from stepscope.integrations.keras._torch_backend import _torch_mode_begins, _torch_mode_ends, _torch_tracker
 
 MODES = {"train": "train", "test": "eval", "predict": "predict"}
@@ -94,12 +95,12 @@ def _build_class(keras):
             tfdata.keras_loop_begins()
             model = self.model
             restore = None
-            attr = {"train": "train_function", "test": "test_function"}.get(kind)
-            function = getattr(model, attr, None) if attr else None
+            attr = {"train": "train_function", "test": "test_function", "predict": "predict_function"}[kind]
+            function = getattr(model, attr, None)
             strategy = _has_strategy(model)
-            if (function is not None and getattr(model, "steps_per_execution", 1) == 1
-                    and not strategy and not hasattr(function, "__stepscope_original__")):
-                setattr(model, attr, _fetching_in_python(function, self))
+            if function is not None and not hasattr(function, "__stepscope_original__"):
+                in_python = getattr(model, "steps_per_execution", 1) == 1 and not strategy
+                setattr(model, attr, _step_function(function, self, in_python))
                 restore = (attr, function)
             if getattr(model, "steps_per_execution", 1) not in (1, None):
                 from stepscope.core import session
@@ -170,6 +171,16 @@ def _build_class(keras):
                 self._open = False
                 self._last_end = end
             return end
+
+        def _data_ended(self) -> None:
+            """The open step's call met the end of the data (an epoch of unknown length):
+            no step, its number the next one's; the call is named after the loop."""
+            if self._open and self._execution is None:
+                end = now()
+                void_step(end)
+                span(FRAMEWORK, intern(END_OF_DATA), self._step_begin, end)
+                self._open = False
+                self._last_end = self._step_begin  # where the loop's last step ended
 
         def _step_failed(self) -> None:
             """The open step's compiled call raised (not the data's end): a train step

@@ -28,10 +28,11 @@ class _EndOfData:
         raise self.out_of_range(None, None, "End of sequence")
 
 
-def _fetching_in_python(function, callback):
-    """Keras's step function fed from Python (one eager fetch per step, timed by
-    the tf.data integration); it also tells the callback where each step's work
-    ended (a loop's last step ends there, not after the epoch's bookkeeping).
+def _step_function(function, callback, fetch_in_python: bool):
+    """Keras's step function, timed: it tells the callback where each step's work ended
+    (a loop's last step ends there, not after the epoch's bookkeeping) and which call met
+    the end of the data (that call's time lies after the loop, SPEC §3). With
+    ``fetch_in_python``, one eager fetch per step, timed by the tf.data integration.
 
     Frameless, and the batches come through ``itertools.chain`` (C): an error in
     the step or in the dataset shows no stepscope frame."""
@@ -40,14 +41,18 @@ def _fetching_in_python(function, callback):
 
     owned, out_of_range = iterator_ops.OwnedIterator, tf.errors.OutOfRangeError
 
-    def before(iterator):
-        if type(iterator) is owned:
+    def before(iterator, *rest):
+        if fetch_in_python and type(iterator) is owned:
             iterator = itertools.chain(iterator, _EndOfData(out_of_range))
-        return (iterator,), None, callback
+        return (iterator, *rest), None, callback
 
     def after(callback, exc):
-        callback._work_end = now()
-        if exc is not None and not isinstance(exc, (out_of_range, StopIteration)):  # not the data's end
+        if exc is None:
+            callback._work_end = now()
+        elif isinstance(exc, (out_of_range, StopIteration)):  # the data's end: the call belongs to no step
+            callback._data_ended()
+        else:
+            callback._work_end = now()
             callback._step_failed()
 
     return frameless(function, before, after, "the Keras integration failed")

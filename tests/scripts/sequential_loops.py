@@ -6,6 +6,11 @@ twomodels: a small model trained 100 steps (~50 ms), then a larger one built (wi
            memory leak and no outlier.
 kfold:     4 folds, a new model and optimizer per fold, 40 steps each (~30 ms): 4 loops.
 keras:     (Keras) a small model's fit, then a larger model's fit: two loops.
+mirrored:  (Keras) one fit under MirroredStrategy, 10 epochs of 16 steps with validation
+           (4 steps), over tf.data of unknown length: every epoch ends in a call that meets
+           the end of the data.
+epochloader: 6 epochs over a DataLoader with 2 workers (not persistent, 20 batches): the
+           call that meets the end of the data shuts the workers down.
 """
 import sys
 import time
@@ -27,6 +32,8 @@ def torch_loop(model, steps, pause, batch=64, width=256):
 def main(kind):
     if kind == "keras":
         return keras_two_fits()
+    if kind == "mirrored":
+        return keras_mirrored()
     import torch
     import torch.nn as nn
 
@@ -41,7 +48,36 @@ def main(kind):
         for fold in range(4):
             model = nn.Sequential(nn.Linear(256, 128 * (fold + 1)), nn.ReLU(), nn.Linear(128 * (fold + 1), 1))
             torch_loop(model, 40, 0.03)
+    elif kind == "epochloader":
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randn(640, 256), torch.randn(640, 1))
+        model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(6):
+            for x, y in DataLoader(data, batch_size=32, num_workers=2):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
     print("done", kind)
+
+
+def keras_mirrored():
+    import numpy as np
+    import keras
+    import tensorflow as tf
+
+    x, y = np.random.rand(640, 32).astype("float32"), np.random.rand(640, 1).astype("float32")
+
+    def dataset(a, b):  # (filter: a length tf.data cannot know, so Keras reads to the end)
+        return tf.data.Dataset.from_tensor_slices((a, b)).filter(lambda *_: True).batch(32)
+
+    with tf.distribute.MirroredStrategy().scope():
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"),
+                                  keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    model.fit(dataset(x[:512], y[:512]), epochs=10, validation_data=dataset(x[512:], y[512:]), verbose=0)
+    print("done mirrored")
 
 
 def keras_two_fits():

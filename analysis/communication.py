@@ -12,7 +12,9 @@
   ran nothing but communication (``gpu_communication``);
 * who waits for whom: per rank that arrived last, the time the others were blocked
   waiting for it (``comm.arrivals``, ``comm.waited_for``), in all and per step of a
-  waiting rank.
+  waiting rank;
+* ``left_out``: the traffic the figures leave out (``unrecorded``): collectives seen
+  among the sampled operators that no recorded call made (a compiled graph's).
 
 The tables and their definitions are in ``analysis/tables/comm.py``.
 """
@@ -65,11 +67,47 @@ def gpu_communication(run, steps: pd.DataFrame) -> Optional[dict]:
             "exposed_ms_per_step": _ms(per["comm_exposed_kernel_ns"] / len(steps))}
 
 
+# The operators of collectives and point-to-point traffic as torch's profiler names them
+# (the sampled operator windows), but for the waits and wrappers around them.
+TRAFFIC_OPS = ("_c10d_functional::", "_c10d_functional_autograd::", "c10d::")
+NOT_TRAFFIC = ("wait_tensor", "_wrap_tensor_autograd", "wait", "barrier_like")
+LEFT_OUT_NOTE = ("collectives that ran where no recorded call made them: inside a compiled graph (inductor "
+                 "emits them; no Python wrapper runs there) or from a C++ extension; seen in the sampled steps' "
+                 "operators, they are not in the communication figures")
+
+
+def unrecorded(run, colls: pd.DataFrame) -> Optional[dict]:
+    """The traffic the numbers leave out: operators of collectives in the sampled operator
+    windows that no recorded call encloses ({"ops": {name: count}, "note"}), or None."""
+    names = [n for n in run.event_names(containing="c10d")
+             if n.startswith(TRAFFIC_OPS) and n.rsplit("::", 1)[-1] not in NOT_TRAFFIC]
+    if not names:
+        return None
+    ops = run.select(categories=["op"], names=names, columns=["process", "name", "start_ns"])
+    if not len(ops):
+        return None
+    proc = ops["process"].astype(str).to_numpy()
+    at = ops["start_ns"].to_numpy(np.int64)
+    inside = np.zeros(len(ops), dtype=bool)
+    for p, c in colls.groupby("process", sort=False):
+        rows = np.flatnonzero(proc == str(p))
+        if not len(rows):
+            continue
+        s, e = comm.union(c["start_ns"].to_numpy(np.int64), c["issued_ns"].to_numpy(np.int64))
+        i = np.searchsorted(s, at[rows], side="right") - 1
+        inside[rows] = (i >= 0) & (at[rows] <= e[np.maximum(i, 0)])
+    left = ops["name"].astype(str)[~inside]
+    if not len(left):
+        return None
+    return {"ops": {str(k): int(v) for k, v in left.value_counts().items()}, "note": LEFT_OUT_NOTE}
+
+
 def communication(run) -> Optional[dict]:
     colls, blocked = comm_tables(run)
     steps = summary_steps(run.steps)  # the steps the phase shares are over
     gpu = gpu_communication(run, steps)
-    if not len(colls) and gpu is None:
+    left_out = unrecorded(run, colls)
+    if not len(colls) and gpu is None and left_out is None:
         return None
     total = float(steps["duration_ns"].sum()) if len(steps) else 0.0
     n = max(len(steps), 1)
@@ -87,6 +125,8 @@ def communication(run) -> Optional[dict]:
     }
     if gpu is not None:
         out["gpu"] = gpu
+    if left_out is not None:
+        out["left_out"] = left_out  # traffic the figures leave out, named (SPEC §6)
     for kind, c in colls.groupby("kind", sort=False):
         out["by_kind"][str(kind)] = {"count": int(len(c)), "bytes": int(c["bytes"].sum()),
                                      "total_ms": _ms(c["duration_ns"].sum()),
@@ -173,4 +213,7 @@ def format_lines(c: dict, phase_shares: dict) -> list:
     for w in c["waited_for"][:3]:
         lines.append(f"  {'':<10} waited for rank {w['rank']}: {w['waited_ms']:.1f} ms in all "
                      f"({w['ms_per_step']:.2f} ms a step), it arrived last at {w['last_at']} of {w['of']} collectives")
+    if c.get("left_out"):
+        ops = ", ".join(f"{n} {k}x" for n, k in c["left_out"]["ops"].items())
+        lines.append(f"  {'':<10} not recorded: {ops}: {c['left_out']['note']}")
     return lines

@@ -74,9 +74,11 @@ OP_PHASES = (*PHASE_NAMES, OTHER)
 #: ``comm`` counter of that name at the call's start holds its bytes. A ``comm`` span
 #: named COMM_WAIT is a time the process waited for communication (``Work.wait``, DDP's
 #: end of backward). The argument: the collective's number in its group, from 1 (bits
-#: 0-39), and the flags below (bits 40-47).
+#: 0-39), and the flags below (bits 40-47). Point-to-point traffic is ``send`` and ``recv``
+#: in a channel per direction, ``p2p:SRC>DST`` (global ranks), numbered in it.
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather",
-              "scatter", "barrier")
+              "scatter", "barrier", "send", "recv", "permute")
+COMM_P2P = "p2p:"
 COMM_WAIT = "wait"
 COMM_ASYNC, COMM_DONE, COMM_DDP, COMM_LAST_BUCKET = 1, 2, 4, 8
 COMM_SEQ_BITS = 40

@@ -363,6 +363,9 @@ def communication_section(run, esc, summary: dict):
             ("overlapped (hidden behind work)", pct(c["overlapped_share"]))]
     for phase, e in c["by_phase"].items():
         rows.append((f"exposed in {phase}", f"{pct(e['share'])}, waiting for {e['kind']} ({e['exposed_ms']:.1f} ms)"))
+    if c.get("left_out"):
+        rows.append(("not recorded", ", ".join(f"{n} {k}x" for n, k in c["left_out"]["ops"].items())
+                     + ": " + c["left_out"]["note"]))
     head = "<table>" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"
     kinds = "".join(f"<tr><td>{esc(k)}</td><td>{v['count']:,}</td><td>{v['async']:,}</td>"
                     f"<td>{v['bytes'] / 1e6:,.2f}</td><td>{v['total_ms']:,.1f}</td></tr>"

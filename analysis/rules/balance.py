@@ -13,11 +13,13 @@ from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank
 from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups, train_steps
 from stepscope.analysis.tables import comm
 from stepscope.analysis.store.frames import as_strings
+from stepscope.core.vocabulary import COMM_P2P
 
 
 class LoadBalancing(Rule):
     name = "LoadBalancing"
-    summary = ("One rank does more work per step and the others wait for it in the gradient all-reduce; or the "
+    summary = ("One rank does more work per step and the others wait for it in the gradient all-reduce (or, in "
+               "a pipeline, for its stage's activations and gradients); or the "
                "GPUs of one node are unevenly busy (compute kernels from the trace, NCCL kernels left out, else "
                "NVML utilization), naming the busiest and the idlest GPU. A GPU's busy share is the busy time of "
                "its compute kernels in the steps (any mode) within the node's train loop, over the loop's length.")
@@ -110,14 +112,16 @@ class LoadBalancing(Rule):
             slow, cost = judged["rank"], judged["net_ms_per_step"]
             if cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
                 return []
+            stages = pipelined(run)
             return [Finding(
                 rule=self.name, rank=clean_rank(slow), severity="warning",
                 message=(f"rank {slow} is the straggler: inside the train steps it arrives last at "
-                         f"{judged['last_at']} of {judged['of']} collectives, and the other rank(s) wait for it "
+                         f"{judged['last_at']} of {judged['of']} {'transfers' if stages else 'collectives'}, and "
+                         "the other rank(s) wait for it "
                          f"{judged['waited_ms_per_step']:.1f} ms per step, {cost:.1f} ms more than it waits for "
                          f"them ({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
-                recommendation=_EVEN_OUT.format(rank=slow),
-                evidence={"slow_rank": slow, "waited_ms_per_step": judged["waited_ms_per_step"],
+                recommendation=(_EVEN_OUT_STAGES if stages else _EVEN_OUT).format(rank=slow),
+                evidence={"slow_rank": slow, "waited_ms_per_step": judged["waited_ms_per_step"], "pipeline": stages,
                           "own_wait_ms_per_step": judged["own_wait_ms_per_step"], "net_ms_per_step": cost,
                           "waited_ms": judged["waited_ms"], "last_at": judged["last_at"],
                           "collectives": judged["of"], "last_share": judged["last_share"],
@@ -251,6 +255,17 @@ def _net_waits(run, warmup_steps) -> Optional[dict]:
 _EVEN_OUT = ("Even out the work: look at what rank {rank} does that the others do not (extra logging or evaluation on "
              "one rank, uneven batch sizes or sequence lengths, a slower device or host, data loading on a busy "
              "node).")
+# where most of the traffic is point-to-point (a pipeline): the stages wait for their slowest neighbour
+_EVEN_OUT_STAGES = ("Balance the pipeline's stages: rank {rank}'s stage takes longest, and its neighbours wait for "
+                    "its activations or gradients. Move layers from it to the other stages (the split points), so "
+                    "that each stage's forward and backward take about the same time; more microbatches per step, "
+                    "or an interleaved schedule (ScheduleInterleaved1F1B), shrink the bubbles that remain.")
+
+
+def pipelined(run) -> bool:
+    """Whether most of the recorded traffic is point-to-point (pipeline stages)."""
+    colls = comm_tables(run)[0]
+    return bool(len(colls)) and float(colls["group"].astype(str).str.startswith(COMM_P2P).mean()) >= 0.5
 
 
 def _multi_gpu(run) -> bool:

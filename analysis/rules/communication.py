@@ -71,6 +71,16 @@ def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:
     ``judged``: who the ranks wait for inside train steps (LoadBalancing's figures)."""
     top = judged  # (LoadBalancing's judgement: last consistently, the host not contended)
     exposed = c["exposed_ms_per_step"]
+    counts = {k: v.get("count", 0) for k, v in c["by_kind"].items()}
+    pipeline = 2 * (counts.get("send", 0) + counts.get("recv", 0)) >= sum(counts.values()) > 0
+    if top and exposed > 0 and top["waited_ms_per_step"] >= p["straggler_share"] * exposed and pipeline:
+        return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
+                f"{top['of']} transfers in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "
+                "others'): its pipeline stage takes longest.",
+                f"Balance the pipeline's stages: move layers from rank {top['rank']}'s stage to the others (the "
+                "split points), so that each stage's forward and backward take about the same time; more "
+                "microbatches per step, or an interleaved schedule (ScheduleInterleaved1F1B), shrink the bubbles "
+                "that remain.", top["rank"])
     if top and exposed > 0 and top["waited_ms_per_step"] >= p["straggler_share"] * exposed:
         return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
                 f"{top['of']} collectives in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "
@@ -95,6 +105,12 @@ def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:
                 "synchronization in backward (a .item() or a hook that waits) that holds the buckets back. With "
                 "gradient accumulation, run the micro-batches but the last under model.no_sync() so that only one "
                 "all-reduce a step happens. Compression (the fp16 or bf16 comm hook, PowerSGD) cuts the bytes.", None)
+    if kind in ("send", "recv"):
+        return ("The pipeline's stages wait for each other's activations and gradients (point-to-point send and "
+                "recv): the bubbles of its schedule.",
+                "Use more microbatches per step than stages (four times as many or more), an interleaved or "
+                "zero-bubble schedule (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble), and stages that "
+                "take about the same time; where the bubble stays, fewer stages and more data parallelism.", None)
     if kind in ("all_gather", "reduce_scatter"):
         return ("FSDP-style gathers and reduce-scatters are waited on rather than prefetched.",
                 "With FSDP2 (fully_shard), prefetch the next layer's all-gather (set_modules_to_forward_prefetch, "

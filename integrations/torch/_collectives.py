@@ -61,6 +61,7 @@ FUNCTIONS = {
     "scatter": ("scatter", "tensor"),
     "barrier": ("barrier", None),
 }
+MAX_UNFINISHED = 4096  # works awaiting their wait (complete_at_wait): a program that never waits keeps no more
 # deprecated aliases, wrapped only where the function they call is missing (older torch)
 ALIASES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
 
@@ -114,6 +115,7 @@ class Collectives:
         self.groups = {}  # group name -> _Group
         self.by_pg = {}  # id(process group) -> (weak reference to it, its _Group)
         self.wait_id = intern(COMM_WAIT)
+        self.unfinished = {}  # id(work) -> (weak reference, name id, call start, completion arg)
         self.hooked, self.own_hooks = _HOOKED, _OWN_HOOKS
 
     # --- the collective functions -------------------------------------------------------------
@@ -173,7 +175,7 @@ class Collectives:
         local, ctx, wait_id = self.local, self.ctx, self.wait_id
 
         def collective(*args, **kwargs):
-            if local.inside or not enabled() or ctx.is_compiling():
+            if ctx.is_compiling() or local.inside or not enabled():  # (dynamo folds the first to True)
                 return original(*args, **kwargs)
             local.inside = True
             t0 = now()
@@ -195,16 +197,27 @@ class Collectives:
                 if tensor_kw is not None:
                     counter(COMM, name, _bytes(args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)), arg, t0)
                 if is_async:
-                    _on_completion(result, functools.partial(_completed, name, t0, t1, arg | COMM_DONE << COMM_SEQ_BITS,
-                                                             wait_id if flags & COMM_LAST_BUCKET else -1))
+                    done = arg | COMM_DONE << COMM_SEQ_BITS
+                    if not _on_completion(result, functools.partial(_completed, name, t0, t1, done,
+                                                                    wait_id if flags & COMM_LAST_BUCKET else -1)):
+                        self.complete_at_wait(result, name, t0, done)
             except Exception as exc:  # noqa: BLE001 - the collective is the job's
                 ctx.fail(exc)
             return result
 
         return collective
 
+    def complete_at_wait(self, work, name, t0, done_arg) -> None:
+        """A work whose backend gives no future completes, as far as the process can
+        tell, where its ``wait`` returns (a work never waited for counts as done when its
+        call returned)."""
+        unfinished = self.unfinished
+        if len(unfinished) >= MAX_UNFINISHED:
+            unfinished.clear()
+        unfinished[id(work)] = (weakref.ref(work), name, t0, done_arg)
+
     def wrap_wait(self, original):
-        wait_id, local = self.wait_id, self.local
+        wait_id, local, unfinished = self.wait_id, self.local, self.unfinished
 
         def wait(work, /, *args, **kwargs):
             if local.inside or not enabled():
@@ -213,7 +226,12 @@ class Collectives:
             try:
                 return original(work, *args, **kwargs)
             finally:
-                span(COMM, wait_id, t0)
+                t1 = now()
+                span(COMM, wait_id, t0, t1)
+                if unfinished:
+                    found = unfinished.pop(id(work), None)
+                    if found is not None and found[0]() is work:
+                        span(COMM, found[1], found[2], t1, found[3])
 
         return wait
 
@@ -322,6 +340,10 @@ def install(ctx) -> None:
         return
     collectives = Collectives(ctx, dist)
     collectives.install()
+    from stepscope.integrations.torch import _funcol, _p2p
+
+    _p2p.PointToPoint(collectives).install()
+    _funcol.install(collectives)
     from torch.nn.parallel import distributed as ddp
 
     collectives.install_ddp(ddp.DistributedDataParallel)
@@ -338,14 +360,15 @@ def _ddp_hook(local, state, bucket):
         local.ddp = 0
 
 
-def _on_completion(work, callback) -> None:
-    """callback(future) when the backend completes ``work``; nothing where its backend
-    gives no future (the collective then counts as done when its call returned)."""
+def _on_completion(work, callback) -> bool:
+    """callback(future) when the backend completes ``work``; False where its backend
+    gives no future (gloo's point-to-point works)."""
     try:
         future = work.get_future()
     except Exception:  # noqa: BLE001 - a backend without futures
-        return
+        return False
     future.add_done_callback(callback)
+    return True
 
 
 def _completed(name, t0, issued, arg, wait_id, future):

@@ -67,6 +67,16 @@ def test_two_keras_fits_are_two_loops(tmp_path):
     assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
 
 
+def test_tensorflow_custom_loops_one_after_another(tmp_path):
+    """A custom TF loop, then a new model and a new Keras optimizer: the optimizer's making
+    begins the second loop, as a torch optimizer's does."""
+    pytest.importorskip("keras")
+    pytest.importorskip("tensorflow")
+    s, run, _ = run_job(tmp_path, "tfcustom", KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    assert [b["steps"] for b in s["loops"]] == [{"train": 76}, {"train": 76}]
+    assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
+
+
 def test_keras_mirrored_fit_of_unknown_length_counts_its_steps_and_finds_nothing(tmp_path):
     """Under MirroredStrategy over tf.data of unknown length, each epoch ends in a call that
     meets the end of the data. That call began a step (before: 17 train steps an epoch for 16,

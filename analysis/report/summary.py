@@ -148,6 +148,8 @@ def format_text(s: dict) -> str:
         lines.append(f"  {s['dropped_samples']} Python stack samples dropped (their stacks were lost to damage)")
     for w in s.get("warnings", []):
         lines.append(f"  warning: {w}")
+    for n in s.get("notes", []):  # what could not be measured (a custom loop's steps of an undetermined mode...)
+        lines.append(f"  note: {n}")
     for t in s.get("param_translations", []):
         lines.append(f"  param: {t}")
     for note in s.get("loop_notes", []):

@@ -26,6 +26,7 @@ class KerasBackendHooks(Instrumentor):
 
             tfdata.instrumentor.ensure()
             self.patch(tensorboard, "start_trace", tb._yield_to_user_profiler)
+            self.patch(keras.optimizers.Optimizer, "__init__", tb._new_optimizer_new_loop)
             if hasattr(trainer.TensorFlowTrainer, "_maybe_symbolic_build"):  # where this Keras has it
                 self.patch(trainer.TensorFlowTrainer, "_maybe_symbolic_build", tb._symbolic_build_fetches_not_steps)
         elif backend == "torch":

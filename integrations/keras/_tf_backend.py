@@ -58,6 +58,19 @@ def _step_function(function, callback, fetch_in_python: bool):
     return frameless(function, before, after, "the Keras integration failed")
 
 
+def _new_optimizer_new_loop(original):
+    """A Keras optimizer made after a custom loop's steps begins another loop (the next
+    model, fold or trial: SPEC §3), as a torch optimizer does; a fit marks its own."""
+    def after(token, exc):
+        if exc is None:
+            from stepscope.integrations import tfdata
+
+            tfdata.instrumentor.new_loop()
+
+    return frameless(original, lambda *args, **kwargs: (args, kwargs, None), after,
+                     "the Keras integration failed")
+
+
 def _has_strategy(model) -> bool:
     """Whether the model trains under a tf.distribute strategy: the one it was built
     in (Keras keeps it; fit runs outside its scope), or a scope fit runs in."""

@@ -33,7 +33,7 @@ import contextlib
 import threading
 from typing import Optional
 
-from stepscope.core import session
+from stepscope.core import annotations, session
 from stepscope.core.recording import PHASE, now, span
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._frameless import frameless
@@ -57,6 +57,15 @@ class TfDataInstrumentor(Instrumentor):
         self.external_loops = 0  # Keras loops in progress: they mark the steps
         self.noted = False  # run.json says what a custom loop's profile lacks
         self.modes = _modes.Modes()
+        self.stepped = False  # a custom loop made steps since the last loop mark
+
+    def new_loop(self) -> None:
+        """A new optimizer after a custom loop's steps (the next model, fold or trial): another
+        loop (SPEC §3). The open step, if any, ends here; the next fetch begins the next loop."""
+        if self._on and self.stepped and not self.external_loops:
+            self.stepped = False
+            self.tracker.close()
+            annotations.new_loop()
 
     def _instrument(self) -> None:
         import tensorflow as tf
@@ -154,6 +163,7 @@ class TfDataInstrumentor(Instrumentor):
                                      "measured (the Keras callback samples them for model.fit)")
                 self.tracker.fetched(t0, t1, None)  # its mode: from its work (_modes), asked later
                 self.modes.fetched(dataset)
+                self.stepped = True
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 

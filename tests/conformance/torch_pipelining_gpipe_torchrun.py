@@ -30,7 +30,7 @@ if __name__ == "__main__":
             losses = []
             schedule.step(target=y, losses=losses)
             if step % 2 == 1:
-                print(f"step {step} loss {sum(l.item() for l in losses) / len(losses):.4f}")
+                print(f"step {step} loss {sum(v.item() for v in losses) / len(losses):.4f}")
         opt.step()
     dist.barrier()
     dist.destroy_process_group()

@@ -9,6 +9,8 @@ keras:     (Keras) a small model's fit, then a larger model's fit: two loops.
 mirrored:  (Keras) one fit under MirroredStrategy, 10 epochs of 16 steps with validation
            (4 steps), over tf.data of unknown length: every epoch ends in a call that meets
            the end of the data.
+tfcustom:  (TensorFlow) a custom loop (GradientTape, a tf.function step) over tf.data, 4
+           epochs of 19 batches, then a wider model and a new optimizer, 4 epochs more: two loops.
 epochloader: 6 epochs over a DataLoader with 2 workers (not persistent, 20 batches): the
            call that meets the end of the data shuts the workers down.
 """
@@ -34,6 +36,8 @@ def main(kind):
         return keras_two_fits()
     if kind == "mirrored":
         return keras_mirrored()
+    if kind == "tfcustom":
+        return tf_custom_loops()
     import torch
     import torch.nn as nn
 
@@ -78,6 +82,31 @@ def keras_mirrored():
         model.compile(optimizer="adam", loss="mse")
     model.fit(dataset(x[:512], y[:512]), epochs=10, validation_data=dataset(x[512:], y[512:]), verbose=0)
     print("done mirrored")
+
+
+def tf_custom_loops():
+    import numpy as np
+    import keras
+    import tensorflow as tf
+
+    x, y = np.random.rand(608, 32).astype("float32"), np.random.rand(608, 1).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # 19 batches
+    for width in (16, 256):
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(width, activation="relu"),
+                                  keras.layers.Dense(1)])
+        opt = keras.optimizers.Adam()
+
+        @tf.function
+        def step(a, b):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(a, training=True) - b) ** 2)
+            grads = tape.gradient(loss, model.trainable_weights)
+            opt.apply_gradients(zip(grads, model.trainable_weights))
+
+        for _ in range(4):
+            for a, b in data:
+                step(a, b)
+    print("done tfcustom")
 
 
 def keras_two_fits():

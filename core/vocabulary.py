@@ -48,6 +48,13 @@ INTERRUPTED = "interrupted"
 #: epoch of unknown length). Readers take that step's begin mark as an end mark: its
 #: time lies after its loop (SPEC §3), its number is given to the next step.
 VOID_MARK = "void"
+#: torch.compile (integrations/torch/_compile_events.py): a framework span per compile,
+#: named ``COMPILE_PREFIX <compile id> <function> (<file>:<line>)``, and a framework instant
+#: per recompile, ``RECOMPILE_PREFIX <compile id> <function> (<file>:<line>): <reason>``.
+#: A graph break's instant: ``GRAPH_BREAK_PREFIX <file>:<line>: <dynamo's reason>``.
+COMPILE_PREFIX = "torch.compile"
+RECOMPILE_PREFIX = "torch.compile recompile"
+GRAPH_BREAK_PREFIX = "torch.compile graph break"
 #: The framework span of the call that met the end of the data (a loader's
 #: ``StopIteration``, tf.data's ``OutOfRangeError``): after its loop, in no step.
 END_OF_DATA = "end of data"

@@ -10,6 +10,7 @@ from __future__ import annotations
 # the summary's notes say so (their time is in Other, not in the phase they interrupted)
 
 from stepscope.analysis.communication import communication, format_lines as communication_lines
+from stepscope.analysis.compilation import compilation, format_lines as compilation_lines
 from stepscope.analysis.ending import run_ending
 from stepscope.analysis.epochs import between_epochs, format_line as between_epochs_line
 from stepscope.analysis.loop import run_loop_notes
@@ -75,6 +76,9 @@ def summarize(run, params=None) -> dict:
     comm = communication(r)
     if comm is not None:
         out["communication"] = comm  # collectives: in flight, exposed, overlapped; who waited for whom
+    compiled = compilation(r)
+    if compiled is not None:
+        out["compilation"] = compiled  # torch.compile: compiles, recompiles and why, graph breaks, per step
     windows = profiler_windows(r, steps)
     if windows is not None:
         out["profiler_windows"] = windows
@@ -126,6 +130,8 @@ def format_text(s: dict) -> str:
         lines.append(f"  {'Other':<10} {percent(o['share']):>6} {where}, in no phase ({o['total_ms']:.1f} ms)")
     if s.get("communication"):
         lines.extend(communication_lines(s["communication"], s["phases"]))
+    if s.get("compilation"):
+        lines.extend(compilation_lines(s["compilation"]))
     if s.get("profiler_windows", {}).get("share", 0) >= PROFILER_NOTE_SHARE:
         w = s["profiler_windows"]
         lines.append(f"  (stepscope {percent(w['share']):>6} of step time in {w['windows']} operator "

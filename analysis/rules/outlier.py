@@ -6,6 +6,8 @@ import copy
 
 import numpy as np
 
+from stepscope.analysis.compilation import compilation as compilation_block
+from stepscope.analysis.compilation import compile_events, step_compile_ns
 from stepscope.analysis.loops import step_loops
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
@@ -116,6 +118,16 @@ class StepOutlier(Rule):
                     & (d > med + p["min_excess_s"] * 1e9)]
             if bad.empty:
                 continue
+            compiling = _compiled_in(run, bad, med)  # steps whose extra time is torch.compile's: explained
+            if compiling.any():
+                label = rank_label(rank, process)
+                if compiling.all():
+                    yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
+                                 "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
+                                 "why_not_reported": f"{label}: their extra time is compiling (torch.compile, "
+                                                     "the compilation block): explained, not outliers"}
+                    continue
+                bad = bad[~compiling]
             if starts is None:
                 starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
             pattern = _pattern(group, bad, s, med, starts, p)
@@ -286,3 +298,12 @@ def _epoch_starts(bad, rows, culprits, starts, process_steps, min_s):
         if w:
             row["epoch"] = w
     return epoch
+
+
+def _compiled_in(run, bad, median_ns: float) -> np.ndarray:
+    """Per outlier step, whether compiling (torch.compile) took half or more of its extra time."""
+    if compilation_block(run) is None:
+        return np.zeros(len(bad), dtype=bool)
+    spans, _ = compile_events(run)
+    extra = bad["duration_ns"].to_numpy(dtype=float) - median_ns
+    return step_compile_ns(bad, spans) >= 0.5 * extra

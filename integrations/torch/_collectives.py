@@ -333,20 +333,18 @@ def _wrap_register_builtin(original):
     return _register_builtin_comm_hook
 
 
-def install(ctx) -> None:
-    """Records torch.distributed's collectives (nothing where it is not built in)."""
+def install(ctx) -> Optional[Collectives]:
+    """Records torch.distributed's collectives (nothing where it is not built in); the
+    recorder, which point-to-point and functional collectives share (``_p2p``, ``_funcol``)."""
     dist = getattr(ctx.torch, "distributed", None)
     if dist is None or not dist.is_available():
-        return
+        return None
     collectives = Collectives(ctx, dist)
     collectives.install()
-    from stepscope.integrations.torch import _funcol, _p2p
-
-    _p2p.PointToPoint(collectives).install()
-    _funcol.install(collectives)
     from torch.nn.parallel import distributed as ddp
 
     collectives.install_ddp(ddp.DistributedDataParallel)
+    return collectives
 
 
 def _ddp_hook(local, state, bucket):

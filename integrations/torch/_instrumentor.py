@@ -35,8 +35,8 @@ import weakref
 from stepscope.core import runinfo, session
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._steps import StepTracker
-from stepscope.integrations.torch import (_amp, _annotations, _collectives, _fetch, _handover, _native_hooks, _ops,
-                                          _workers)
+from stepscope.integrations.torch import (_amp, _annotations, _collectives, _compile_events, _fetch, _funcol,
+                                          _handover, _native_hooks, _ops, _p2p, _workers)
 from stepscope.integrations.torch._compile import wrap_compile, wrap_module_compile
 from stepscope.integrations.torch._context import TorchContext
 from stepscope.integrations.torch._distributed import distributed_rank, patch_init_process_group
@@ -132,7 +132,11 @@ class TorchInstrumentor(Instrumentor):
         _ops.install(ctx)
         _annotations.install(ctx)
         patch_init_process_group(ctx)
-        _collectives.install(ctx)
+        collectives = _collectives.install(ctx)
+        if collectives is not None:  # point-to-point and functional collectives, numbered with the others
+            _p2p.PointToPoint(collectives).install()
+            _funcol.install(collectives)
+        _compile_events.install(ctx)
         for name in ("trace", "trace_module"):  # tracing runs the model: no steps, no phases
             self.patch(torch.jit, name, self.forwards.hiding)
         self.patch(torch.nn.Module, "train", self.forwards.wrap_train)

@@ -1,0 +1,133 @@
+"""torch.compile as the run saw it (SPEC §6 ``compilation``; issue 59): per compiled
+function its compiles and their time, its recompiles with dynamo's reasons, its graph
+breaks by place, and per step the time spent compiling in it.
+
+From the framework events ``integrations/torch/_compile_events.py`` records: a span per
+compile named ``torch.compile <frame>/<n> <function> (<file>:<line>)`` and an instant per
+recompile carrying its reason. A graph break is the compile of a resume function,
+``torch_dynamo_resume_in_<function>_at_<line>``: the break is at that line of that function;
+dynamo's reason for it is an instant named by its place.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from stepscope.analysis.tables import comm
+from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX, TRAIN
+
+_SPAN = re.compile(r"^" + re.escape(COMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*)$")
+_RECOMPILE = re.compile(r"^" + re.escape(RECOMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*?): (?P<reason>.*)$")
+_BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+) \((?P<file>[^:]*):")
+TOP_STEPS = 5  # the steps that compiled longest, named
+
+
+def _ms(ns) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+def compile_events(run):
+    """(spans, recompiles): the compile spans (process, name, start_ns, end_ns, id, place)
+    and the recompile instants (process, start_ns, id, place, reason)."""
+    names = run.event_names(containing=COMPILE_PREFIX)
+    spans = run.select(categories=["framework"], kinds=["span"], columns=["process", "name", "start_ns", "end_ns"],
+                       names=[n for n in names if not n.startswith((RECOMPILE_PREFIX, GRAPH_BREAK_PREFIX))] or [""])
+    instants = run.select(categories=["framework"], kinds=["instant"], columns=["process", "name", "start_ns"],
+                          names=[n for n in names if n.startswith(RECOMPILE_PREFIX)] or [""])
+    spans = spans.assign(name=spans["name"].astype(str), process=spans["process"].astype(str))
+    parsed = spans["name"].str.extract(_SPAN)
+    spans = spans.assign(id=parsed["id"], place=parsed["place"]).dropna(subset=["id"])
+    instants = instants.assign(name=instants["name"].astype(str), process=instants["process"].astype(str))
+    parsed = instants["name"].str.extract(_RECOMPILE)
+    recompiles = instants.assign(id=parsed["id"], place=parsed["place"], reason=parsed["reason"]).dropna(subset=["id"])
+    return spans, recompiles
+
+
+def step_compile_ns(steps: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
+    """Per step (row of ``steps``), the time a compile of its process ran inside it."""
+    out = np.zeros(len(steps), dtype=np.int64)
+    if not len(spans) or not len(steps):
+        return out
+    proc = steps["process"].astype(str).to_numpy()
+    lo, hi = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    for p, s in spans.groupby("process", sort=False):
+        rows = np.flatnonzero(proc == str(p))
+        if len(rows):
+            u = comm.union(s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64))
+            out[rows] = comm.measure(u, lo[rows], hi[rows])
+    return out
+
+
+def compilation(run) -> Optional[dict]:
+    """The summary's ``compilation`` block, or None where nothing was compiled (computed
+    once per loaded run: the summary and the rules ask)."""
+    return run.memo("compilation", lambda: _compilation(run))
+
+
+def _compilation(run) -> Optional[dict]:
+    spans, recompiles = compile_events(run)
+    if not len(spans):
+        return None
+    steps = run.steps
+    per_step = step_compile_ns(steps, spans)
+    u_total = sum(int((e - s).sum()) for s, e in (comm.union(g["start_ns"].to_numpy(np.int64),
+                                                             g["end_ns"].to_numpy(np.int64))
+                                                  for _, g in spans.groupby("process", sort=False)))
+    train = (steps["mode"] == TRAIN).to_numpy() if len(steps) else np.zeros(0, dtype=bool)
+    train_ns = float(steps["duration_ns"].to_numpy()[train].sum()) if len(steps) else 0.0
+    functions = {}
+    for place, s in spans.groupby("place", sort=False):
+        if _RESUME.match(place):
+            continue
+        r = recompiles[recompiles["place"] == place]
+        functions[str(place)] = {
+            "compiles": int(len(s)), "recompiles": int(len(r)),
+            "compile_ms": _ms((s["end_ns"] - s["start_ns"]).sum()),
+            "reasons": [str(x) for x in r["reason"].drop_duplicates().head(5)]}
+    breaks = {}
+    for place, s in spans.groupby("place", sort=False):
+        m = _RESUME.match(place)
+        if m:
+            b = breaks.setdefault((m["file"], int(m["line"])), {"function": m["function"], "file": m["file"],
+                                                                "line": int(m["line"]), "compiles": 0, "reason": None})
+            b["compiles"] += int(len(s))
+    for name in run.event_names(containing=GRAPH_BREAK_PREFIX):  # dynamo's reasons, by place
+        m = _BREAK.match(name)
+        if m:
+            b = breaks.setdefault((m["file"], int(m["line"])), {"function": None, "file": m["file"],
+                                                                "line": int(m["line"]), "compiles": 0, "reason": None})
+            b["reason"] = b["reason"] or m["reason"]
+    order = np.argsort(-per_step, kind="stable")[:TOP_STEPS]
+    top = [{"mode": str(steps["mode"].iloc[i]), "step": int(steps["step"].iloc[i]), "rank": _rank(steps, i),
+            "compile_ms": _ms(per_step[i])} for i in order if per_step[i] > 0]
+    return {"compiles": int(len(spans)), "recompiles": int(len(recompiles)), "graph_breaks": len(breaks),
+            "total_ms": _ms(u_total), "train_steps_ms": _ms(per_step[train].sum()) if len(steps) else 0.0,
+            "share_of_train": round(float(per_step[train].sum()) / train_ns, 4) if train_ns else 0.0,
+            "functions": functions, "breaks": list(breaks.values()), "steps": top}
+
+
+def _rank(steps, i):
+    rank = steps["rank"].iloc[i] if "rank" in steps else None
+    return None if rank is None or pd.isna(rank) else int(rank)
+
+
+def format_lines(c: dict) -> list:
+    """The summary's lines about compilation."""
+    lines = [f"  {'Compile':<10} {c['total_ms'] / 1e3:.2f} s in {c['compiles']} compile(s), {c['recompiles']} "
+             f"recompile(s), {c['graph_breaks']} graph break(s); {100 * c['share_of_train']:.1f}% of train step time"]
+    for place, f in list(c["functions"].items())[:5]:
+        why = f": {f['reasons'][0]}" if f["reasons"] else ""
+        lines.append(f"  {'':<10} {place}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s), "
+                     f"recompiled {f['recompiles']}x{why}")
+    for b in c["breaks"][:5]:
+        why = f": {b['reason']}" if b.get("reason") else ""
+        lines.append(f"  {'':<10} graph break in {b['function'] or 'compiled code'} at {b['file']}:{b['line']}{why}")
+    if c["steps"]:
+        lines.append(f"  {'':<10} compiling in " + ", ".join(f"{s['mode']} step {s['step']} ({s['compile_ms']:.0f} ms)"
+                                                           for s in c["steps"]))
+    return lines

@@ -1,0 +1,125 @@
+"""torch.compile's rules (analysis/compilation.py): Recompilation, a function compiled
+again because a guard failed (a new input shape, a Python number that changed, another
+grad mode), and the steps that did paid for it; GraphBreak, a compiled function split
+into several graphs, each place with dynamo's reason and what to change there."""
+
+from __future__ import annotations
+
+from stepscope.analysis.compilation import compilation, compile_events, step_compile_ns
+from stepscope.analysis.rules.base import Finding, Param, Rule
+from stepscope.core.vocabulary import TRAIN
+
+# Dynamo's reason -> what to change, first match wins (the reason's text as torch words it)
+_ADVICE = (
+    (("size mismatch", "stride mismatch", "dim"),
+     "The input's shape changed. Mark the changing dimension dynamic (torch._dynamo.mark_dynamic(x, 0)) or "
+     "compile with dynamic=True; a last short batch: drop_last=True in the DataLoader, or pad the batches to a "
+     "few fixed sizes."),
+    (("requires_grad", "grad_mode", "GradMode"),
+     "The function ran with and without gradients (train and eval, or under torch.no_grad()): compile the "
+     "training and the evaluation call as two functions, or leave evaluation uncompiled."),
+    (("type", "___check_obj_id", "id("),
+     "An object the function reads was replaced (a new module, optimizer or closure each call): create it once "
+     "outside the loop, or pass what changes as a tensor argument."),
+    (("==",),
+     "A Python number the function reads changed (a learning rate, a step count, a flag): pass it as a tensor "
+     "(torch.tensor(value)) so that it is data in the graph, not a constant that guards it."),
+)
+_GENERIC = ("A guard of the compiled function failed and it was compiled again: run with TORCH_LOGS=recompiles "
+            "to see every guard, and keep what it checks constant between steps.")
+
+
+def advice_for(reason: str) -> str:
+    for words, advice in _ADVICE:
+        if any(w in reason for w in words):
+            return advice
+    return _GENERIC
+
+
+class Recompilation(Rule):
+    name = "Recompilation"
+    summary = ("torch.compile compiled a function again during training (a guard failed: a new input shape, a "
+               "Python number that changed, another grad mode); the time those compiles took, per train step, "
+               "with dynamo's reason and what to change.")
+    params = {"min_share": Param(0.02, "ratio", "fire when the recompiles' time inside train steps is at least "
+                                               "this share of train step time")}
+
+    def not_applicable(self, run):
+        if not len(run.steps):
+            return "no steps"
+        return None if compilation(run) is not None else "nothing was compiled with torch.compile"
+
+    def evaluate(self, run, p):
+        c = compilation(run)
+        if c is None or not c["recompiles"]:
+            return []
+        spans, recompiles = compile_events(run)
+        again = spans[~spans["id"].str.endswith("/0")]  # a frame's later compiles: its recompiles
+        steps = run.steps
+        train = steps[steps["mode"] == TRAIN]
+        if not len(train) or not len(again):
+            return []
+        paid = float(step_compile_ns(train, again).sum())
+        share = paid / float(train["duration_ns"].sum())
+        if share < p["min_share"]:
+            return []
+        worst = max(c["functions"].items(), key=lambda kv: (kv[1]["recompiles"], kv[1]["compile_ms"]))
+        place, f = worst
+        reason = f["reasons"][0] if f["reasons"] else "no reason given"
+        return [Finding(
+            rule=self.name, severity="warning",
+            message=(f"torch.compile recompiled {c['recompiles']} time(s) during training, {paid / 1e9:.2f} s inside "
+                     f"train steps ({100 * share:.1f}% of train step time); {place} recompiled {f['recompiles']}x: "
+                     f"{reason}"),
+            recommendation=advice_for(reason),
+            evidence={"recompiles": c["recompiles"], "functions": c["functions"], "recompile_s": round(paid / 1e9, 3),
+                      "share": round(share, 4), "steps": c["steps"]},
+            cost_ms_per_step=paid / 1e6 / len(train))]
+
+
+_BREAK_ADVICE = (
+    (("data-dependent", "Data-dependent", "data dependent", "generic_jump", "jump"),
+     "A branch on a tensor's value: write it with torch.where (both sides computed) or torch.cond, or move "
+     "the decision out of the compiled function."),
+    ((".item()", "item", "Tensor.tolist", "scalar"),
+     "A tensor turned into a Python number (.item(), .tolist()): keep it a tensor inside the compiled "
+     "function, or read it after the step (for logging, every N steps)."),
+    (("print", "logging", "logger"),
+     "Printing or logging inside the compiled function: move it out, or log tensors after the step."),
+)
+_BREAK_GENERIC = ("Each break splits the function into graphs that run apart (no fusion across it, Python between "
+                  "them): run with TORCH_LOGS=graph_breaks for the full reason, and rewrite that line so that "
+                  "dynamo can trace it (torch._dynamo.explain lists every break).")
+
+
+def break_advice(reason: str) -> str:
+    for words, advice in _BREAK_ADVICE:
+        if any(w in reason for w in words):
+            return advice
+    return _BREAK_GENERIC
+
+
+class GraphBreak(Rule):
+    name = "GraphBreak"
+    summary = ("A function compiled with torch.compile is split into several graphs by graph breaks (a branch on "
+               "a tensor's value, .item(), print, an unsupported call): each place with dynamo's reason and what "
+               "to change. Its cost is not measured (a break's graphs run apart: no fusion across it).")
+
+    def not_applicable(self, run):
+        if not len(run.steps):
+            return "no steps"
+        return None if compilation(run) is not None else "nothing was compiled with torch.compile"
+
+    def evaluate(self, run, p):
+        c = compilation(run)
+        if c is None or not c["breaks"]:
+            return []
+        first = c["breaks"][0]
+        reason = first.get("reason") or "dynamo gave no reason"
+        places = ", ".join(f"{b['file']}:{b['line']}" for b in c["breaks"][:5])
+        return [Finding(
+            rule=self.name, severity="info",
+            message=(f"torch.compile split the compiled code at {len(c['breaks'])} graph break(s) ({places}); at "
+                     f"{first['file']}:{first['line']}: {reason}"),
+            recommendation=break_advice(reason),
+            evidence={"breaks": c["breaks"]})]

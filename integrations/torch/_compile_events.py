@@ -1,0 +1,122 @@
+"""torch.compile's compiles, recompiles and graph breaks, zero edits (issue 59).
+
+Dynamo ends every compile by recording its ``CompilationMetrics`` and handing them to
+``torch._dynamo.utils.log_compilation_event`` (while ``torch._dynamo.config.
+log_compilation_metrics``, its default, holds). That one call is wrapped: once per
+compile, never on a step's path. Each compile becomes a ``framework`` span on the thread
+that compiled, ending where the metrics were recorded and as long as dynamo measured it,
+named ``COMPILE_PREFIX <compile id> <function> (<file>:<line>)`` (``backward`` for
+AOTAutograd's backward graph); a recompile (a guard failed) is also an instant named
+``RECOMPILE_PREFIX <compile id> <function> (<file>:<line>): <dynamo's reason>``. A graph
+break shows as the compile of its resume function, ``torch_dynamo_resume_in_<f>_at_<line>``
+(analysis/compilation.py reads the break's place from it); its reason comes from dynamo's
+``InstructionTranslatorBase.log_graph_break`` (called once per break while tracing),
+wrapped too: an instant ``GRAPH_BREAK_PREFIX <file>:<line>: <reason>``. A torch without
+those functions (or with the metrics logging off) records none of it, and run.json says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+from stepscope.core import importhook, session
+from stepscope.core.recording import FRAMEWORK, clock_info, enabled, instant, intern, now, span
+from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX
+
+MAX_REASON = 300  # characters of a recompile reason kept (a guard on a large structure can be long)
+
+
+def where(metrics) -> str:
+    """The compiled function and its place: ``forward (model.py:12)``; ``backward``."""
+    name = getattr(metrics, "co_name", None)
+    if not name:
+        return "backward" if getattr(metrics, "is_forward", None) is False else "graph"
+    path = getattr(metrics, "co_filename", None) or "?"
+    return f"{name} ({os.path.basename(path)}:{getattr(metrics, 'co_firstlineno', None) or '?'})"
+
+
+def record(metrics, ticks_per_ns: float) -> None:
+    if not enabled() or getattr(metrics, "is_runtime", False):
+        return
+    end = now()
+    duration_us = getattr(metrics, "duration_us", None)
+    if duration_us is None:
+        start_us, end_us = getattr(metrics, "start_time_us", None), getattr(metrics, "end_time_us", None)
+        duration_us = end_us - start_us if start_us is not None and end_us is not None else 0
+    start = max(end - int(duration_us * 1000 * ticks_per_ns), 0)
+    compile_id = str(getattr(metrics, "compile_id", None) or "?")
+    place = where(metrics)
+    span(FRAMEWORK, intern(f"{COMPILE_PREFIX} {compile_id} {place}"), start, end)
+    reason = getattr(metrics, "recompile_reason", None)
+    if reason:
+        reason = " ".join(str(reason).split())[:MAX_REASON]
+        instant(FRAMEWORK, intern(f"{RECOMPILE_PREFIX} {compile_id} {place}: {reason}"))
+
+
+def install(ctx) -> None:
+    """From the moment dynamo's utilities are imported (the first compile, or earlier)."""
+    ticks_per_ns = float(clock_info().get("ticks_per_ns", 1.0) or 1.0)
+
+    def imported(utils):
+        if not ctx.is_on():
+            return
+        if not callable(getattr(utils, "log_compilation_event", None)):
+            session.add_note("torch.compile: this torch has no compilation metrics hook "
+                             "(torch._dynamo.utils.log_compilation_event): compiles are not recorded")
+            return
+
+        def wrap(original):
+            def log_compilation_event(metrics, *args, **kwargs):
+                try:
+                    return original(metrics, *args, **kwargs)
+                finally:
+                    try:
+                        record(metrics, ticks_per_ns)
+                    except Exception as exc:  # noqa: BLE001
+                        ctx.fail(exc)
+
+            return log_compilation_event
+
+        ctx.patch(utils, "log_compilation_event", wrap)
+
+    importhook.when_imported("torch._dynamo.utils", imported)
+
+    def translator(module):
+        if not ctx.is_on():
+            return
+        cls = getattr(module, "InstructionTranslatorBase", None)
+        if not callable(getattr(cls, "log_graph_break", None)):
+            return  # (the breaks' places still come from their resume functions)
+
+        def wrap(original):
+            def log_graph_break(tx, code_options, reason, *args, **kwargs):
+                try:
+                    return original(tx, code_options, reason, *args, **kwargs)
+                finally:
+                    try:
+                        graph_break(args[0] if args else kwargs.get("exc"), reason, code_options)
+                    except Exception as exc:  # noqa: BLE001
+                        ctx.fail(exc)
+
+            return log_graph_break
+
+        ctx.patch(cls, "log_graph_break", wrap)
+
+    importhook.when_imported("torch._dynamo.symbolic_convert", translator)
+
+
+def graph_break(exc, reason, code_options) -> None:
+    """One graph break, where the user's code made it (the innermost user frame)."""
+    if not enabled():
+        return
+    stack = getattr(exc, "real_stack", None)
+    if not stack:
+        import torch._guards
+
+        stack = torch._guards.TracingContext.extract_stack()
+    if stack:
+        path, line = stack[-1].filename, stack[-1].lineno
+    else:
+        path, line = code_options.get("co_filename", "?"), code_options.get("co_firstlineno", "?")
+    first = " ".join(str(reason).split("\n")[0].split())[:MAX_REASON]
+    instant(FRAMEWORK, intern(f"{GRAPH_BREAK_PREFIX} {os.path.basename(str(path))}:{line}: {first}"))

@@ -1,0 +1,59 @@
+"""torch.compile seen per step (issue 59): compiles, recompiles with dynamo's reason, graph
+breaks by place, from real compiled jobs (aot_eager on the CPU; tests/scripts/compile_jobs.py).
+The job compiles exactly as without stepscope (dynamo's own counters, both runs)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "compile_jobs.py")
+
+
+def _run(tmp_path, kind, profiled=True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    args = [sys.executable, SCRIPT, kind]
+    if profiled:
+        env["STEPSCOPE_DIR"] = str(tmp_path / "runs")
+        args = [sys.executable, "-m", "stepscope", "run", "--name", kind, "--", *args]
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    counts = [line for line in r.stdout.splitlines() if line.startswith("graphs")][-1]
+    if not profiled:
+        return counts, None
+    s = subprocess.run([sys.executable, "-m", "stepscope", "summary", kind, "--json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert s.returncode == 0, s.stderr
+    return counts, json.loads(s.stdout)
+
+
+def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path):
+    plain, _ = _run(tmp_path, "recompile", profiled=False)
+    counts, s = _run(tmp_path, "recompile")
+    assert counts == plain  # the same compiles with stepscope as without
+    c = s["compilation"]
+    recompiles = int(counts.split()[3])
+    assert c["recompiles"] == recompiles >= 1
+    forward = [f for place, f in c["functions"].items() if place.startswith("forward (compile_jobs.py:")]
+    assert forward and forward[0]["recompiles"] == 1
+    assert "size mismatch" in forward[0]["reasons"][0]
+    assert [(b["function"], b["file"], b["line"]) for b in c["breaks"]] == [("forward", "compile_jobs.py", 24)]
+    assert c["breaks"][0]["reason"]  # dynamo's own words for it
+    steps = {(x["mode"], x["step"]) for x in c["steps"]}
+    assert ("train", 0) in steps and ("train", 10) in steps  # the first compile, and the recompile's step
+    found = {f["rule"]: f for f in s["findings"]}
+    assert "mark_dynamic" in found["Recompilation"]["recommendation"]
+    assert "StepOutlier" not in found, found.get("StepOutlier")  # the recompile's step: explained
+    assert "compile_jobs.py:24" in found["GraphBreak"]["message"]
+    assert "torch.where" in found["GraphBreak"]["recommendation"]
+
+
+def test_a_healthy_compiled_loop_gets_no_finding(tmp_path):
+    counts, s = _run(tmp_path, "healthy")
+    c = s["compilation"]
+    assert c["recompiles"] == 0 and c["graph_breaks"] == 0 and c["compiles"] >= 1
+    assert not [f for f in s["findings"] if f["rule"] in ("Recompilation", "GraphBreak", "StepOutlier")], s["findings"]

@@ -1,6 +1,7 @@
-"""torch.compile as the run saw it (SPEC §6 ``compilation``; issue 59): per compiled
-function its compiles and their time, its recompiles with dynamo's reasons, its graph
-breaks by place, and per step the time spent compiling in it.
+"""Compilation as the run saw it (SPEC §6 ``compilation``; issue 59): per function
+torch.compile compiled, its compiles and their time, its recompiles with dynamo's
+reasons, its graph breaks by place; per tf.function, its traces and why it traced
+again; and per step the time spent compiling or tracing in it.
 
 From the framework events ``integrations/torch/_compile_events.py`` records: a span per
 compile named ``torch.compile <frame>/<n> <function> (<file>:<line>)`` and an instant per
@@ -18,11 +19,12 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.tables import comm
-from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX, TRAIN
+from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX, TRACE_PREFIX, TRAIN
 
 _SPAN = re.compile(r"^" + re.escape(COMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*)$")
 _RECOMPILE = re.compile(r"^" + re.escape(RECOMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*?): (?P<reason>.*)$")
 _BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
+_TRACE = re.compile(r"^" + re.escape(TRACE_PREFIX) + r" (?P<function>.*)#(?P<n>\d+): (?P<cause>.*)$")
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+) \((?P<file>[^:]*):")
 TOP_STEPS = 5  # the steps that compiled longest, named
 
@@ -48,6 +50,17 @@ def compile_events(run):
     return spans, recompiles
 
 
+def trace_events(run) -> pd.DataFrame:
+    """tf.function's traces: process, start_ns, end_ns, function, n (its trace number), cause."""
+    names = run.event_names(containing=TRACE_PREFIX)
+    spans = run.select(categories=["framework"], kinds=["span"], columns=["process", "name", "start_ns", "end_ns"],
+                       names=names or [""])
+    spans = spans.assign(name=spans["name"].astype(str), process=spans["process"].astype(str))
+    parsed = spans["name"].str.extract(_TRACE)
+    return spans.assign(function=parsed["function"], n=pd.to_numeric(parsed["n"]),
+                        cause=parsed["cause"]).dropna(subset=["function"])
+
+
 def step_compile_ns(steps: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     """Per step (row of ``steps``), the time a compile of its process ran inside it."""
     out = np.zeros(len(steps), dtype=np.int64)
@@ -71,13 +84,15 @@ def compilation(run) -> Optional[dict]:
 
 def _compilation(run) -> Optional[dict]:
     spans, recompiles = compile_events(run)
-    if not len(spans):
+    traces = trace_events(run)
+    if not len(spans) and not len(traces):
         return None
+    both = pd.concat([spans[["process", "start_ns", "end_ns"]], traces[["process", "start_ns", "end_ns"]]])
     steps = run.steps
-    per_step = step_compile_ns(steps, spans)
+    per_step = step_compile_ns(steps, both)
     u_total = sum(int((e - s).sum()) for s, e in (comm.union(g["start_ns"].to_numpy(np.int64),
                                                              g["end_ns"].to_numpy(np.int64))
-                                                  for _, g in spans.groupby("process", sort=False)))
+                                                  for _, g in both.groupby("process", sort=False)))
     train = (steps["mode"] == TRAIN).to_numpy() if len(steps) else np.zeros(0, dtype=bool)
     train_ns = float(steps["duration_ns"].to_numpy()[train].sum()) if len(steps) else 0.0
     functions = {}
@@ -102,10 +117,17 @@ def _compilation(run) -> Optional[dict]:
             b = breaks.setdefault((m["file"], int(m["line"])), {"function": None, "file": m["file"],
                                                                 "line": int(m["line"]), "compiles": 0, "reason": None})
             b["reason"] = b["reason"] or m["reason"]
+    tf_functions = {}
+    for function, t in traces.groupby("function", sort=False):
+        retraces = t[t["n"] > 1]
+        tf_functions[str(function)] = {
+            "traces": int(t["n"].max()), "trace_ms": _ms((t["end_ns"] - t["start_ns"]).sum()),
+            "retrace_causes": {str(k): int(v) for k, v in retraces["cause"].value_counts().items()}}
     order = np.argsort(-per_step, kind="stable")[:TOP_STEPS]
     top = [{"mode": str(steps["mode"].iloc[i]), "step": int(steps["step"].iloc[i]), "rank": _rank(steps, i),
             "compile_ms": _ms(per_step[i])} for i in order if per_step[i] > 0]
-    return {"compiles": int(len(spans)), "recompiles": int(len(recompiles)), "graph_breaks": len(breaks),
+    return {"compiles": int(len(spans) + len(traces)), "recompiles": int(len(recompiles)),
+            "retraces": int((traces["n"] > 1).sum()), "graph_breaks": len(breaks), "tf_functions": tf_functions,
             "total_ms": _ms(u_total), "train_steps_ms": _ms(per_step[train].sum()) if len(steps) else 0.0,
             "share_of_train": round(float(per_step[train].sum()) / train_ns, 4) if train_ns else 0.0,
             "functions": functions, "breaks": list(breaks.values()), "steps": top}
@@ -119,11 +141,16 @@ def _rank(steps, i):
 def format_lines(c: dict) -> list:
     """The summary's lines about compilation."""
     lines = [f"  {'Compile':<10} {c['total_ms'] / 1e3:.2f} s in {c['compiles']} compile(s), {c['recompiles']} "
-             f"recompile(s), {c['graph_breaks']} graph break(s); {100 * c['share_of_train']:.1f}% of train step time"]
+             f"recompile(s), {c.get('retraces', 0)} tf.function retrace(s), {c['graph_breaks']} graph break(s); "
+             f"{100 * c['share_of_train']:.1f}% of train step time"]
     for place, f in list(c["functions"].items())[:5]:
         why = f": {f['reasons'][0]}" if f["reasons"] else ""
         lines.append(f"  {'':<10} {place}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s), "
                      f"recompiled {f['recompiles']}x{why}")
+    for name, f in list(c.get("tf_functions", {}).items())[:5]:
+        causes = ", ".join(f"{k} {v}x" for k, v in f["retrace_causes"].items())
+        lines.append(f"  {'':<10} tf.function {name}: traced {f['traces']}x ({f['trace_ms'] / 1e3:.2f} s)"
+                     + (f", retraced for: {causes}" if causes else ""))
     for b in c["breaks"][:5]:
         why = f": {b['reason']}" if b.get("reason") else ""
         lines.append(f"  {'':<10} graph break in {b['function'] or 'compiled code'} at {b['file']}:{b['line']}{why}")

@@ -55,6 +55,9 @@ VOID_MARK = "void"
 COMPILE_PREFIX = "torch.compile"
 RECOMPILE_PREFIX = "torch.compile recompile"
 GRAPH_BREAK_PREFIX = "torch.compile graph break"
+#: tf.function's traces (integrations/tfdata/_tracing.py): a framework span per trace,
+#: ``TRACE_PREFIX <function>#<n>: <cause>`` (first, python value, shape, signature).
+TRACE_PREFIX = "tf.function trace"
 #: The framework span of the call that met the end of the data (a loader's
 #: ``StopIteration``, tf.data's ``OutOfRangeError``): after its loop, in no step.
 END_OF_DATA = "end of data"

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "compile_jobs.py")
+BREAK_LINE = next(i for i, line in enumerate(open(SCRIPT), 1) if "a graph break" in line and "if " in line)
 
 
 def _run(tmp_path, kind, profiled=True):
@@ -41,14 +42,16 @@ def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path
     forward = [f for place, f in c["functions"].items() if place.startswith("forward (compile_jobs.py:")]
     assert forward and forward[0]["recompiles"] == 1
     assert "size mismatch" in forward[0]["reasons"][0]
-    assert [(b["function"], b["file"], b["line"]) for b in c["breaks"]] == [("forward", "compile_jobs.py", 24)]
+    assert [(b["function"], b["file"], b["line"]) for b in c["breaks"]] == [("forward", "compile_jobs.py", BREAK_LINE)]
     assert c["breaks"][0]["reason"]  # dynamo's own words for it
     steps = {(x["mode"], x["step"]) for x in c["steps"]}
     assert ("train", 0) in steps and ("train", 10) in steps  # the first compile, and the recompile's step
     found = {f["rule"]: f for f in s["findings"]}
     assert "mark_dynamic" in found["Recompilation"]["recommendation"]
     assert "StepOutlier" not in found, found.get("StepOutlier")  # the recompile's step: explained
-    assert "compile_jobs.py:24" in found["GraphBreak"]["message"]
+    assert f"compile_jobs.py:{BREAK_LINE}" in found["GraphBreak"]["message"]
+    page = (tmp_path / "runs" / "recompile" / "report.html").read_text()
+    assert 'id="compilation"' in page and "size mismatch" in page
     assert "torch.where" in found["GraphBreak"]["recommendation"]
 
 
@@ -57,3 +60,23 @@ def test_a_healthy_compiled_loop_gets_no_finding(tmp_path):
     c = s["compilation"]
     assert c["recompiles"] == 0 and c["graph_breaks"] == 0 and c["compiles"] >= 1
     assert not [f for f in s["findings"] if f["rule"] in ("Recompilation", "GraphBreak", "StepOutlier")], s["findings"]
+
+
+def test_a_tf_function_retraced_on_python_numbers(tmp_path):
+    pytest.importorskip("tensorflow")
+    plain, _ = _run(tmp_path, "tfretrace", profiled=False)
+    counts, s = _run(tmp_path, "tfretrace")
+    assert counts == plain  # TensorFlow traces as often with stepscope as without
+    traced = int(counts.split()[1])
+    f = s["compilation"]["tf_functions"]["step"]
+    assert f["traces"] == traced >= 20 and f["retrace_causes"] == {"python value": traced - 1}
+    found = {x["rule"]: x for x in s["findings"]}
+    assert "tf.constant" in found["Retracing"]["recommendation"]
+    assert "StepOutlier" not in found
+
+
+def test_a_tf_function_traced_once_gets_no_finding(tmp_path):
+    pytest.importorskip("tensorflow")
+    counts, s = _run(tmp_path, "tfhealthy")
+    assert s["compilation"]["tf_functions"]["step"]["traces"] == int(counts.split()[1]) == 1
+    assert not [x for x in s["findings"] if x["rule"] in ("Retracing", "StepOutlier")], s["findings"]

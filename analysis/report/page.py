@@ -26,6 +26,7 @@ from typing import Optional
 from stepscope.analysis.loops import format_lines
 from stepscope.analysis.report import plots
 from stepscope.analysis.report import sections as sections_
+from stepscope.analysis.report.compile_section import compilation_section
 from stepscope.analysis.report.flame import flame_section
 from stepscope.analysis.report.summary import dropped_where, summarize
 from stepscope.analysis.report.timeline import script_json, timeline_data
@@ -227,6 +228,9 @@ def render(run: Run, params: Optional[dict] = None, steps: Optional[list] = None
     communication = plots.communication_section(run, _esc, summary)
     if communication is not None:  # only where collectives were recorded
         figure_sections.append(("communication", "Communication", *communication))
+    compiled = compilation_section(run, _esc, summary)
+    if compiled is not None:  # only where torch.compile compiled something
+        figure_sections.append(("compilation", "Compilation", *compiled))
     loading = sections_.dataloading(run, _esc)
     if loading is not None:
         figure_sections.append(("dataloading", "Data loading", *loading))

@@ -1,11 +1,12 @@
 """torch.compile's rules (analysis/compilation.py): Recompilation, a function compiled
 again because a guard failed (a new input shape, a Python number that changed, another
 grad mode), and the steps that did paid for it; GraphBreak, a compiled function split
-into several graphs, each place with dynamo's reason and what to change there."""
+into several graphs, each place with dynamo's reason and what to change there;
+Retracing, a tf.function traced again and again."""
 
 from __future__ import annotations
 
-from stepscope.analysis.compilation import compilation, compile_events, step_compile_ns
+from stepscope.analysis.compilation import compilation, compile_events, step_compile_ns, trace_events
 from stepscope.analysis.rules.base import Finding, Param, Rule
 from stepscope.core.vocabulary import TRAIN
 
@@ -123,3 +124,60 @@ class GraphBreak(Rule):
                      f"{first['file']}:{first['line']}: {reason}"),
             recommendation=break_advice(reason),
             evidence={"breaks": c["breaks"]})]
+
+
+# A second trace is expected (a last partial batch, another mode's call): from the third on,
+# a function traces for each new value of something that should not change.
+MIN_TRACES = 3
+_TRACE_ADVICE = {
+    "python value": ("An argument is a Python number or object whose value changes (a learning rate, a step "
+                     "counter, a flag): each value is a new graph. Pass it as a tensor (tf.constant(value)), or "
+                     "read it from a tf.Variable."),
+    "shape": ("Tensors of changing shapes: give the function an input_signature with None for the changing "
+              "dimension, or tf.function(reduce_retracing=True); a last partial batch: drop_remainder=True in "
+              "batch()."),
+}
+_TRACE_GENERIC = ("The function's signature changes between calls (new Python objects, a function made anew in a "
+                  "loop): define the tf.function once, outside the loop, and pass tensors.")
+
+
+class Retracing(Rule):
+    name = "Retracing"
+    summary = ("A tf.function traced again and again during training (Python numbers as arguments, changing "
+               "shapes, a function made in a loop): each trace builds a new graph. Fires from a function's third "
+               "trace (a second is expected: a last partial batch), where the retraces took at least min_share of "
+               "train step time.")
+    params = {"min_share": Param(0.02, "ratio", "fire when the retraces' time inside train steps is at least this "
+                                               "share of train step time")}
+
+    def not_applicable(self, run):
+        if not len(run.steps):
+            return "no steps"
+        c = compilation(run)
+        return None if c is not None and c.get("tf_functions") else "no tf.function was traced"
+
+    def evaluate(self, run, p):
+        c = compilation(run)
+        if c is None:
+            return []
+        over = {n: f for n, f in c.get("tf_functions", {}).items() if f["traces"] >= MIN_TRACES}
+        if not over:
+            return []
+        traces = trace_events(run)
+        again = traces[traces["function"].isin(list(over)) & (traces["n"] > 1)]
+        train = run.steps[run.steps["mode"] == TRAIN]
+        if not len(train) or not len(again):
+            return []
+        paid = float(step_compile_ns(train, again).sum())
+        share = paid / float(train["duration_ns"].sum())
+        if share < p["min_share"]:
+            return []
+        name, f = max(over.items(), key=lambda kv: kv[1]["traces"])
+        cause = max(f["retrace_causes"].items(), key=lambda kv: kv[1])[0] if f["retrace_causes"] else "signature"
+        return [Finding(
+            rule=self.name, severity="warning",
+            message=(f"tf.function {name} was traced {f['traces']} times ({cause} changed); retracing took "
+                     f"{paid / 1e9:.2f} s inside train steps ({100 * share:.1f}% of train step time)"),
+            recommendation=_TRACE_ADVICE.get(cause, _TRACE_GENERIC),
+            evidence={"functions": over, "retrace_s": round(paid / 1e9, 3), "share": round(share, 4)},
+            cost_ms_per_step=paid / 1e6 / len(train))]

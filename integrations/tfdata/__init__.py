@@ -38,7 +38,7 @@ from stepscope.core.recording import PHASE, now, span
 from stepscope.integrations._base import Instrumentor
 from stepscope.integrations._frameless import frameless
 from stepscope.integrations._steps import GETNEXT, StepTracker
-from stepscope.integrations.tfdata import _modes
+from stepscope.integrations.tfdata import _modes, _tracing
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "keras_loop_begins",
            "keras_loop_ends", "keras_loop"]
@@ -104,6 +104,7 @@ class TfDataInstrumentor(Instrumentor):
         if hasattr(DistributedIteratorBase, "get_next"):
             self.patch(DistributedIteratorBase, "get_next", wrap)
         self._watch_modes(executing_eagerly)
+        _tracing.install(self)
         session.on_stop(self.close_steps)
 
     def _watch_modes(self, executing_eagerly) -> None:

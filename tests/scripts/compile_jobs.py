@@ -4,17 +4,23 @@ recompile  a compiled model (aot_eager) whose forward has a data-dependent branc
            break) and whose batch size changes at step 10 (a recompile of forward and of the
            code after the break), 30 steps
 healthy    the same model without the branch, one batch size: compiled once, 30 steps
+tfretrace  (TensorFlow) a custom loop whose tf.function step takes the learning rate as a Python
+           float that decays every step: a new trace each step, 24 steps
+tfhealthy  the same loop with the learning rate a tensor: traced once
 
 Prints ``graphs <n> recompiles <n>`` from dynamo's own counters: the job's compiles,
 the same with and without stepscope.
 """
 import sys
 
-import torch
-import torch.nn as nn
+try:
+    import torch
+    import torch.nn as nn
+except ImportError:  # (the TensorFlow jobs)
+    torch = nn = None
 
 
-class Net(nn.Module):
+class Net(nn.Module if nn is not None else object):
     def __init__(self, branch):
         super().__init__()
         self.a, self.b, self.branch = nn.Linear(32, 32), nn.Linear(32, 1), branch
@@ -26,7 +32,30 @@ class Net(nn.Module):
         return self.b(h)
 
 
+def tf_loop(kind):
+    import numpy as np
+    import tensorflow as tf
+
+    x, y = np.random.rand(768, 32).astype("float32"), np.random.rand(768, 1).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # 24 batches
+    w = tf.Variable(tf.random.normal((32, 1)))
+
+    @tf.function
+    def step(a, b, lr):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((a @ w - b) ** 2)
+        w.assign_sub(lr * tape.gradient(loss, w))
+
+    lr = 0.1
+    for a, b in data:
+        step(a, b, lr if kind == "tfretrace" else tf.constant(lr))
+        lr *= 0.99
+    print("graphs", step.experimental_get_tracing_count(), "recompiles", 0)
+
+
 def main(kind):
+    if kind.startswith("tf"):
+        return tf_loop(kind)
     import torch._dynamo.utils as dynamo_utils
 
     torch.manual_seed(0)

@@ -50,6 +50,13 @@ def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path
     assert "mark_dynamic" in found["Recompilation"]["recommendation"]
     assert "StepOutlier" not in found, found.get("StepOutlier")  # the recompile's step: explained
     assert f"compile_jobs.py:{BREAK_LINE}" in found["GraphBreak"]["message"]
+    assert "CompileTime" not in found  # (a few seconds: no minutes lost at every start)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    env["STEPSCOPE_DIR"] = str(tmp_path / "runs")
+    low = subprocess.run([sys.executable, "-m", "stepscope", "summary", "recompile", "--json", "--param",
+                          "CompileTime.min_s=0.5"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    compile_time = {f["rule"]: f for f in json.loads(low.stdout)["findings"]}["CompileTime"]
+    assert compile_time["evidence"]["compile_s"] >= 0.5 and "cache" in compile_time["recommendation"]
     page = (tmp_path / "runs" / "recompile" / "report.html").read_text()
     assert 'id="compilation"' in page and "size mismatch" in page
     assert "torch.where" in found["GraphBreak"]["recommendation"]

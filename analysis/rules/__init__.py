@@ -21,7 +21,7 @@ from stepscope.analysis.rules.balance import LoadBalancing
 from stepscope.analysis.rules.base import SEVERITIES, Finding, Param, Rule, cost_floor_ms, negligible
 from stepscope.analysis.rules.batchsize import BatchSize
 from stepscope.analysis.rules.communication import CommunicationBound
-from stepscope.analysis.rules.compile import GraphBreak, Recompilation, Retracing
+from stepscope.analysis.rules.compile import CompileTime, GraphBreak, Recompilation, Retracing
 from stepscope.analysis.rules.cpu import CPUBottleneck
 from stepscope.analysis.rules.dataloader import Dataloader
 from stepscope.analysis.rules.docs import rules_markdown
@@ -42,7 +42,7 @@ from stepscope.analysis.rules.relate import relate
 RULES: List[Rule] = [GetNextBottleneck(), StepOutlier(), HostMemoryIncrease(), MaxInitializationTime(),
                      LoadBalancing(), LowGPUUtilization(), CPUBottleneck(), IOBottleneck(), BatchSize(),
                      GPUMemoryIncrease(), KernelLaunchBound(), HostSyncStall(), CommunicationBound(), Recompilation(),
-                     GraphBreak(), Retracing(),
+                     GraphBreak(), Retracing(), CompileTime(),
                      Dataloader(),
                      OverallSystemUsage(), OverallFrameworkMetrics(), ProfilerReport()]
 BY_NAME = {r.name: r for r in RULES}  # the built-in rules; registry.by_name() adds custom ones

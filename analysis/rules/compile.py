@@ -181,3 +181,36 @@ class Retracing(Rule):
             recommendation=_TRACE_ADVICE.get(cause, _TRACE_GENERIC),
             evidence={"functions": over, "retrace_s": round(paid / 1e9, 3), "share": round(share, 4)},
             cost_ms_per_step=paid / 1e6 / len(train))]
+
+
+class CompileTime(Rule):
+    name = "CompileTime"
+    summary = ("Compiling (torch.compile, tf.function tracing) took a large share of the run's training time: "
+               "paid again at every start of the job unless the compiled artefacts are cached.")
+    params = {"min_s": Param(60.0, "s", "fire when compiling inside train steps took at least this long..."),
+              "min_share": Param(0.25, "ratio", "...and at least this share of train step time")}
+
+    def not_applicable(self, run):
+        if not len(run.steps):
+            return "no steps"
+        return None if compilation(run) is not None else "nothing was compiled"
+
+    def evaluate(self, run, p):
+        c = compilation(run)
+        if c is None:
+            return []
+        seconds = c["train_steps_ms"] / 1e3
+        if seconds < p["min_s"] or c["share_of_train"] < p["min_share"]:
+            return []
+        train = run.steps[run.steps["mode"] == TRAIN]
+        return [Finding(
+            rule=self.name, severity="warning",
+            message=(f"compiling took {seconds:.0f} s inside train steps, {100 * c['share_of_train']:.0f}% of train "
+                     f"step time ({c['compiles']} compile(s))"),
+            recommendation=("Keep the compiled artefacts between runs: torch.compile's caches (the FX graph and "
+                            "AOTAutograd caches, on by default; a shared TORCHINDUCTOR_CACHE_DIR for every job, or "
+                            "torch.compiler.save_cache_artifacts / load_cache_artifacts), mode='max-autotune' only "
+                            "where its autotuning pays; for a short job, compile less (the model's blocks with "
+                            "compile regions, or not at all)."),
+            evidence={"compile_s": round(seconds, 3), "share": c["share_of_train"], "compiles": c["compiles"]},
+            cost_ms_per_step=c["train_steps_ms"] / max(len(train), 1))]

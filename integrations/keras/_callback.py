@@ -19,6 +19,8 @@ MODES = {"train": "train", "test": "eval", "predict": "predict"}
 VALIDATION_START = "keras.validation_start"
 EPOCH_END = "keras.epoch_end"
 BETWEEN_EPOCHS = (VALIDATION_START, EPOCH_END)
+# The backends whose steps the callback marks itself (on torch the PyTorch step tracker does)
+STEPPED_HERE = ("tensorflow", "jax")
 FIT = "keras.fit"  # a fit's loop, on_train_begin to on_train_end: what its steps and intervals cover
 _FITS = [0]  # the fits this process began: from the second on, each is another loop (SPEC §3)
 
@@ -72,7 +74,7 @@ def _build_class(keras):
             self._end_step()
             restore = None
             backend = _backend(keras)
-            if kind == "test" and self._in_fit() and backend == "tensorflow":
+            if kind == "test" and self._in_fit() and backend in STEPPED_HERE:
                 self._boundary_begins(VALIDATION_START)
             if kind == "train":
                 self._fit_begin = now()
@@ -81,6 +83,8 @@ def _build_class(keras):
                     annotations.new_loop()
             if backend == "tensorflow":
                 restore = self._begin_tf(kind)
+            elif backend == "jax":
+                restore = self._begin_jax(kind)
             elif backend == "torch":
                 _tfdata_loop(True)  # a tf.data dataset fed to a torch-backend fit: no steps of its own
                 last_end = self._last_step_end()  # read before forced_mode closes the tracker
@@ -88,6 +92,20 @@ def _build_class(keras):
                 if kind == "test" and self._in_fit():
                     self._boundary_begins(VALIDATION_START, last_end)
             self._loops.append((kind, restore))
+
+        def _begin_jax(self, kind: str):
+            """The step function timed (its fetch: GetNext); the note on what JAX does not give."""
+            from stepscope.core import session
+            from stepscope.integrations.keras import _jax_backend
+
+            attr = {"train": "train_function", "test": "test_function", "predict": "predict_function"}[kind]
+            function = getattr(self.model, attr, None)
+            if kind == "train":
+                session.add_note(_jax_backend.NOTE)
+            if function is None or hasattr(function, "__stepscope_original__"):
+                return None
+            setattr(self.model, attr, _jax_backend._step_function(function, self))
+            return attr, function
 
         def _begin_tf(self, kind: str):
             from stepscope.integrations import tfdata
@@ -134,7 +152,7 @@ def _build_class(keras):
                 self._sampler = None
             self._end_step()
             backend = _backend(keras)
-            if kind == "test" and self._in_fit() and backend == "tensorflow":
+            if kind == "test" and self._in_fit() and backend in STEPPED_HERE:
                 self._boundary_begins(EPOCH_END)
             elif kind == "train":
                 end = now()
@@ -142,13 +160,13 @@ def _build_class(keras):
                 if self._fit_begin:
                     span(FRAMEWORK, intern(FIT), self._fit_begin, end)
                     self._fit_begin = 0
+            if backend in STEPPED_HERE and restore is not None:
+                attr, function = restore
+                if getattr(getattr(self.model, attr, None), "__stepscope_original__", None) is function:
+                    setattr(self.model, attr, function)
             if backend == "tensorflow":
                 from stepscope.integrations import tfdata
 
-                if restore is not None:
-                    attr, function = restore
-                    if getattr(getattr(self.model, attr, None), "__stepscope_original__", None) is function:
-                        setattr(self.model, attr, function)
                 tfdata.keras_loop_ends()
             elif backend == "torch":
                 last_end = self._last_step_end()

@@ -19,12 +19,14 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.tables import comm
-from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX, TRACE_PREFIX, TRAIN
+from stepscope.core.vocabulary import (COMPILE_PREFIX, GRAPH_BREAK_PREFIX, JAX_COMPILE_PREFIX, RECOMPILE_PREFIX,
+                                      TRACE_PREFIX, TRAIN)
 
 _SPAN = re.compile(r"^" + re.escape(COMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*)$")
 _RECOMPILE = re.compile(r"^" + re.escape(RECOMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*?): (?P<reason>.*)$")
 _BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
 _TRACE = re.compile(r"^" + re.escape(TRACE_PREFIX) + r" (?P<function>.*)#(?P<n>\d+): (?P<cause>.*)$")
+_JAX = re.compile(r"^" + re.escape(JAX_COMPILE_PREFIX) + r" (?P<function>.*): (?P<stage>trace|lower|compile)$")
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+) \((?P<file>[^:]*):")
 TOP_STEPS = 5  # the steps that compiled longest, named
 
@@ -61,6 +63,17 @@ def trace_events(run) -> pd.DataFrame:
                         cause=parsed["cause"]).dropna(subset=["function"])
 
 
+def jax_events(run) -> pd.DataFrame:
+    """JAX's compile stages: process, start_ns, end_ns, function, stage."""
+    names = run.event_names(containing=JAX_COMPILE_PREFIX)
+    spans = run.select(categories=["framework"], kinds=["span"], columns=["process", "name", "start_ns", "end_ns"],
+                       names=names or [""])
+    spans = spans.assign(name=spans["name"].astype(str), process=spans["process"].astype(str))
+    parsed = spans["name"].str.extract(_JAX)
+    function = parsed["function"].str.replace(r"^jit\((.*)\)$", r"\1", regex=True)  # (a stage names jit(f), one f)
+    return spans.assign(function=function, stage=parsed["stage"]).dropna(subset=["function"])
+
+
 def step_compile_ns(steps: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     """Per step (row of ``steps``), the time a compile of its process ran inside it."""
     out = np.zeros(len(steps), dtype=np.int64)
@@ -85,9 +98,10 @@ def compilation(run) -> Optional[dict]:
 def _compilation(run) -> Optional[dict]:
     spans, recompiles = compile_events(run)
     traces = trace_events(run)
-    if not len(spans) and not len(traces):
+    jax = jax_events(run)
+    if not len(spans) and not len(traces) and not len(jax):
         return None
-    both = pd.concat([spans[["process", "start_ns", "end_ns"]], traces[["process", "start_ns", "end_ns"]]])
+    both = pd.concat([t[["process", "start_ns", "end_ns"]] for t in (spans, traces, jax)])
     steps = run.steps
     per_step = step_compile_ns(steps, both)
     u_total = sum(int((e - s).sum()) for s, e in (comm.union(g["start_ns"].to_numpy(np.int64),
@@ -123,10 +137,14 @@ def _compilation(run) -> Optional[dict]:
         tf_functions[str(function)] = {
             "traces": int(t["n"].max()), "trace_ms": _ms((t["end_ns"] - t["start_ns"]).sum()),
             "retrace_causes": {str(k): int(v) for k, v in retraces["cause"].value_counts().items()}}
+    jax_functions = {str(f): {"compiles": int((j["stage"] == "compile").sum()),
+                              "compile_ms": _ms((j["end_ns"] - j["start_ns"]).sum())}
+                     for f, j in jax.groupby("function", sort=False)}
     order = np.argsort(-per_step, kind="stable")[:TOP_STEPS]
     top = [{"mode": str(steps["mode"].iloc[i]), "step": int(steps["step"].iloc[i]), "rank": _rank(steps, i),
             "compile_ms": _ms(per_step[i])} for i in order if per_step[i] > 0]
-    return {"compiles": int(len(spans) + len(traces)), "recompiles": int(len(recompiles)),
+    return {"compiles": int(len(spans) + len(traces) + (jax["stage"] == "compile").sum()),
+            "recompiles": int(len(recompiles)), "jax_functions": jax_functions,
             "retraces": int((traces["n"] > 1).sum()), "graph_breaks": len(breaks), "tf_functions": tf_functions,
             "total_ms": _ms(u_total), "train_steps_ms": _ms(per_step[train].sum()) if len(steps) else 0.0,
             "share_of_train": round(float(per_step[train].sum()) / train_ns, 4) if train_ns else 0.0,
@@ -151,6 +169,9 @@ def format_lines(c: dict) -> list:
         causes = ", ".join(f"{k} {v}x" for k, v in f["retrace_causes"].items())
         lines.append(f"  {'':<10} tf.function {name}: traced {f['traces']}x ({f['trace_ms'] / 1e3:.2f} s)"
                      + (f", retraced for: {causes}" if causes else ""))
+    top = sorted(c.get("jax_functions", {}).items(), key=lambda kv: -kv[1]["compile_ms"])[:5]
+    for name, f in top:
+        lines.append(f"  {'':<10} jax {name}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s)")
     for b in c["breaks"][:5]:
         why = f": {b['reason']}" if b.get("reason") else ""
         lines.append(f"  {'':<10} graph break in {b['function'] or 'compiled code'} at {b['file']}:{b['line']}{why}")

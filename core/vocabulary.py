@@ -58,6 +58,9 @@ GRAPH_BREAK_PREFIX = "torch.compile graph break"
 #: tf.function's traces (integrations/tfdata/_tracing.py): a framework span per trace,
 #: ``TRACE_PREFIX <function>#<n>: <cause>`` (first, python value, shape, signature).
 TRACE_PREFIX = "tf.function trace"
+#: JAX's compiles (integrations/keras/_jax_backend.py, from jax.monitoring): a framework span
+#: per stage, ``JAX_COMPILE_PREFIX <function>: <trace|lower|compile>``.
+JAX_COMPILE_PREFIX = "jax compile"
 #: The framework span of the call that met the end of the data (a loader's
 #: ``StopIteration``, tf.data's ``OutOfRangeError``): after its loop, in no step.
 END_OF_DATA = "end of data"

@@ -50,3 +50,7 @@ def test_keras_fit_on_jax_has_steps_getnext_and_says_what_it_cannot_measure(tmp_
     assert s["phases"]["GetNext"]["count"] == 64  # every train step's fetch
     assert any("Keras on JAX" in n and "not measured" in n for n in s["notes"])
     assert s["findings"] == [], s["findings"]
+    # the jitted steps' compiles (jax.monitoring), in the first train and the first eval step
+    c = s["compilation"]
+    assert c["jax_functions"]["train_step"]["compiles"] == 1 and c["jax_functions"]["test_step"]["compiles"] == 1
+    assert ("train", 0) in {(x["mode"], x["step"]) for x in c["steps"]}

@@ -102,6 +102,7 @@ def _build_class(keras):
             function = getattr(self.model, attr, None)
             if kind == "train":
                 session.add_note(_jax_backend.NOTE)
+            _jax_backend.listen_to_compiles()
             if function is None or hasattr(function, "__stepscope_original__"):
                 return None
             setattr(self.model, attr, _jax_backend._step_function(function, self))

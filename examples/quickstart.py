@@ -14,9 +14,6 @@ import time
 import numpy as np
 
 import stepscope
-from stepscope.analysis.report.page import write_report
-from stepscope.analysis.report.summary import format_text, summarize
-from stepscope.core.vocabulary import DEFAULT_DIR
 
 
 def batches(n, batch_size=256, features=64, seed=0):
@@ -60,13 +57,14 @@ def train(steps):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--dir", default=DEFAULT_DIR)
+    parser.add_argument("--dir", default=None, help="where runs go (default: STEPSCOPE_DIR or ./stepscope-runs)")
     args = parser.parse_args()
     with stepscope.profile(dir=args.dir) as run:
         loss = train(args.steps)
     print(f"final loss {loss:.4f}")
-    print(format_text(summarize(run.path)))
-    report = write_report(stepscope.load(run.path, quiet=True))
+    result = stepscope.load(run.path, quiet=True)
+    print(result.summary_text())
+    report = result.report()
     print(f"run folder: {run.path}")
     print(f"report:     {report}  (open it in a browser; it works offline)")
 

@@ -35,43 +35,35 @@ def _ms(ns) -> float:
     return round(float(ns) / 1e6, 3)
 
 
+def _parsed(run, kind: str, pattern: re.Pattern, names: list) -> pd.DataFrame:
+    """The framework events of this kind and these names, with ``pattern``'s named groups
+    as columns (rows it does not match dropped)."""
+    columns = ["process", "name", "start_ns"] + (["end_ns"] if kind == "span" else [])
+    ev = run.select(categories=["framework"], kinds=[kind], columns=columns, names=names or [""])
+    ev = ev.assign(name=ev["name"].astype(str), process=ev["process"].astype(str))
+    parsed = ev["name"].str.extract(pattern)
+    return pd.concat([ev, parsed], axis=1).dropna(subset=[next(iter(pattern.groupindex))])
+
+
 def compile_events(run):
     """(spans, recompiles): the compile spans (process, name, start_ns, end_ns, id, place)
     and the recompile instants (process, start_ns, id, place, reason)."""
     names = run.event_names(containing=COMPILE_PREFIX)
-    spans = run.select(categories=["framework"], kinds=["span"], columns=["process", "name", "start_ns", "end_ns"],
-                       names=[n for n in names if not n.startswith((RECOMPILE_PREFIX, GRAPH_BREAK_PREFIX))] or [""])
-    instants = run.select(categories=["framework"], kinds=["instant"], columns=["process", "name", "start_ns"],
-                          names=[n for n in names if n.startswith(RECOMPILE_PREFIX)] or [""])
-    spans = spans.assign(name=spans["name"].astype(str), process=spans["process"].astype(str))
-    parsed = spans["name"].str.extract(_SPAN)
-    spans = spans.assign(id=parsed["id"], place=parsed["place"]).dropna(subset=["id"])
-    instants = instants.assign(name=instants["name"].astype(str), process=instants["process"].astype(str))
-    parsed = instants["name"].str.extract(_RECOMPILE)
-    recompiles = instants.assign(id=parsed["id"], place=parsed["place"], reason=parsed["reason"]).dropna(subset=["id"])
-    return spans, recompiles
+    spans = _parsed(run, "span", _SPAN, [n for n in names if not n.startswith((RECOMPILE_PREFIX, GRAPH_BREAK_PREFIX))])
+    return spans, _parsed(run, "instant", _RECOMPILE, [n for n in names if n.startswith(RECOMPILE_PREFIX)])
 
 
 def trace_events(run) -> pd.DataFrame:
     """tf.function's traces: process, start_ns, end_ns, function, n (its trace number), cause."""
-    names = run.event_names(containing=TRACE_PREFIX)
-    spans = run.select(categories=["framework"], kinds=["span"], columns=["process", "name", "start_ns", "end_ns"],
-                       names=names or [""])
-    spans = spans.assign(name=spans["name"].astype(str), process=spans["process"].astype(str))
-    parsed = spans["name"].str.extract(_TRACE)
-    return spans.assign(function=parsed["function"], n=pd.to_numeric(parsed["n"]),
-                        cause=parsed["cause"]).dropna(subset=["function"])
+    traces = _parsed(run, "span", _TRACE, run.event_names(containing=TRACE_PREFIX))
+    return traces.assign(n=pd.to_numeric(traces["n"]))
 
 
 def jax_events(run) -> pd.DataFrame:
     """JAX's compile stages: process, start_ns, end_ns, function, stage."""
-    names = run.event_names(containing=JAX_COMPILE_PREFIX)
-    spans = run.select(categories=["framework"], kinds=["span"], columns=["process", "name", "start_ns", "end_ns"],
-                       names=names or [""])
-    spans = spans.assign(name=spans["name"].astype(str), process=spans["process"].astype(str))
-    parsed = spans["name"].str.extract(_JAX)
-    function = parsed["function"].str.replace(r"^jit\((.*)\)$", r"\1", regex=True)  # (a stage names jit(f), one f)
-    return spans.assign(function=function, stage=parsed["stage"]).dropna(subset=["function"])
+    stages = _parsed(run, "span", _JAX, run.event_names(containing=JAX_COMPILE_PREFIX))
+    # (a stage names jit(f), another f: one function)
+    return stages.assign(function=stages["function"].str.replace(r"^jit\((.*)\)$", r"\1", regex=True))
 
 
 def step_compile_ns(steps: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:

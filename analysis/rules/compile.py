@@ -30,6 +30,25 @@ _GENERIC = ("A guard of the compiled function failed and it was compiled again: 
             "to see every guard, and keep what it checks constant between steps.")
 
 
+class _CompileRule(Rule):
+    """A rule over the compilation block: it judges where something was compiled."""
+
+    def not_applicable(self, run):
+        if not len(run.steps):
+            return "no steps"
+        return None if compilation(run) is not None else "nothing was compiled"
+
+
+def _paid(run, spans):
+    """(ns of these compile spans inside train steps, their share of train step time, the train
+    steps), or None without train steps or spans."""
+    train = run.steps[run.steps["mode"] == TRAIN]
+    if not len(train) or not len(spans):
+        return None
+    paid = float(step_compile_ns(train, spans).sum())
+    return paid, paid / float(train["duration_ns"].sum()), train
+
+
 def advice_for(reason: str) -> str:
     for words, advice in _ADVICE:
         if any(w in reason for w in words):
@@ -37,7 +56,7 @@ def advice_for(reason: str) -> str:
     return _GENERIC
 
 
-class Recompilation(Rule):
+class Recompilation(_CompileRule):
     name = "Recompilation"
     summary = ("torch.compile compiled a function again during training (a guard failed: a new input shape, a "
                "Python number that changed, another grad mode); the time those compiles took, per train step, "
@@ -45,25 +64,15 @@ class Recompilation(Rule):
     params = {"min_share": Param(0.02, "ratio", "fire when the recompiles' time inside train steps is at least "
                                                "this share of train step time")}
 
-    def not_applicable(self, run):
-        if not len(run.steps):
-            return "no steps"
-        return None if compilation(run) is not None else "nothing was compiled with torch.compile"
-
     def evaluate(self, run, p):
         c = compilation(run)
         if c is None or not c["recompiles"]:
             return []
-        spans, recompiles = compile_events(run)
-        again = spans[~spans["id"].str.endswith("/0")]  # a frame's later compiles: its recompiles
-        steps = run.steps
-        train = steps[steps["mode"] == TRAIN]
-        if not len(train) or not len(again):
+        spans, _ = compile_events(run)
+        found = _paid(run, spans[~spans["id"].str.endswith("/0")])  # a frame's later compiles: its recompiles
+        if found is None or found[1] < p["min_share"]:
             return []
-        paid = float(step_compile_ns(train, again).sum())
-        share = paid / float(train["duration_ns"].sum())
-        if share < p["min_share"]:
-            return []
+        paid, share, train = found
         worst = max(c["functions"].items(), key=lambda kv: (kv[1]["recompiles"], kv[1]["compile_ms"]))
         place, f = worst
         reason = f["reasons"][0] if f["reasons"] else "no reason given"
@@ -100,16 +109,11 @@ def break_advice(reason: str) -> str:
     return _BREAK_GENERIC
 
 
-class GraphBreak(Rule):
+class GraphBreak(_CompileRule):
     name = "GraphBreak"
     summary = ("A function compiled with torch.compile is split into several graphs by graph breaks (a branch on "
                "a tensor's value, .item(), print, an unsupported call): each place with dynamo's reason and what "
                "to change. Its cost is not measured (a break's graphs run apart: no fusion across it).")
-
-    def not_applicable(self, run):
-        if not len(run.steps):
-            return "no steps"
-        return None if compilation(run) is not None else "nothing was compiled with torch.compile"
 
     def evaluate(self, run, p):
         c = compilation(run)
@@ -141,7 +145,7 @@ _TRACE_GENERIC = ("The function's signature changes between calls (new Python ob
                   "loop): define the tf.function once, outside the loop, and pass tensors.")
 
 
-class Retracing(Rule):
+class Retracing(_CompileRule):
     name = "Retracing"
     summary = ("A tf.function traced again and again during training (Python numbers as arguments, changing "
                "shapes, a function made in a loop): each trace builds a new graph. Fires from a function's third "
@@ -151,10 +155,8 @@ class Retracing(Rule):
                                                "share of train step time")}
 
     def not_applicable(self, run):
-        if not len(run.steps):
-            return "no steps"
         c = compilation(run)
-        return None if c is not None and c.get("tf_functions") else "no tf.function was traced"
+        return super().not_applicable(run) or (None if c.get("tf_functions") else "no tf.function was traced")
 
     def evaluate(self, run, p):
         c = compilation(run)
@@ -164,14 +166,10 @@ class Retracing(Rule):
         if not over:
             return []
         traces = trace_events(run)
-        again = traces[traces["function"].isin(list(over)) & (traces["n"] > 1)]
-        train = run.steps[run.steps["mode"] == TRAIN]
-        if not len(train) or not len(again):
+        found = _paid(run, traces[traces["function"].isin(list(over)) & (traces["n"] > 1)])
+        if found is None or found[1] < p["min_share"]:
             return []
-        paid = float(step_compile_ns(train, again).sum())
-        share = paid / float(train["duration_ns"].sum())
-        if share < p["min_share"]:
-            return []
+        paid, share, train = found
         name, f = max(over.items(), key=lambda kv: kv[1]["traces"])
         cause = max(f["retrace_causes"].items(), key=lambda kv: kv[1])[0] if f["retrace_causes"] else "signature"
         return [Finding(
@@ -183,17 +181,12 @@ class Retracing(Rule):
             cost_ms_per_step=paid / 1e6 / len(train))]
 
 
-class CompileTime(Rule):
+class CompileTime(_CompileRule):
     name = "CompileTime"
     summary = ("Compiling (torch.compile, tf.function tracing) took a large share of the run's training time: "
                "paid again at every start of the job unless the compiled artefacts are cached.")
     params = {"min_s": Param(60.0, "s", "fire when compiling inside train steps took at least this long..."),
               "min_share": Param(0.25, "ratio", "...and at least this share of train step time")}
-
-    def not_applicable(self, run):
-        if not len(run.steps):
-            return "no steps"
-        return None if compilation(run) is not None else "nothing was compiled"
 
     def evaluate(self, run, p):
         c = compilation(run)

@@ -2,12 +2,13 @@
 corpus (healthy jobs of many shapes: no finding expected) and the diagnosis jobs
 (tests/scripts/rule_jobs.py: each provokes its rule, or none).
 
-    python3 bench/diagnosis.py [--rule StepOutlier] [--before FILE] [-k SUBSTRING]
+    python3 bench/diagnosis.py [--rule StepOutlier|all] [--before FILE] [-k SUBSTRING]
 
 Each job runs once under STEPSCOPE=1 (the corpus's torchrun cases under torchrun); the
 rule is judged on that run as it is now and, with --before, as the module FILE defines
 it (e.g. `git show REV:analysis/rules/outlier.py > /tmp/before.py`), so both verdicts
-come from the same runs. Prints one row per job and the precision and recall of each.
+come from the same runs. Prints one row per job and the precision and recall of each;
+``--rule all``: every rule judged on the same runs, a line of figures per rule.
 """
 
 import argparse
@@ -90,12 +91,19 @@ def main():
             except Exception as exc:  # noqa: BLE001 - a job that could not run is reported, not judged
                 print(f"{name}: not judged ({type(exc).__name__}: {exc})", flush=True)
                 continue
-            now = [r for r in fired(None, run) if r == args.rule]
+            every = fired(None, run)
+            if args.rule == "all":
+                rows.append((name, expected, None, every))
+                print(f"{name:48} expected {expected or '-'}  fired {every or '-'}", flush=True)
+                continue
+            now = [r for r in every if r == args.rule]
             then = fired(before, run) if before else None
             want = [r for r in expected if r == args.rule]
             rows.append((name, want, then, now))
             print(f"{name:48} expected {want or '-'}  before {then if then is not None else '?'}  now {now or '-'}",
                   flush=True)
+    if args.rule == "all":
+        return _every_rule(rows)
     for label, column in (("before", 2), ("now", 3)):
         if column == 2 and before is None:
             continue
@@ -106,6 +114,23 @@ def main():
         recall = tp / (tp + fn) if tp + fn else 1.0
         print(f"{args.rule} {label}: {len(rows)} jobs, fired on {tp + fp} ({tp} expected, {fp} not), missed {fn}; "
               f"precision {precision:.2f}, recall {recall:.2f}")
+
+
+def _every_rule(rows) -> None:
+    """Per rule that was expected or fired: the jobs it fired on, expected or not, and missed."""
+    rules = sorted({r for row in rows for r in row[1] + row[3]})
+    tp_all = fp_all = fn_all = 0
+    for rule in rules:
+        tp = sum(1 for r in rows if rule in r[1] and rule in r[3])
+        fp = sum(1 for r in rows if rule not in r[1] and rule in r[3])
+        fn = sum(1 for r in rows if rule in r[1] and rule not in r[3])
+        tp_all, fp_all, fn_all = tp_all + tp, fp_all + fp, fn_all + fn
+        print(f"{rule:24} fired on {tp + fp} ({tp} expected, {fp} not: "
+              f"{', '.join(r[0] for r in rows if rule not in r[1] and rule in r[3]) or '-'}), missed {fn}")
+    precision = tp_all / (tp_all + fp_all) if tp_all + fp_all else 1.0
+    recall = tp_all / (tp_all + fn_all) if tp_all + fn_all else 1.0
+    print(f"every rule: {len(rows)} jobs, {tp_all + fp_all} findings ({tp_all} expected, {fp_all} not), missed "
+          f"{fn_all}; precision {precision:.2f}, recall {recall:.2f}")
 
 
 if __name__ == "__main__":

@@ -117,17 +117,20 @@ class GraphBreak(_CompileRule):
 
     def evaluate(self, run, p):
         c = compilation(run)
-        if c is None or not c["breaks"]:
+        # a break in torch's or another library's code (DDP's forward under compile), with no frame of the
+        # user's code around it, is the library's structure, not the user's to change
+        breaks = [b for b in (c["breaks"] if c else []) if not b["file"].startswith(("torch/", "lib/"))]
+        if not breaks:
             return []
-        first = c["breaks"][0]
+        first = breaks[0]
         reason = first.get("reason") or "dynamo gave no reason"
-        places = ", ".join(f"{b['file']}:{b['line']}" for b in c["breaks"][:5])
+        places = ", ".join(f"{b['file']}:{b['line']}" for b in breaks[:5])
         return [Finding(
             rule=self.name, severity="info",
-            message=(f"torch.compile split the compiled code at {len(c['breaks'])} graph break(s) ({places}); at "
+            message=(f"torch.compile split the compiled code at {len(breaks)} graph break(s) ({places}); at "
                      f"{first['file']}:{first['line']}: {reason}"),
             recommendation=break_advice(reason),
-            evidence={"breaks": c["breaks"]})]
+            evidence={"breaks": breaks, "in_torch": [b for b in c["breaks"] if b not in breaks]})]
 
 
 # A second trace is expected (a last partial batch, another mode's call): from the third on,

@@ -18,6 +18,8 @@ those functions (or with the metrics logging off) records none of it, and run.js
 from __future__ import annotations
 
 import os
+import sys
+import sysconfig
 
 from stepscope.core import importhook, session
 from stepscope.core.recording import FRAMEWORK, clock_info, enabled, instant, intern, now, span
@@ -26,13 +28,42 @@ from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMP
 MAX_REASON = 300  # characters of a recompile reason kept (a guard on a large structure can be long)
 
 
+def _library_roots() -> tuple:
+    roots = {os.path.abspath(p) for key, p in sysconfig.get_paths().items()
+             if key in ("stdlib", "platstdlib", "purelib", "platlib") and p}
+    # stepscope's own wrappers (DDP's _pre_forward) are no place of the user's either
+    roots.add(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return tuple(sorted(r + os.sep for r in roots))
+
+
+_LIBRARIES = _library_roots()
+
+
+def shown(path) -> str:
+    """A source file as the events name it: its base name for the user's code,
+    ``torch/<path in torch>`` for torch's own, ``lib/<name>`` for the standard library and
+    installed packages (a break there, inside DDP's forward, is not the user's to change)."""
+    path = os.path.abspath(str(path or "?"))
+    torch = sys.modules.get("torch")
+    root = os.path.dirname(os.path.abspath(getattr(torch, "__file__", "") or "")) if torch else ""
+    if root and path.startswith(root + os.sep):
+        return "torch/" + os.path.relpath(path, root).replace(os.sep, "/")
+    if path.startswith(_LIBRARIES):
+        return "lib/" + os.path.basename(path)
+    return os.path.basename(path)
+
+
+def library(name: str) -> bool:
+    """Whether ``shown`` named a file of torch or of another library."""
+    return name.startswith(("torch/", "lib/"))
+
+
 def where(metrics) -> str:
     """The compiled function and its place: ``forward (model.py:12)``; ``backward``."""
     name = getattr(metrics, "co_name", None)
     if not name:
         return "backward" if getattr(metrics, "is_forward", None) is False else "graph"
-    path = getattr(metrics, "co_filename", None) or "?"
-    return f"{name} ({os.path.basename(path)}:{getattr(metrics, 'co_firstlineno', None) or '?'})"
+    return f"{name} ({shown(getattr(metrics, 'co_filename', None))}:{getattr(metrics, 'co_firstlineno', None) or '?'})"
 
 
 def record(metrics, ticks_per_ns: float) -> None:
@@ -114,9 +145,10 @@ def graph_break(exc, reason, code_options) -> None:
         import torch._guards
 
         stack = torch._guards.TracingContext.extract_stack()
-    if stack:
-        path, line = stack[-1].filename, stack[-1].lineno
+    if stack:  # the innermost frame of the user's own code, else the innermost one
+        frame = next((f for f in reversed(stack) if not library(shown(f.filename))), stack[-1])
+        path, line = frame.filename, frame.lineno
     else:
         path, line = code_options.get("co_filename", "?"), code_options.get("co_firstlineno", "?")
     first = " ".join(str(reason).split("\n")[0].split())[:MAX_REASON]
-    instant(FRAMEWORK, intern(f"{GRAPH_BREAK_PREFIX} {os.path.basename(str(path))}:{line}: {first}"))
+    instant(FRAMEWORK, intern(f"{GRAPH_BREAK_PREFIX} {shown(path)}:{line}: {first}"))

@@ -117,8 +117,8 @@ class GraphBreak(_CompileRule):
 
     def evaluate(self, run, p):
         c = compilation(run)
-        # a break in torch's or another library's code (DDP's forward under compile), with no frame of the
-        # user's code around it, is the library's structure, not the user's to change
+        # a break in torch's or another library's code (DDP's forward under compile, a compiled optimizer
+        # step) is the library's structure, not the user's to change
         breaks = [b for b in (c["breaks"] if c else []) if not b["file"].startswith(("torch/", "lib/"))]
         if not breaks:
             return []

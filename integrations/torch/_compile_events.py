@@ -145,9 +145,8 @@ def graph_break(exc, reason, code_options) -> None:
         import torch._guards
 
         stack = torch._guards.TracingContext.extract_stack()
-    if stack:  # the innermost frame of the user's own code, else the innermost one
-        frame = next((f for f in reversed(stack) if not library(shown(f.filename))), stack[-1])
-        path, line = frame.filename, frame.lineno
+    if stack:  # where it broke: in a library's code (torch's own, DDP's), the library's, not the user's
+        path, line = stack[-1].filename, stack[-1].lineno
     else:
         path, line = code_options.get("co_filename", "?"), code_options.get("co_firstlineno", "?")
     first = " ".join(str(reason).split("\n")[0].split())[:MAX_REASON]

@@ -56,8 +56,9 @@ def test_one_file_per_rank_in_pytorchs_layout(ddp_export):
         cats = {e["name"]: e["cat"] for e in events if e["ph"] == "X"}
         assert cats["Forward"] == "user_annotation" and cats["Optimizer.zero_grad"] == "cpu_op"
         phases = collections.Counter(e["name"] for e in events if e["name"] in PHASES)
-        # five phases a step; GetNext once more: the fetch that ran out ends the last step
-        assert phases == {"GetNext": 11, "Forward": 10, "Loss": 10, "Backward": 10, "Optimizer": 10}
+        # five phases a step (the fetch that ran out is after the loop: an "end of data" span, no GetNext)
+        assert phases == {"GetNext": 10, "Forward": 10, "Loss": 10, "Backward": 10, "Optimizer": 10}
+        assert sum(e["name"] == "end of data" for e in events) == 1
     assert len(bases) == 1  # one time base: the ranks line up
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from stepscope.analysis.ending import frameworks_known, run_ending
 from stepscope.core.frameworks import step_marking_display_names
-from stepscope.core.vocabulary import BACKWARD, FORWARD, OPTIMIZER, TRAIN
+from stepscope.core.vocabulary import BACKWARD, COMPILING_PREFIXES, FORWARD, OPTIMIZER, TRAIN
 
 # The phases table, or what gives it when asked: it is read only for steps without a
 # backward and an optimizer step (a long run's phases are tens of millions of rows)
@@ -213,13 +213,20 @@ def _forward_not_seen(steps: pd.DataFrame, used: List[str]) -> List[dict]:
                   {"train_steps": int(len(train)), "frameworks": used})]
 
 
+def _compiling_events(run) -> int:
+    """The events compiling and tracing left (torch.compile, tf.function, JAX): a framework's
+    own work, no sign that the loop recorded anything."""
+    names = [n for n in run.event_names() if n.startswith(COMPILING_PREFIXES)]
+    return len(run.select(categories=["framework"], names=names, columns=["start_ns"])) if names else 0
+
+
 def run_loop_notes(run, ending: Optional[dict] = None) -> List[dict]:
     """``loop_notes`` of a loaded run; ending: analysis/ending.py's ``run_ending(run)``."""
     ending = run_ending(run) if ending is None else ending
     extents = run.extents()
     if len(extents):
         profiled = {str(p): int(r.end_ns - r.start_ns) for p, r in extents.iterrows()}
-        recorded = int(extents["recorded"].sum())
+        recorded = int(extents["recorded"].sum()) - _compiling_events(run)
         duration_s = (int(extents["end_ns"].max()) - int(extents["start_ns"].min())) / 1e9
     else:
         profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)

@@ -61,6 +61,8 @@ TRACE_PREFIX = "tf.function trace"
 #: JAX's compiles (integrations/keras/_jax_backend.py, from jax.monitoring): a framework span
 #: per stage, ``JAX_COMPILE_PREFIX <function>: <trace|lower|compile>``.
 JAX_COMPILE_PREFIX = "jax compile"
+#: every name compiling and tracing leave (the three above begin with these)
+COMPILING_PREFIXES = (COMPILE_PREFIX, TRACE_PREFIX, JAX_COMPILE_PREFIX)
 #: The framework span of the call that met the end of the data (a loader's
 #: ``StopIteration``, tf.data's ``OutOfRangeError``): after its loop, in no step.
 END_OF_DATA = "end of data"

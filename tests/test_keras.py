@@ -97,8 +97,9 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
         ids = re.findall(r'<section id="(\w+)"', html)
         # dataloading: tf.data's GetNext is there; flame: the Python stack sampler's; operators: the
         # windows' TensorFlow ops; no GPU sections on this machine
-        assert ids == ["verdict", "rules", "summary", "steps", "dataloading", "system", "flame", "operators",
-                       "timeline", "metadata"], ids
+        # (compilation: the step function's tf.function traces)
+        assert ids == ["verdict", "rules", "summary", "steps", "compilation", "dataloading", "system", "flame",
+                       "operators", "timeline", "metadata"], ids
         assert f"{(steps['mode'] == 'train').sum()} (median" in html  # train steps in the job summary
         # compute phases are sampled: their shares stand for the sampled steps, GetNext's for all
         from stepscope.analysis.report.summary import summarize

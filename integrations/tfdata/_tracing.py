@@ -17,6 +17,7 @@ import weakref
 
 from stepscope.core.recording import FRAMEWORK, enabled, intern, now, span
 from stepscope.core.vocabulary import TRACE_PREFIX
+from stepscope.integrations._frameless import frameless
 
 MAX_FUNCTIONS = 1024  # Python functions whose last signature is kept (a program making functions in a loop)
 
@@ -46,21 +47,21 @@ class Traces:
         self.last = {}  # id(python function) -> (weak reference or None, trace count, its constraints)
 
     def wrap(self, original):
+        """Frameless (a tracing error, the user's model code, keeps its traceback as without
+        stepscope): each trace that returned is recorded."""
         last = self.last
 
-        def _create_concrete_function(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
+        def before(function_type, type_context, func_graph, tracing_options, *args, **kwargs):
             if not enabled():
-                return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
-            t0 = now()
-            try:
-                return original(function_type, type_context, func_graph, tracing_options, *args, **kwargs)
-            finally:
-                try:
-                    self.record(tracing_options, function_type, t0, last)
-                except Exception:  # noqa: BLE001 - a trace is TensorFlow's; never in its way
-                    pass
+                return None
+            return (function_type, type_context, func_graph, tracing_options, *args), kwargs, \
+                (tracing_options, function_type, now())
 
-        return _create_concrete_function
+        def after(token, exc):
+            if exc is None:
+                self.record(*token, last)
+
+        return frameless(original, before, after, "recording tf.function's traces failed")
 
     def record(self, options, function_type, t0, last) -> None:
         fn = getattr(options, "python_function", None)

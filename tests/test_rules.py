@@ -53,7 +53,7 @@ def test_slow_dataset_is_input_bound(tmp_path):
     # one problem, one finding: the wait, costed per step
     assert fired(s) == ["GetNextBottleneck"], s["findings"]
     (f,) = s["findings"]
-    assert f["evidence"]["getnext_share"] > 0.3
+    assert f["evidence"]["getnext_share"] > 0.2  # (over the rule's threshold: the wait, not the end of data)
     assert "num_workers" in f["recommendation"]
     g = s["phases"]["GetNext"]
     assert f["cost_ms_per_step"] == f["evidence"]["getnext_ms_mean"] == pytest.approx(g["total_ms"] / g["count"],

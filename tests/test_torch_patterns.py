@@ -49,8 +49,10 @@ def test_epoch_start_of_workers_is_the_next_steps_getnext(tmp_path):
     loop_ns = int(r.stdout.split("loop_ns")[1].split()[0])
     steps = run.steps.sort_values("start_ns")
     assert len(steps) == 18 and set(steps["mode"]) == {"train"}
-    covered = steps["duration_ns"].sum()
-    # steps are contiguous through the epoch boundaries: they cover the loop's wall time
+    ends = run.events[run.events["name"] == "end of data"]
+    assert len(ends) == 3  # each epoch's last fetch (its workers shut down) is after its loop, named
+    covered = steps["duration_ns"].sum() + (ends["end_ns"] - ends["start_ns"]).sum()
+    # steps, and the named end of each epoch's data, cover the loop's wall time
     assert covered >= 0.97 * loop_ns, (covered, loop_ns)
     first_of_epoch = steps.iloc[[0, 6, 12]]["GetNext"]
     others = steps.drop(steps.index[[0, 6, 12]])["GetNext"]

@@ -112,6 +112,14 @@ def phase_share(steps: pd.DataFrame, phase: str) -> float:
     return phase_shares(steps).get(phase, {}).get("share", 0.0)
 
 
+def steady_phase_share(steps: pd.DataFrame, phase: str, warmup_steps: int) -> float:
+    """``phase_share`` without the first ``warmup_steps`` and the last step (where there are
+    more): a loader's start-up and the exhausted iterator's shut-down are no steady wait."""
+    ordered = steps.sort_values("start_ns")
+    last = len(ordered) - 1 if len(ordered) > int(warmup_steps) + 1 else len(ordered)
+    return phase_share(ordered.iloc[int(warmup_steps):last], phase)
+
+
 def profiler_windows(run, steps: pd.DataFrame) -> Optional[dict]:
     """What stepscope's own PyTorch operator windows cost (their ``stepscope.op_window_open``
     and ``stepscope.op_window`` spans: opening starts torch's profiler, closing reads and

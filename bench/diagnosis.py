@@ -3,11 +3,14 @@ corpus (healthy jobs of many shapes: no finding expected) and the diagnosis jobs
 (tests/scripts/rule_jobs.py: each provokes its rule, or none).
 
     python3 bench/diagnosis.py [--rule StepOutlier|all] [--before FILE] [-k SUBSTRING]
+                               [--keep DIR [--judge-only]]
 
 Each job runs once under STEPSCOPE=1 (the corpus's torchrun cases under torchrun); the
 rule is judged on that run as it is now and, with --before, as the module FILE defines
 it (e.g. `git show REV:analysis/rules/outlier.py > /tmp/before.py`), so both verdicts
-come from the same runs. Prints one row per job and the precision and recall of each;
+come from the same runs. ``--keep DIR`` keeps the runs in DIR; with ``--judge-only`` the
+runs kept there are judged again without running a job (a rule changed, the same runs).
+Prints one row per job and the precision and recall of each;
 ``--rule all``: every rule judged on the same runs, a line of figures per rule.
 """
 
@@ -76,20 +79,27 @@ def main():
     p.add_argument("--rule", default="StepOutlier")
     p.add_argument("--before", help="a module file defining the rule as it was")
     p.add_argument("-k", dest="substring", help="only the jobs whose name contains this")
+    p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (judge them again with --judge-only)")
+    p.add_argument("--judge-only", action="store_true", help="judge the runs kept in --keep DIR, running no job")
     args = p.parse_args()
+    if args.judge_only and not args.keep:
+        p.error("--judge-only needs --keep DIR")
     import stepscope
 
     before = rule_from(args.before, args.rule) if args.before else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        runs = os.path.abspath(args.keep) if args.keep else os.path.join(tmp, "runs")
         for name, cmd, timeout, expected in jobs(args.substring):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
-            env.update(STEPSCOPE="1", STEPSCOPE_DIR=os.path.join(tmp, "runs"), STEPSCOPE_RUN=name.replace(":", "-"))
-            cwd = os.path.join(tmp, name.replace(":", "-"))
-            os.makedirs(cwd)
+            folder = os.path.join(runs, name.replace(":", "-"))
             try:
-                subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, timeout=timeout)
-                run = stepscope.load(os.path.join(tmp, "runs", name.replace(":", "-")), quiet=True)
+                if not args.judge_only:
+                    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+                    env.update(STEPSCOPE="1", STEPSCOPE_DIR=runs, STEPSCOPE_RUN=name.replace(":", "-"))
+                    cwd = os.path.join(tmp, name.replace(":", "-"))
+                    os.makedirs(cwd)
+                    subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, timeout=timeout)
+                run = stepscope.load(folder, quiet=True)
             except Exception as exc:  # noqa: BLE001 - a job that could not run is reported, not judged
                 print(f"{name}: not judged ({type(exc).__name__}: {exc})", flush=True)
                 continue

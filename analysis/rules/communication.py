@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from stepscope.analysis.communication import communication
-from stepscope.analysis.rules.balance import LoadBalancing, judged_straggler
+from typing import Optional
+
+from stepscope.analysis.communication import communication, gpu_communication
+from stepscope.analysis.rules.balance import CONTENDED_CORES, LoadBalancing, judged_straggler, others_load
 from stepscope.analysis.rules.base import Finding, Param, Rule
+from stepscope.analysis.rules.gpudata import memo, train_steps
+from stepscope.analysis.store.frames import as_strings
 
 
 class CommunicationBound(Rule):
@@ -20,6 +24,12 @@ class CommunicationBound(Rule):
                                           "exceeds this share of train step time"),
         "straggler_share": Param(0.5, "ratio", "name a straggler rank as the cause when the others' wait for it is "
                                                "at least this share of the exposed communication"),
+        "warmup_steps": Param(2, "steps", "each rank's first train steps left out (DDP builds and rebuilds its "
+                                          "buckets, gloo and NCCL connect)"),
+        "min_steps": Param(8, "steps", "judge only where every rank has at least this many train steps after "
+                                       "the warm-up..."),
+        "min_seconds": Param(0.2, "s", "...lasting at least this long: a loop of a few milliseconds cannot tell "
+                                       "communication from start-up and scheduling"),
     }
 
     def not_applicable(self, run):
@@ -29,23 +39,28 @@ class CommunicationBound(Rule):
             return "no collectives recorded (a job that is not distributed, or not through torch.distributed)"
         return None
 
+    def why_not_judged(self, run, p):
+        return self._judge(run, p)[1]
+
+    def _judge(self, run, p) -> tuple:
+        """(the judged figures where the loop is communication-bound, else None; why it was
+        not judged though over the threshold, else None). Judged over the train steps after
+        each rank's warm-up; once per run and parameters."""
+        return memo(run, ("CommunicationBound", tuple(sorted(p.items()))), lambda: _judged(run, p))
+
     def evaluate(self, run, p):
         c = communication(run)
-        if c is None or not c["steps"]:
+        judged = self._judge(run, p)[0]
+        if c is None or judged is None:
             return []
-        gpu = c.get("gpu")
-        on_gpu = gpu is not None and gpu["exposed_share"] > c["exposed_share"]  # NCCL: the host does not wait
-        share = gpu["exposed_share"] if on_gpu else c["exposed_share"]
-        if share <= p["threshold"]:
-            return []
-        exposed_ms = gpu["exposed_ms_per_step"] if on_gpu else c["exposed_ms_per_step"]
+        share, on_gpu, exposed_ms, gpu = judged["share"], judged["on_gpu"], judged["exposed_ms"], judged["gpu"]
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
-        judged = judged_straggler(run, LoadBalancing.defaults())
-        if judged is not None and judged["contended"]:
-            judged = None  # other processes kept the host busy: no rank is blamed (LoadBalancing says why)
-        cause, advice, straggler = _cause(c, p, main_kind, phase, judged)
+        straggling = judged_straggler(run, LoadBalancing.defaults())
+        if straggling is not None and straggling["contended"]:
+            straggling = None  # other processes kept the host busy: no rank is blamed (LoadBalancing says why)
+        cause, advice, straggler = _cause(c, p, main_kind, phase, straggling)
         where = f", mostly in {phase} waiting for {c['by_phase'][phase]['kind']}" if phase else ""
         if on_gpu:
             what = (f"the GPUs run nothing but communication {100 * share:.0f}% of train step time ({exposed_ms:.2f} "
@@ -53,17 +68,63 @@ class CommunicationBound(Rule):
                     "with a NCCL kernel running)")
         else:
             what = (f"the loop is blocked on communication {100 * share:.0f}% of train step time "
-                    f"({exposed_ms:.2f} ms a step{where}); of {100 * c['share']:.0f}% with a collective in flight, "
-                    f"{100 * c['overlapped_share']:.0f}% is hidden behind work")
+                    f"({exposed_ms:.2f} ms a step{where}); of {100 * judged['in_flight']:.0f}% with a collective in "
+                    f"flight, {100 * (judged['in_flight'] - share):.0f}% is hidden behind work")
         return [Finding(
             rule=self.name, rank=None, severity="warning",
             message=f"{what}. {cause}",
             recommendation=advice,
             evidence={"exposed_share": c["exposed_share"], "share": c["share"], "gpu": gpu, "on_gpu": on_gpu,
+                      "judged": {k: judged[k] for k in ("share", "steps", "seconds", "warmup_steps")},
                       "overlapped_share": c["overlapped_share"], "exposed_ms_per_step": exposed_ms,
                       "by_phase": c["by_phase"], "by_kind": c["by_kind"], "waited_for": c["waited_for"][:4],
                       "sources": c["sources"], "cause": cause, "straggler_rank": straggler},
             cost_ms_per_step=exposed_ms)]
+
+
+def _judged(run, p) -> tuple:
+    steps = train_steps(run, p["warmup_steps"])
+    c = communication(run)
+    if c is None or not len(steps):
+        return None, None
+    total = float(steps["duration_ns"].sum())
+    host_share = float(steps["comm_exposed_ns"].sum()) / total if total > 0 else 0.0
+    gpu = gpu_communication(run, steps)
+    on_gpu = gpu is not None and gpu["exposed_share"] > host_share  # NCCL: the host does not wait
+    share = gpu["exposed_share"] if on_gpu else round(host_share, 4)
+    if share <= p["threshold"]:
+        return None, None
+    ranked = steps[steps["rank"].notna()]
+    per = (ranked if len(ranked) else steps).groupby(as_strings((ranked if len(ranked) else steps)["process"]))
+    counts, seconds = per.size(), per["duration_ns"].sum() / 1e9
+    what = f"the loop is blocked on communication {100 * share:.0f}% of its train step time"
+    if int(counts.min()) < p["min_steps"] or float(seconds.min()) < p["min_seconds"]:
+        return None, (f"{what}, but a rank has only {int(counts.min())} train steps ({float(seconds.min()):.2f} s) "
+                      f"after its first {int(p['warmup_steps'])}: too few to tell communication from start-up and "
+                      f"scheduling (judged from {int(p['min_steps'])} steps and {p['min_seconds']:g} s a rank)")
+    if not on_gpu:
+        busy = _contended_host(run, list(counts.index))
+        if busy is not None:
+            return None, (f"{what}, but {busy['process']}'s host was {busy['busy_percent']:.0f}% busy over its train "
+                          f"steps ({busy['other_cores']:.1f} cores by other processes): there a collective waits "
+                          "for a CPU as much as for its peers; judge on a host with a core to spare per rank")
+    n = len(steps)
+    exposed_ms = gpu["exposed_ms_per_step"] if on_gpu else round(float(steps["comm_exposed_ns"].sum()) / n / 1e6, 3)
+    return {"share": share, "on_gpu": on_gpu, "exposed_ms": exposed_ms, "gpu": gpu,
+            "in_flight": round(float(steps["comm_ns"].sum()) / total, 4), "steps": int(n),
+            "seconds": round(float(seconds.sum()), 3), "warmup_steps": int(p["warmup_steps"])}, None
+
+
+def _contended_host(run, processes) -> Optional[dict]:
+    """The first rank process whose host other processes kept busy over its train steps
+    (``others_load``, as LoadBalancing asks), with its figures; None where none was, or the
+    samples are missing. The job's own compute does not count: the exposed time of a job
+    that keeps its cores busy is its own."""
+    for process in processes:
+        load = others_load(run, process)
+        if load is not None and load["other_cores"] >= CONTENDED_CORES:
+            return {"process": str(process), **load}
+    return None
 
 
 def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:

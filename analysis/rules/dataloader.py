@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.quantities import ms, phase_share
+from stepscope.analysis.quantities import ms, phase_share, steady_phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups
@@ -95,6 +95,9 @@ class Dataloader(Rule):
         "min_getnext_share": Param(0.2, "ratio", "...while GetNext takes at least this share of train step time "
                                                  "(GetNextBottleneck's threshold: too few workers only matter "
                                                  "when the loop waits for data)"),
+        "min_getnext_ms": Param(0.5, "ms", "...and GetNext averages at least this long a step (GetNextBottleneck's "
+                                           "floor: a smaller wait is collation in the main process, which more "
+                                           "workers do not remove)"),
         "max_cores_percent": Param(200.0, "%", "fire when the workers outnumber the node's cores by more than "
                                                "this share (Debugger: 200%): they compete for the cores with "
                                                "each other and with the training process"),
@@ -127,6 +130,8 @@ class Dataloader(Rule):
                 "process": str(process), "node": node, "cores": cores[node],
                 "workers": max(workers.get(process, 0), configured_workers(run, process)),
                 "getnext_share": phase_share(s, GETNEXT),  # the summary's figure
+                # (as GetNextBottleneck: without the first step and the last, start-up and shut-down)
+                "getnext_share_after_warmup": steady_phase_share(s, GETNEXT, 1),
                 "getnext_ms_mean": ms(s[GETNEXT].mean()),
                 "getnext_ms": {"p50": round(float(np.median(getnext)), 3),
                                "p95": round(float(np.percentile(getnext, 95)), 3),
@@ -141,7 +146,9 @@ class Dataloader(Rule):
     def evaluate(self, run, p):
         out = []
         for process, rank, row in self._rows(run):
-            n, cores, share = row["workers"], row["cores"], row["getnext_share"]
+            n, cores, share = row["workers"], row["cores"], row["getnext_share"]  # (the summary's figure, quoted)
+            waits = (min(share, row["getnext_share_after_warmup"]) >= p["min_getnext_share"]  # a steady wait...
+                     and row["getnext_ms_mean"] >= p["min_getnext_ms"])  # ...that workers could remove
             who = rank_label(rank, process)
             if n > cores * p["max_cores_percent"] / 100:
                 message = (f"{who} runs {n} data-loader workers on {cores} cores, more than "
@@ -149,14 +156,14 @@ class Dataloader(Rule):
                 cost = None  # competing workers slow everything a little: no one figure per step
                 fix = ("Lower num_workers to about the number of cores left after the training process's own "
                        "threads (and divide them among the ranks of a node).")
-            elif n < cores * p["min_cores_percent"] / 100 and share >= p["min_getnext_share"]:
+            elif n < cores * p["min_cores_percent"] / 100 and waits:
                 message = (f"{who} waits for data {100 * share:.0f}% of train step time with {n} data-loader "
                            f"workers on {cores} cores (fewer than {p['min_cores_percent']:g}% of them)")
                 fix = advice("feed", framework_of(run))
                 cost = row["getnext_ms_mean"]  # the wait more workers would remove
             else:
                 slow = _slow_worker(row["worker_fetches"], p["slow_worker_ratio"])
-                if slow is None or share < p["min_getnext_share"]:
+                if slow is None or not waits:
                     continue
                 worker, slow_ms, fast_ms = slow
                 message = (f"{who}: data-loader worker {worker} takes {slow_ms:.1f} ms a batch, "

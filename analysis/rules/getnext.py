@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from stepscope.analysis.quantities import epoch_start_wait, loop_starts, ms, percent, phase_share, step_stats
+from stepscope.analysis.quantities import (epoch_start_wait, loop_starts, ms, percent, phase_share,
+                                          steady_phase_share, step_stats)
 from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
@@ -23,6 +24,9 @@ class GetNextBottleneck(Rule):
                                           "train steps (worker start-up) and its last one (the exhausted "
                                           "iterator joins its workers); the finding quotes the share over all "
                                           "of them, the summary's"),
+        "min_ms": Param(0.5, "ms", "...and the wait averages at least this long a step: a smaller wait is the "
+                                   "loader's own per-batch cost in the main process (collating tensors already in "
+                                   "memory), which data-loader workers do not remove"),
         "epoch_start_s": Param(0.01, "s", "PyTorch: name the time persistent_workers=True would save when the "
                                           "first step of each epoch waits at least this much longer for its batch "
                                           "than the slowest tenth of the other steps"),
@@ -49,11 +53,11 @@ class GetNextBottleneck(Rule):
             share = phase_share(s, GETNEXT)  # the summary's figure (SPEC §7)
             if share <= p["threshold"]:
                 continue
-            ordered = s.sort_values("start_ns")
-            last = len(ordered) - 1 if len(ordered) > int(p["warmup_steps"]) + 1 else len(ordered)
-            steady = phase_share(ordered.iloc[int(p["warmup_steps"]):last], GETNEXT)
+            steady = steady_phase_share(s, GETNEXT, p["warmup_steps"])
             if steady <= p["threshold"]:
                 continue  # start-up, not a loop that waits for its data
+            if ms(s[GETNEXT].mean()) < p["min_ms"]:
+                continue  # (why_not_judged says so)
             if framework is None:
                 framework = framework_of(run)
             epoch = None
@@ -90,6 +94,19 @@ class GetNextBottleneck(Rule):
                          f"{stats['mean_ms']:.1f} ms step on average)"),
                 recommendation=recommendation, evidence=evidence, cost_ms_per_step=getnext_ms))
         return out
+
+
+    def why_not_judged(self, run, p):
+        """A loop over the threshold whose wait per step is under the floor: its figures."""
+        for (process, rank), s in train_groups(run):
+            if not len(s) or s["duration_ns"].sum() <= 0:
+                continue
+            share, wait = phase_share(s, GETNEXT), ms(s[GETNEXT].mean())
+            if share > p["threshold"] and wait < p["min_ms"]:
+                return (f"{rank_label(rank, process)} waits for its batches {percent(share)} of train step time, but "
+                        f"{wait:.2f} ms a step: the loader's own per-batch cost in the main process, which workers "
+                        f"would not remove (judged from {p['min_ms']:g} ms a step)")
+        return None
 
 
 def _slowest_stage(run, process):

@@ -1,0 +1,32 @@
+"""bench/whole_process.py as a smoke test (issue 61): the whole-process benchmark runs,
+pairs plain and profiled processes, and prints every configuration's row with figures
+a reader can use. Its figures are BENCHMARKS.md's; nothing here is timed."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "whole_process.py")
+
+
+@pytest.mark.slow
+def test_the_whole_process_benchmark_prints_every_part():
+    out = subprocess.run([sys.executable, BENCH, "--quick", "--sizes", "0.3", "--breakdown", "--idle", "1"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^\| ([^|]+?) \| ([\d.]+)x \| ([\d.]+) \| ([\d.]+) \| ([+-][\d.]+) \| ([+-][\d.]+) \| ([+-][\d.]+) \| "
+        r"([+-]\d+) \|$", out.stdout, re.M)}
+    assert set(rows) == {"STEPSCOPE=1", "no op windows", "no Python sampler", "no system sampler", "no flushes",
+                         "hooks only"}, out.stdout
+    for name, (ratio, p10, p90, us, us10, us90, _) in rows.items():
+        assert 0.5 < float(ratio) < 3.0, (name, out.stdout)  # a ratio of two loops' times, not a stray figure
+        assert float(p10) <= float(p90) and float(us10) <= float(us90), (name, out.stdout)
+    measured = re.search(r"measured plain: ([\d.]+) ms", out.stdout)
+    assert measured and 0.01 < float(measured.group(1)) < 50, out.stdout
+    assert re.search(r"CPU of one core while idle: median -?[\d.]+%", out.stdout), out.stdout

@@ -19,11 +19,13 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.tables import comm
-from stepscope.core.vocabulary import (COMPILE_PREFIX, GRAPH_BREAK_PREFIX, JAX_COMPILE_PREFIX, RECOMPILE_PREFIX,
-                                      TRACE_PREFIX, TRAIN)
+from stepscope.core.vocabulary import (COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX, JAX_COMPILE_PREFIX,
+                                      RECOMPILE_PREFIX, TRACE_PREFIX, TRAIN)
 
 _SPAN = re.compile(r"^" + re.escape(COMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*)$")
 _RECOMPILE = re.compile(r"^" + re.escape(RECOMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*?): (?P<reason>.*)$")
+_LIMIT = re.compile(r"^" + re.escape(COMPILE_LIMIT_PREFIX) + r" (?P<id>\S+) (?P<limit>\S+) (?P<value>\S+): "
+                    r"(?P<reason>.*)$")
 _BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
 _TRACE = re.compile(r"^" + re.escape(TRACE_PREFIX) + r" (?P<function>.*)#(?P<n>\d+): (?P<cause>.*)$")
 _JAX = re.compile(r"^" + re.escape(JAX_COMPILE_PREFIX) + r" (?P<function>.*): (?P<stage>trace|lower|compile)$")
@@ -49,8 +51,22 @@ def compile_events(run):
     """(spans, recompiles): the compile spans (process, name, start_ns, end_ns, id, place)
     and the recompile instants (process, start_ns, id, place, reason)."""
     names = run.event_names(containing=COMPILE_PREFIX)
-    spans = _parsed(run, "span", _SPAN, [n for n in names if not n.startswith((RECOMPILE_PREFIX, GRAPH_BREAK_PREFIX))])
+    spans = _parsed(run, "span", _SPAN, [n for n in names if not n.startswith((RECOMPILE_PREFIX, GRAPH_BREAK_PREFIX,
+                                                                               COMPILE_LIMIT_PREFIX))])
     return spans, _parsed(run, "instant", _RECOMPILE, [n for n in names if n.startswith(RECOMPILE_PREFIX)])
+
+
+def limit_events(run, spans: pd.DataFrame) -> list:
+    """The functions that hit dynamo's recompile limit (from then on they ran uncompiled):
+    [{function, limit, value, reason, process, at_ns}], the function found by the compile
+    id's frame among the compiles (``frame/n``)."""
+    ev = _parsed(run, "instant", _LIMIT, run.event_names(containing=COMPILE_LIMIT_PREFIX))
+    frames = {}
+    for row in spans.itertuples():
+        frames.setdefault((row.process, str(row.id).rsplit("/", 1)[0]), row.place)
+    return [{"function": frames.get((row.process, str(row.id).rsplit("/", 1)[0]), "a compiled function"),
+             "limit": str(row.limit), "value": str(row.value), "reason": str(row.reason),
+             "process": str(row.process), "at_ns": int(row.start_ns)} for row in ev.itertuples()]
 
 
 def trace_events(run) -> pd.DataFrame:
@@ -91,6 +107,7 @@ def _compilation(run) -> Optional[dict]:
     spans, recompiles = compile_events(run)
     traces = trace_events(run)
     jax = jax_events(run)
+    limits = limit_events(run, spans)
     if not len(spans) and not len(traces) and not len(jax):
         return None
     both = pd.concat([t[["process", "start_ns", "end_ns"]] for t in (spans, traces, jax)])
@@ -110,6 +127,9 @@ def _compilation(run) -> Optional[dict]:
             "compiles": int(len(s)), "recompiles": int(len(r)),
             "compile_ms": _ms((s["end_ns"] - s["start_ns"]).sum()),
             "reasons": [str(x) for x in r["reason"].drop_duplicates().head(5)]}
+    for hit in limits:  # a function that runs uncompiled from then on
+        if hit["function"] in functions:
+            functions[hit["function"]]["limit_hit"] = f"{hit['limit']} ({hit['value']})"
     breaks = {}
     for place, s in spans.groupby("place", sort=False):
         m = _RESUME.match(place)
@@ -140,7 +160,8 @@ def _compilation(run) -> Optional[dict]:
             "retraces": int((traces["n"] > 1).sum()), "graph_breaks": len(breaks), "tf_functions": tf_functions,
             "total_ms": _ms(u_total), "train_steps_ms": _ms(per_step[train].sum()) if len(steps) else 0.0,
             "share_of_train": round(float(per_step[train].sum()) / train_ns, 4) if train_ns else 0.0,
-            "functions": functions, "breaks": list(breaks.values()), "steps": top}
+            "functions": functions, "breaks": list(breaks.values()), "steps": top,
+            "limits": [{k: v for k, v in hit.items() if k != "at_ns"} for hit in limits]}
 
 
 def _rank(steps, i):
@@ -164,6 +185,9 @@ def format_lines(c: dict) -> list:
     top = sorted(c.get("jax_functions", {}).items(), key=lambda kv: -kv[1]["compile_ms"])[:5]
     for name, f in top:
         lines.append(f"  {'':<10} jax {name}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s)")
+    for hit in c.get("limits", [])[:5]:
+        lines.append(f"  {'':<10} {hit['function']} hit torch._dynamo's {hit['limit']} ({hit['value']}): it runs "
+                     "uncompiled from then on")
     for b in c["breaks"][:5]:
         why = f": {b['reason']}" if b.get("reason") else ""
         lines.append(f"  {'':<10} graph break in {b['function'] or 'compiled code'} at {b['file']}:{b['line']}{why}")

@@ -55,6 +55,9 @@ VOID_MARK = "void"
 COMPILE_PREFIX = "torch.compile"
 RECOMPILE_PREFIX = "torch.compile recompile"
 GRAPH_BREAK_PREFIX = "torch.compile graph break"
+#: A function that hit dynamo's recompile limit (it runs uncompiled from then on): an instant
+#: ``COMPILE_LIMIT_PREFIX <compile id> <limit name> <limit>: <dynamo's last reason>``.
+COMPILE_LIMIT_PREFIX = "torch.compile limit"
 #: tf.function's traces (integrations/tfdata/_tracing.py): a framework span per trace,
 #: ``TRACE_PREFIX <function>#<n>: <cause>`` (first, python value, shape, signature).
 TRACE_PREFIX = "tf.function trace"

@@ -69,6 +69,24 @@ def test_a_healthy_compiled_loop_gets_no_finding(tmp_path):
     assert not [f for f in s["findings"] if f["rule"] in ("Recompilation", "GraphBreak", "StepOutlier")], s["findings"]
 
 
+def test_a_function_at_the_recompile_limit_is_found(tmp_path):
+    plain, _ = _run(tmp_path, "limit", profiled=False)
+    counts, s = _run(tmp_path, "limit")
+    assert counts == plain
+    c = s["compilation"]
+    (hit,) = c["limits"]
+    assert hit["limit"] == "recompile_limit" and hit["value"] == "4"
+    assert hit["function"].startswith("scaled_loss (compile_jobs.py:") and "step == 3" in hit["reason"]
+    f = c["functions"][hit["function"]]
+    assert f["compiles"] == 4 and f["recompiles"] == 3 == int(counts.split()[3])  # the refused 5th is no compile
+    assert f["limit_hit"] == "recompile_limit (4)"
+    found = {x["rule"]: x for x in s["findings"]}
+    assert "runs uncompiled" in found["Recompilation"]["message"]
+    assert "torch.tensor(value)" in found["Recompilation"]["recommendation"]  # a Python number: a tensor
+    page = (tmp_path / "runs" / "limit" / "report.html").read_text()
+    assert "runs uncompiled from then on" in page
+
+
 def test_a_tf_function_retraced_on_python_numbers(tmp_path):
     pytest.importorskip("tensorflow")
     plain, _ = _run(tmp_path, "tfretrace", profiled=False)

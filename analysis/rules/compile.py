@@ -60,13 +60,18 @@ class Recompilation(_CompileRule):
     name = "Recompilation"
     summary = ("torch.compile compiled a function again during training (a guard failed: a new input shape, a "
                "Python number that changed, another grad mode); the time those compiles took, per train step, "
-               "with dynamo's reason and what to change.")
+               "with dynamo's reason and what to change. A function that hit dynamo's recompile limit (it runs "
+               "uncompiled from then on) is always a finding.")
     params = {"min_share": Param(0.02, "ratio", "fire when the recompiles' time inside train steps is at least "
                                                "this share of train step time")}
 
     def evaluate(self, run, p):
         c = compilation(run)
-        if c is None or not c["recompiles"]:
+        if c is None:
+            return []
+        if c.get("limits"):
+            return [self._limit_hit(c)]
+        if not c["recompiles"]:
             return []
         spans, _ = compile_events(run)
         found = _paid(run, spans[~spans["id"].str.endswith("/0")])  # a frame's later compiles: its recompiles
@@ -85,6 +90,22 @@ class Recompilation(_CompileRule):
             evidence={"recompiles": c["recompiles"], "functions": c["functions"], "recompile_s": round(paid / 1e9, 3),
                       "share": round(share, 4), "steps": c["steps"]},
             cost_ms_per_step=paid / 1e6 / len(train))]
+
+
+    def _limit_hit(self, c):
+        """A function at dynamo's recompile limit runs uncompiled from then on: the loop loses
+        what compiling gave it for the rest of the run, whatever the recompiles cost."""
+        hit = c["limits"][0]
+        f = c["functions"].get(hit["function"], {})
+        return Finding(
+            rule=self.name, severity="warning",
+            message=(f"{hit['function']} hit torch._dynamo's {hit['limit']} ({hit['value']}) after "
+                     f"{f.get('compiles', '?')} compile(s): from then on it runs uncompiled (eager); dynamo's last "
+                     f"reason to recompile: {hit['reason']}"),
+            recommendation=(advice_for(hit["reason"]) + " Raise torch._dynamo.config." + hit["limit"]
+                            + " only where the variants are few and expected: each one is another compile."),
+            evidence={"limits": c["limits"], "recompiles": c["recompiles"], "functions": c["functions"]},
+            cost_ms_per_step=None)  # (the uncompiled steps' loss is not measured: no compiled run to compare)
 
 
 _BREAK_ADVICE = (

@@ -9,7 +9,13 @@ from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.dataloader import keeps_workers
 from stepscope.analysis.rules.gpudata import train_groups
-from stepscope.core.vocabulary import GETNEXT, TRAIN
+from stepscope.core.vocabulary import COMPUTE_PHASES, GETNEXT, TRAIN
+
+
+_EAGER_FETCH = ("A custom loop that fetches each batch in Python (for batch in dataset: step(batch)) pays an eager "
+                "call per batch, more with a tf.distribute iterator: iterate inside the tf.function instead, several "
+                "steps per call (next(iterator) in a tf.range loop, or the for loop over the dataset inside it), "
+                "and give each step more work (a larger batch). ")
 
 
 class GetNextBottleneck(Rule):
@@ -74,6 +80,9 @@ class GetNextBottleneck(Rule):
             if epoch is not None:
                 recommendation = advice("epoch_start", TORCH, **epoch) + recommendation
             stage = _slowest_stage(run, process) if framework == TENSORFLOW else None
+            if framework == TENSORFLOW and not (s[list(COMPUTE_PHASES)] > 0).any(axis=None):
+                # a custom loop (no fit measured its compute): each batch fetched from Python
+                recommendation = _EAGER_FETCH + recommendation
             if stage is not None:
                 recommendation = (f"In the sampled steps tf.data's slowest stage is {stage['stage']} "
                                   f"({stage['self_ms_per_call']:.2f} ms a call, {percent(stage['share'])} of the "

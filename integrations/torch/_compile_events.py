@@ -11,21 +11,28 @@ AOTAutograd's backward graph); a recompile (a guard failed) is also an instant n
 break shows as the compile of its resume function, ``torch_dynamo_resume_in_<f>_at_<line>``
 (analysis/compilation.py reads the break's place from it); its reason comes from dynamo's
 ``InstructionTranslatorBase.log_graph_break`` (called once per break while tracing),
-wrapped too: an instant ``GRAPH_BREAK_PREFIX <file>:<line>: <reason>``. A torch without
+wrapped too: an instant ``GRAPH_BREAK_PREFIX <file>:<line>: <reason>``. A compile that
+failed because the function hit dynamo's recompile limit (the function runs uncompiled
+from then on) is no compile: an instant ``COMPILE_LIMIT_PREFIX <compile id> <limit> <value>:
+<last reason>`` instead, its function found by the compile id's frame. A torch without
 those functions (or with the metrics logging off) records none of it, and run.json says so.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import sysconfig
 
 from stepscope.core import importhook, session
 from stepscope.core.recording import FRAMEWORK, clock_info, enabled, instant, intern, now, span
-from stepscope.core.vocabulary import COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX
+from stepscope.core.vocabulary import COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX
 
 MAX_REASON = 300  # characters of a recompile reason kept (a guard on a large structure can be long)
+# dynamo's words for a compile refused at the recompile limit, and the limit's name and value
+_LIMIT_HIT = "recompile limit exceeded"
+_LIMIT = re.compile(r"exceeding the (\w+) cache size limit \(currently set to (\d+)\)")
 
 
 def _library_roots() -> tuple:
@@ -76,11 +83,17 @@ def record(metrics, ticks_per_ns: float) -> None:
         duration_us = end_us - start_us if start_us is not None and end_us is not None else 0
     start = max(end - int(duration_us * 1000 * ticks_per_ns), 0)
     compile_id = str(getattr(metrics, "compile_id", None) or "?")
+    reason = getattr(metrics, "recompile_reason", None)
+    reason = " ".join(str(reason).split())[:MAX_REASON] if reason else None
+    failure = str(getattr(metrics, "fail_reason", None) or "")
+    if _LIMIT_HIT in failure.lower():
+        m = _LIMIT.search(" ".join(failure.split()))
+        limit, value = (m.group(1), m.group(2)) if m else ("recompile_limit", "?")
+        instant(FRAMEWORK, intern(f"{COMPILE_LIMIT_PREFIX} {compile_id} {limit} {value}: {reason or '?'}"))
+        return
     place = where(metrics)
     span(FRAMEWORK, intern(f"{COMPILE_PREFIX} {compile_id} {place}"), start, end)
-    reason = getattr(metrics, "recompile_reason", None)
     if reason:
-        reason = " ".join(str(reason).split())[:MAX_REASON]
         instant(FRAMEWORK, intern(f"{RECOMPILE_PREFIX} {compile_id} {place}: {reason}"))
 
 

@@ -4,6 +4,8 @@ recompile  a compiled model (aot_eager) whose forward has a data-dependent branc
            break) and whose batch size changes at step 10 (a recompile of forward and of the
            code after the break), 30 steps
 healthy    the same model without the branch, one batch size: compiled once, 30 steps
+limit      a compiled loss scaled by the step number, a Python int (a recompile every step), with
+           torch._dynamo.config.recompile_limit 4: from the 5th step on it runs uncompiled, 12 steps
 tfretrace  (TensorFlow) a custom loop whose tf.function step takes the learning rate as a Python
            float that decays every step: a new trace each step, 24 steps
 tfhealthy  the same loop with the learning rate a tensor: traced once
@@ -60,6 +62,8 @@ def main(kind):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    if kind == "limit":
+        return limit_loop(dynamo_utils)
     model = Net(branch=kind == "recompile")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     compiled = torch.compile(model, backend="aot_eager")
@@ -71,6 +75,24 @@ def main(kind):
     metrics = dynamo_utils.get_compilation_metrics()
     print("graphs", dynamo_utils.counters["stats"]["unique_graphs"],
           "recompiles", sum(1 for m in metrics if m.recompile_reason))
+
+
+def limit_loop(dynamo_utils):
+    torch._dynamo.config.recompile_limit = 4
+    model = nn.Linear(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    @torch.compile(backend="aot_eager", dynamic=False)
+    def scaled_loss(out, step):
+        return out.pow(2).mean() * (1.0 + 0.01 * step)  # the step, a Python int, guarded: a recompile
+
+    for i in range(12):
+        opt.zero_grad()
+        scaled_loss(model(torch.randn(16, 32)), i).backward()
+        opt.step()
+    metrics = dynamo_utils.get_compilation_metrics()
+    print("graphs", dynamo_utils.counters["stats"]["unique_graphs"],
+          "recompiles", sum(1 for m in metrics if m.recompile_reason and not m.fail_type))
 
 
 if __name__ == "__main__":

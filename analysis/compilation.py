@@ -127,7 +127,8 @@ def _compilation(run) -> Optional[dict]:
             "compiles": int(len(s)), "recompiles": int(len(r)),
             "compile_ms": _ms((s["end_ns"] - s["start_ns"]).sum()),
             "reasons": [str(x) for x in r["reason"].drop_duplicates().head(5)]}
-    for hit in limits:  # a function that runs uncompiled from then on
+    for hit in limits:  # a function that runs uncompiled from then on: from the step it was refused in
+        hit.update(_step_at(steps, hit["process"], hit["at_ns"]))
         if hit["function"] in functions:
             functions[hit["function"]]["limit_hit"] = f"{hit['limit']} ({hit['value']})"
     breaks = {}
@@ -164,6 +165,18 @@ def _compilation(run) -> Optional[dict]:
             "limits": [{k: v for k, v in hit.items() if k != "at_ns"} for hit in limits]}
 
 
+def _step_at(steps: pd.DataFrame, process: str, at_ns: int) -> dict:
+    """{mode, step} of the process's step that holds ``at_ns`` (else the next one to begin),
+    or {} where none does."""
+    if not len(steps):
+        return {}
+    mine = steps[(steps["process"].astype(str) == process) & (steps["end_ns"] > at_ns)]
+    if not len(mine):
+        return {}
+    row = mine.loc[mine["start_ns"].idxmin()]
+    return {"mode": str(row["mode"]), "step": int(row["step"])}
+
+
 def _rank(steps, i):
     rank = steps["rank"].iloc[i] if "rank" in steps else None
     return None if rank is None or pd.isna(rank) else int(rank)
@@ -186,8 +199,9 @@ def format_lines(c: dict) -> list:
     for name, f in top:
         lines.append(f"  {'':<10} jax {name}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s)")
     for hit in c.get("limits", [])[:5]:
+        when = f" from {hit['mode']} step {hit['step']} on" if "step" in hit else " from then on"
         lines.append(f"  {'':<10} {hit['function']} hit torch._dynamo's {hit['limit']} ({hit['value']}): it runs "
-                     "uncompiled from then on")
+                     f"uncompiled{when}")
     for b in c["breaks"][:5]:
         why = f": {b['reason']}" if b.get("reason") else ""
         lines.append(f"  {'':<10} graph break in {b['function'] or 'compiled code'} at {b['file']}:{b['line']}{why}")

@@ -80,11 +80,12 @@ def test_a_function_at_the_recompile_limit_is_found(tmp_path):
     f = c["functions"][hit["function"]]
     assert f["compiles"] == 4 and f["recompiles"] == 3 == int(counts.split()[3])  # the refused 5th is no compile
     assert f["limit_hit"] == "recompile_limit (4)"
+    assert (hit["mode"], hit["step"]) == ("train", 4)  # steps 0-3 compiled it; the 5th was refused
     found = {x["rule"]: x for x in s["findings"]}
-    assert "runs uncompiled" in found["Recompilation"]["message"]
+    assert "from train step 4 on it runs uncompiled" in found["Recompilation"]["message"]
     assert "torch.tensor(value)" in found["Recompilation"]["recommendation"]  # a Python number: a tensor
     page = (tmp_path / "runs" / "limit" / "report.html").read_text()
-    assert "runs uncompiled from then on" in page
+    assert "runs uncompiled from train step 4 on" in page
 
 
 def test_a_tf_function_retraced_on_python_numbers(tmp_path):

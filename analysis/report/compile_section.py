@@ -27,8 +27,9 @@ def compilation_section(run, esc, summary: dict):
     head += ("<table class='grid compiles'><tr><th>compiled function</th><th>compiles</th><th>recompiles</th>"
              f"<th>compile time (s)</th><th>why it recompiled (dynamo)</th></tr>{rows}</table>")
     for hit in c.get("limits", []):
+        when = f"from {hit['mode']} step {hit['step']} on" if "step" in hit else "from then on"
         head += (f"<p class='warn'><b>{esc(hit['function'])}</b> hit torch._dynamo's {esc(hit['limit'])} "
-                 f"({esc(hit['value'])}): it runs uncompiled from then on (last reason: {esc(hit['reason'])}).</p>")
+                 f"({esc(hit['value'])}): it runs uncompiled {esc(when)} (last reason: {esc(hit['reason'])}).</p>")
     if c["breaks"]:
         rows = "".join(f"<tr><td>{esc(b['file'])}:{b['line']}</td><td>{esc(b['function'] or '')}</td>"
                        f"<td>{esc(b.get('reason') or '')}</td></tr>" for b in c["breaks"])

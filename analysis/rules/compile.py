@@ -97,10 +97,11 @@ class Recompilation(_CompileRule):
         what compiling gave it for the rest of the run, whatever the recompiles cost."""
         hit = c["limits"][0]
         f = c["functions"].get(hit["function"], {})
+        when = f"from {hit['mode']} step {hit['step']} on" if "step" in hit else "from then on"
         return Finding(
             rule=self.name, severity="warning",
             message=(f"{hit['function']} hit torch._dynamo's {hit['limit']} ({hit['value']}) after "
-                     f"{f.get('compiles', '?')} compile(s): from then on it runs uncompiled (eager); dynamo's last "
+                     f"{f.get('compiles', '?')} compile(s): {when} it runs uncompiled (eager); dynamo's last "
                      f"reason to recompile: {hit['reason']}"),
             recommendation=(advice_for(hit["reason"]) + " Raise torch._dynamo.config." + hit["limit"]
                             + " only where the variants are few and expected: each one is another compile."),

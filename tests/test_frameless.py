@@ -96,3 +96,54 @@ def test_init_process_group_that_raises_prints_torch_s_traceback_byte_for_byte(t
     assert plain.returncode == profiled.returncode != 0 and "Traceback" in plain.stderr, plain.stderr
     assert profiled.stderr == plain.stderr
     assert not stepscope_frames(profiled.stderr)
+
+
+def test_with_result_after_sees_what_the_original_returned():
+    seen = []
+    wrapped = _native.around(lambda a: a * 2, lambda *a, **k: (a, k, "t"), lambda t, e, r: seen.append((t, e, r)),
+                             seen.append, True)
+    assert wrapped(4) == 8 and seen == [("t", None, 8)]
+    with pytest.raises(ValueError):
+        _native.around(_boom, lambda *a, **k: (a, k, "t"), lambda t, e, r: seen.append((t, e, r)), seen.append,
+                       True)(1)
+    assert seen[-1][0] == "t" and isinstance(seen[-1][1], ValueError) and seen[-1][2] is None
+
+
+WAIT_TIMES_OUT = """
+import datetime, os, sys, time, traceback
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    work = dist.irecv(torch.zeros(4), src=1)  # rank 1 never sends
+    try:
+        work.wait(timeout=datetime.timedelta(seconds=1))
+    except RuntimeError:
+        print("frames", [(os.path.basename(f.filename), f.name) for f in traceback.extract_tb(sys.exc_info()[2])])
+        sys.stdout.flush()
+else:
+    time.sleep(4)
+os._exit(0)
+"""
+
+
+def test_a_point_to_point_wait_that_times_out_keeps_torch_s_traceback(tmp_path):
+    """Issue 57 item 7: ProcessGroup.recv and Work.wait are wrapped frameless; a wait that
+    raises (a peer that never sends) shows the frames it shows without stepscope."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_TIMES_OUT)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    frames = []
+    for extra in ({}, {"STEPSCOPE": "1", "STEPSCOPE_DIR": str(tmp_path / "runs")}):
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                              str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                             env={**base, **extra})
+        assert out.returncode == 0, out.stderr[-3000:]
+        frames.append([line for line in out.stdout.splitlines() if line.startswith("frames")])
+        assert "stepscope:" not in out.stderr, out.stderr[-3000:]
+    assert frames[0] == frames[1] and len(frames[0]) == 1, frames
+    assert "stepscope" not in frames[1][0] and "wait.py" in frames[1][0]

@@ -6,7 +6,9 @@
 //   prepared = before(*args, **kwargs)
 //     None: original(*args, **kwargs) is called as is, nothing after it;
 //     (args, kwargs or None, token): original(*args, **kwargs) with those,
-//     then after(token, exc): exc is what original raised, or None.
+//     then after(token, exc): exc is what original raised, or None;
+//     around(..., fail, True): after(token, exc, result), result what original
+//     returned (None where it raised).
 //
 // A failure of before or after goes to fail(exc) and never to the caller
 // (before failing: the original is called with the caller's arguments);
@@ -28,6 +30,7 @@ struct Around {
   PyObject* after;
   PyObject* fail;
   vectorcallfunc vectorcall;
+  bool with_result;  // after(token, exc, result)
 };
 
 PyObject** around_fields(PyObject* self, int i) {
@@ -78,7 +81,9 @@ PyObject* around_call(PyObject* callable, PyObject* const* args, size_t nargsf, 
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
   }
-  PyObject* r = PyObject_CallFunctionObjArgs(a->after, token, value ? value : Py_None, nullptr);
+  PyObject* r = a->with_result ? PyObject_CallFunctionObjArgs(a->after, token, value ? value : Py_None,
+                                                              result ? result : Py_None, nullptr)
+                               : PyObject_CallFunctionObjArgs(a->after, token, value ? value : Py_None, nullptr);
   if (!r) hand_error_to(a->fail);
   Py_XDECREF(r);
   if (type) PyErr_Restore(type, value, tb);
@@ -123,11 +128,13 @@ PyGetSetDef around_getset[] = {
 PyTypeObject AroundType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyObject* around(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (n != 4 || !PyCallable_Check(a[0]) || !PyCallable_Check(a[1]) || !PyCallable_Check(a[2]) ||
+  if ((n != 4 && n != 5) || !PyCallable_Check(a[0]) || !PyCallable_Check(a[1]) || !PyCallable_Check(a[2]) ||
       !PyCallable_Check(a[3])) {
-    PyErr_SetString(PyExc_TypeError, "around(original, before, after, fail): four callables");
+    PyErr_SetString(PyExc_TypeError, "around(original, before, after, fail[, with_result]): four callables");
     return nullptr;
   }
+  int with_result = n == 5 ? PyObject_IsTrue(a[4]) : 0;
+  if (with_result < 0) return nullptr;
   Around* w = PyObject_GC_New(Around, &AroundType);
   if (!w) return nullptr;
   PyObject** slots[] = {&w->original, &w->before, &w->after, &w->fail};
@@ -136,13 +143,15 @@ PyObject* around(PyObject*, PyObject* const* a, Py_ssize_t n) {
     *slots[i] = a[i];
   }
   w->vectorcall = around_call;
+  w->with_result = with_result != 0;
   PyObject_GC_Track(w);
   return reinterpret_cast<PyObject*>(w);
 }
 
 PyMethodDef functions[] = {
     {"around", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(around)), METH_FASTCALL,
-     "around(original, before, after, fail): a wrapper with no Python frame; see csrc/common/around.cc"},
+     "around(original, before, after, fail[, with_result]): a wrapper with no Python frame; see "
+     "csrc/common/around.cc"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -217,23 +217,26 @@ class Collectives:
         unfinished[id(work)] = (weakref.ref(work), name, t0, done_arg)
 
     def wrap_wait(self, original):
+        """Frameless (C): an error the wait raises (a timeout, a peer gone) has the traceback
+        it has without stepscope. (The collective functions keep a Python wrapper: dynamo
+        rewrites a traced ``dist.all_reduce`` only where it sees a Python function.)"""
         wait_id, local, unfinished = self.wait_id, self.local, self.unfinished
 
-        def wait(work, /, *args, **kwargs):
+        def before(work, /, *args, **kwargs):
             if local.inside or not enabled():
-                return original(work, *args, **kwargs)
-            t0 = now()
-            try:
-                return original(work, *args, **kwargs)
-            finally:
-                t1 = now()
-                span(COMM, wait_id, t0, t1)
-                if unfinished:
-                    found = unfinished.pop(id(work), None)
-                    if found is not None and found[0]() is work:
-                        span(COMM, found[1], found[2], t1, found[3])
+                return None
+            return (work, *args), kwargs, (work, now())
 
-        return wait
+        def after(token, exc):  # (a wait that raised still blocked the loop until then)
+            work, t0 = token
+            t1 = now()
+            span(COMM, wait_id, t0, t1)
+            if unfinished:
+                found = unfinished.pop(id(work), None)
+                if found is not None and found[0]() is work:
+                    span(COMM, found[1], found[2], t1, found[3])
+
+        return frameless(original, before, after, fail=self.ctx.fail)
 
     # --- DDP ----------------------------------------------------------------------------------
     def install_ddp(self, ddp_class) -> None:

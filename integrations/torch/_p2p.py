@@ -24,6 +24,7 @@ import functools
 
 from stepscope.core.recording import COMM, counter, enabled, now, span
 from stepscope.core.vocabulary import COMM_ASYNC, COMM_DONE, COMM_P2P, COMM_SEQ_BITS
+from stepscope.integrations._frameless import frameless
 from stepscope.integrations.torch._collectives import _bytes, _completed, _Group, _on_completion
 
 
@@ -55,26 +56,29 @@ class PointToPoint:
         return found
 
     def wrap(self, kind, original):
+        """Frameless (C): an error the transfer raises has the traceback it has without
+        stepscope (dynamo does not trace a process group's methods either way)."""
         local, ctx = self.c.local, self.c.ctx
 
-        def p2p(group, tensors, peer, *args, **kwargs):
-            if ctx.is_compiling() or local.inside or not enabled():  # (dynamo folds the first to True)
-                return original(group, tensors, peer, *args, **kwargs)
-            t0 = now()
-            work = original(group, tensors, peer, *args, **kwargs)
-            try:  # recorded once the call returned: never in the traffic's way
-                t1 = now()
-                channel = self.channel(group, int(peer), kind)
-                channel.seq += 1
-                name, arg = channel.name_id(kind), channel.seq | COMM_ASYNC << COMM_SEQ_BITS
-                span(COMM, name, t0, t1, arg)
-                counter(COMM, name, _bytes(tensors), arg, t0)
-                if work is not None:
-                    done = arg | COMM_DONE << COMM_SEQ_BITS
-                    if not _on_completion(work, functools.partial(_completed, name, t0, t1, done, -1)):
-                        self.c.complete_at_wait(work, name, t0, done)
-            except Exception as exc:  # noqa: BLE001 - the traffic is the job's
-                ctx.fail(exc)
-            return work
+        def before(*args, **kwargs):
+            if ctx.is_compiling() or local.inside or not enabled() or len(args) < 3:
+                return None  # (by keyword: not a call torch's own functions make; not recorded)
+            group, tensors, peer = args[:3]
+            return args, kwargs, (group, tensors, peer, now())
 
-        return p2p
+        def after(token, exc, work):  # recorded once the call returned: never in the traffic's way
+            if exc is not None:
+                return
+            group, tensors, peer, t0 = token
+            t1 = now()
+            channel = self.channel(group, int(peer), kind)
+            channel.seq += 1
+            name, arg = channel.name_id(kind), channel.seq | COMM_ASYNC << COMM_SEQ_BITS
+            span(COMM, name, t0, t1, arg)
+            counter(COMM, name, _bytes(tensors), arg, t0)
+            if work is not None:
+                done = arg | COMM_DONE << COMM_SEQ_BITS
+                if not _on_completion(work, functools.partial(_completed, name, t0, t1, done, -1)):
+                    self.c.complete_at_wait(work, name, t0, done)
+
+        return frameless(original, before, after, fail=ctx.fail, with_result=True)

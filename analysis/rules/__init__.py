@@ -18,7 +18,8 @@ from typing import Dict, List, Optional
 
 from stepscope.analysis.rules import debugger, registry
 from stepscope.analysis.rules.balance import LoadBalancing
-from stepscope.analysis.rules.base import SEVERITIES, Finding, Param, Rule, cost_floor_ms, negligible
+from stepscope.analysis.rules.base import (MIN_TOTAL_S, SEVERITIES, Finding, Param, Rule, cost_floor_ms, negligible,
+                                          total_cost_s)
 from stepscope.analysis.rules.batchsize import BatchSize
 from stepscope.analysis.rules.communication import CommunicationBound
 from stepscope.analysis.rules.compile import CompileTime, GraphBreak, Recompilation, Retracing
@@ -82,7 +83,8 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
             warnings.append(f"custom rule {rule.name} failed: {type(exc).__name__}: {exc}")
             continue
         below_floor += [{"rule": f.rule, "rank": f.rank, "cost_ms_per_step": round(float(f.cost_ms_per_step), 4),
-                         "floor_ms": round(cost_floor_ms(run, f), 4)} for f in found if negligible(run, f)]
+                         "floor_ms": round(cost_floor_ms(run, f), 4), "total_s": round(total_cost_s(run, f), 3),
+                         "floor_total_s": MIN_TOTAL_S} for f in found if negligible(run, f)]
         found = [f for f in found if not negligible(run, f)]
         for f in found:
             if severity:

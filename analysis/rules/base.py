@@ -82,34 +82,58 @@ class Finding:
 #: the larger of an absolute floor -- stepscope's own hooks cost about 10 us a step, so a
 #: smaller cost is within what measuring does to the step -- and a share of the median
 #: train step of the finding's process (of the run where the finding names none).
+#: And a finding whose cost over the whole run is under MIN_TOTAL_S is no promise either:
+#: a tiny job's fixed costs (a worker's start, an iterator's first call, the backends'
+#: connection) are large shares of its few milliseconds of steps, and nobody changes a
+#: script to win back a tenth of a second. A job profiled for real (a whole run, or a
+#: window of a long one) loses seconds to any problem worth its finding.
 MIN_COST_MS = 0.01
 MIN_COST_SHARE = 0.01
+MIN_TOTAL_S = 0.25
 
 
-def cost_floor_ms(run, finding: "Finding") -> float:
-    """The cost per step below which ``finding`` is negligible, in ms."""
+def _finding_steps(run, finding: "Finding"):
+    """(the steps the finding's cost is per step of: its process's, its rank's, else the
+    run's; how many processes those are)."""
     steps = run.steps
-    if not len(steps):
-        return MIN_COST_MS
     process = (finding.evidence or {}).get("process")
     mine = steps[as_strings(steps["process"]) == str(process)] if process is not None else steps.iloc[:0]
     if mine.empty and finding.rank is not None:
         mine = steps[steps["rank"] == finding.rank]
-    mine = steps if mine.empty else mine
+    if mine.empty:
+        return steps, max(int(steps["process"].nunique()), 1)
+    return mine, 1
+
+
+def cost_floor_ms(run, finding: "Finding") -> float:
+    """The cost per step below which ``finding`` is negligible, in ms."""
+    if not len(run.steps):
+        return MIN_COST_MS
+    mine, _ = _finding_steps(run, finding)
     train = mine[mine["mode"] == "train"]
     median_ms = float((train if len(train) else mine)["duration_ns"].median()) / 1e6
     return max(MIN_COST_MS, MIN_COST_SHARE * median_ms)
 
 
+def total_cost_s(run, finding: "Finding") -> float:
+    """What the finding costs over the run, in seconds of one process: its cost per step
+    times that process's train steps (a rank-less finding: the ranks' mean)."""
+    if not len(run.steps):
+        return 0.0
+    mine, processes = _finding_steps(run, finding)
+    return float(finding.cost_ms_per_step) * int((mine["mode"] == "train").sum()) / processes / 1e3
+
+
 def negligible(run, finding: "Finding") -> bool:
-    """A finding whose cost per step is known and below ``cost_floor_ms``. Findings whose
+    """A finding whose cost per step is known and below ``cost_floor_ms``, or whose cost over
+    the run is under ``MIN_TOTAL_S``. Findings whose
     cost is not a time per step (memory growth, initialization: None) are judged by their
     own rule's thresholds."""
     try:
         cost = float(finding.cost_ms_per_step)
     except (TypeError, ValueError):  # None, or a custom rule's odd value: not a time per step
         return False
-    return cost == cost and cost < cost_floor_ms(run, finding)
+    return cost == cost and (cost < cost_floor_ms(run, finding) or total_cost_s(run, finding) < MIN_TOTAL_S)
 
 
 class Rule:

@@ -15,6 +15,7 @@ from stepscope.analysis.quantities import ms, phase_share, steady_phase_share
 from stepscope.analysis.rules.advice import advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups
+from stepscope.analysis.store.frames import as_strings
 from stepscope.core.vocabulary import (GETNEXT, LOADER_FETCH, LOADER_NUM_WORKERS, LOADER_PERSISTENT, LOADER_PIN_MEMORY,
                                        TRAIN)
 
@@ -83,6 +84,23 @@ def keeps_workers(run, process) -> bool:
     return bool(len(marks)) and bool((marks["arg"] > 0).all())
 
 
+def per_fetch_ms(run, process, steps) -> float:
+    """The mean wait of one fetch (GetNext phase) in ``process``'s train steps (``steps``:
+    all of them): their GetNext time over the GetNext phases recorded in train steps (at
+    least one a step that waited). Asked only where a rule is about to fire: it reads
+    the phases."""
+    total = float(steps[GETNEXT].sum())
+    if total <= 0:
+        return 0.0
+    counts = memo(run, "getnext_fetches", lambda: _fetches(run))
+    return total / 1e6 / max(int(counts.get(str(process), 0)), int((steps[GETNEXT] > 0).sum()), 1)
+
+
+def _fetches(run) -> dict:
+    phases = run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["process"])
+    return as_strings(phases["process"]).value_counts().to_dict() if len(phases) else {}
+
+
 class Dataloader(Rule):
     name = "Dataloader"
     summary = ("Data-loader worker processes against the node's CPU cores (SageMaker Debugger's Dataloader rule): "
@@ -95,7 +113,7 @@ class Dataloader(Rule):
         "min_getnext_share": Param(0.2, "ratio", "...while GetNext takes at least this share of train step time "
                                                  "(GetNextBottleneck's threshold: too few workers only matter "
                                                  "when the loop waits for data)"),
-        "min_getnext_ms": Param(0.5, "ms", "...and GetNext averages at least this long a step (GetNextBottleneck's "
+        "min_getnext_ms": Param(0.5, "ms", "...and a fetch waits at least this long on average (GetNextBottleneck's "
                                            "floor: a smaller wait is collation in the main process, which more "
                                            "workers do not remove)"),
         "max_cores_percent": Param(200.0, "%", "fire when the workers outnumber the node's cores by more than "
@@ -140,6 +158,10 @@ class Dataloader(Rule):
                 "pin_memory": pin_memory(run, process),
             }
 
+    def _per_fetch(self, run, process) -> float:
+        steps = next((s for (q, _), s in train_groups(run) if q == process), None)
+        return per_fetch_ms(run, process, steps) if steps is not None else 0.0
+
     def details(self, run, p):
         return {"processes": [row for _, _, row in self._rows(run)]}
 
@@ -148,7 +170,7 @@ class Dataloader(Rule):
         for process, rank, row in self._rows(run):
             n, cores, share = row["workers"], row["cores"], row["getnext_share"]  # (the summary's figure, quoted)
             waits = (min(share, row["getnext_share_after_warmup"]) >= p["min_getnext_share"]  # a steady wait...
-                     and row["getnext_ms_mean"] >= p["min_getnext_ms"])  # ...that workers could remove
+                     and self._per_fetch(run, process) >= p["min_getnext_ms"])  # ...that workers could remove
             who = rank_label(rank, process)
             if n > cores * p["max_cores_percent"] / 100:
                 message = (f"{who} runs {n} data-loader workers on {cores} cores, more than "

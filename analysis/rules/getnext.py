@@ -7,7 +7,7 @@ from stepscope.analysis.quantities import (epoch_start_wait, loop_starts, ms, pe
 from stepscope.analysis.tables.pipeline import tfdata_stages
 from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
-from stepscope.analysis.rules.dataloader import keeps_workers
+from stepscope.analysis.rules.dataloader import keeps_workers, per_fetch_ms
 from stepscope.analysis.rules.gpudata import train_groups
 from stepscope.core.vocabulary import COMPUTE_PHASES, GETNEXT, TRAIN
 
@@ -30,9 +30,10 @@ class GetNextBottleneck(Rule):
                                           "train steps (worker start-up) and its last one (the exhausted "
                                           "iterator joins its workers); the finding quotes the share over all "
                                           "of them, the summary's"),
-        "min_ms": Param(0.5, "ms", "...and the wait averages at least this long a step: a smaller wait is the "
-                                   "loader's own per-batch cost in the main process (collating tensors already in "
-                                   "memory), which data-loader workers do not remove"),
+        "min_ms": Param(0.5, "ms", "...and the wait averages at least this long a fetch (a step with gradient "
+                                   "accumulation fetches several batches): a smaller wait is the loader's own "
+                                   "per-batch cost in the main process (collating tensors already in memory), which "
+                                   "data-loader workers do not remove"),
         "epoch_start_s": Param(0.01, "s", "PyTorch: name the time persistent_workers=True would save when the "
                                           "first step of each epoch waits at least this much longer for its batch "
                                           "than the slowest tenth of the other steps"),
@@ -62,7 +63,7 @@ class GetNextBottleneck(Rule):
             steady = steady_phase_share(s, GETNEXT, p["warmup_steps"])
             if steady <= p["threshold"]:
                 continue  # start-up, not a loop that waits for its data
-            if ms(s[GETNEXT].mean()) < p["min_ms"]:
+            if per_fetch_ms(run, process, s) < p["min_ms"]:
                 continue  # (why_not_judged says so)
             if framework is None:
                 framework = framework_of(run)
@@ -110,11 +111,14 @@ class GetNextBottleneck(Rule):
         for (process, rank), s in train_groups(run):
             if not len(s) or s["duration_ns"].sum() <= 0:
                 continue
-            share, wait = phase_share(s, GETNEXT), ms(s[GETNEXT].mean())
-            if share > p["threshold"] and wait < p["min_ms"]:
+            share = phase_share(s, GETNEXT)
+            if share <= p["threshold"]:
+                continue
+            wait = per_fetch_ms(run, process, s)
+            if wait < p["min_ms"]:
                 return (f"{rank_label(rank, process)} waits for its batches {percent(share)} of train step time, but "
-                        f"{wait:.2f} ms a step: the loader's own per-batch cost in the main process, which workers "
-                        f"would not remove (judged from {p['min_ms']:g} ms a step)")
+                        f"{wait:.2f} ms a batch: the loader's own per-batch cost in the main process, which workers "
+                        f"would not remove (judged from {p['min_ms']:g} ms a batch)")
         return None
 
 

@@ -171,7 +171,8 @@ def epoch_start_wait(steps: pd.DataFrame, starts: pd.Series, min_s: float) -> Op
     plus what the last steps of the epochs before the last wait beyond that median (when
     they wait longer). Measurable: at least two epochs after the first, two other steps,
     and the first steps' median above the other steps' 90th percentile by at least
-    ``min_s`` seconds. That margin keeps a loader that already keeps its workers
+    ``min_s`` seconds; with one epoch after the first (a two-epoch job), by five times
+    that (one sample: a margin no jitter reaches). That margin keeps a loader that already keeps its workers
     (``persistent_workers=True``), whose first batch of an epoch waits about as long as
     the slowest batches of a steady epoch, from being told to keep them."""
     s = steps[steps["mode"] == TRAIN]
@@ -187,11 +188,11 @@ def epoch_start_wait(steps: pd.DataFrame, starts: pd.Series, min_s: float) -> Op
     other = np.ones(len(s), dtype=bool)
     other[firsts] = other[ends] = False
     other = getnext[other]
-    if len(later) < 2 or len(other) < 2:
+    if len(later) < 1 or len(other) < 2:
         return None
     start_med, end_med = float(np.median(getnext[later])), float(np.median(getnext[ends]))
     other_med, other_p90 = float(np.median(other)), float(np.percentile(other, 90))
-    if start_med - other_p90 < min_s * 1e9:
+    if start_med - other_p90 < min_s * 1e9 * (1 if len(later) >= 2 else 5):
         return None
     excess = start_med - other_med + max(0.0, end_med - other_med)
     return {"epochs": int(len(firsts)), "first_step_getnext_ms": ms(start_med),

@@ -44,12 +44,13 @@ def jobs(substring):
         truth = truth_of(path) if name.endswith(".py") else None
         if truth is None or (substring and substring not in name):
             continue
+        expected = truth.get("findings", [])  # a healthy job: none; a case whose truth names a real problem: it
         cmd = [sys.executable, path, *truth.get("args", [])]
         if truth.get("launch") == "torchrun":
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                    path, *truth.get("args", [])]
         # a corpus case that crashes on purpose is still a healthy loop until it does
-        yield name[:-3], cmd, truth.get("timeout", 300), []
+        yield name[:-3], cmd, truth.get("timeout", 300), expected
     for kind, expected in DIAGNOSIS.items():
         if not substring or substring in kind:
             yield f"diagnosis:{kind}", [sys.executable, JOBS, kind], 300, expected
@@ -67,8 +68,8 @@ def fired(rule, run, params=None):
     from stepscope.analysis.rules.base import negligible
 
     if rule is None:
-        result = evaluate(run, params)
-        return sorted({f["rule"] for f in result["findings"] + result["related_findings"]})
+        result = evaluate(run, params)  # (a related finding is shown under the one that explains it)
+        return sorted({f["rule"] for f in result["findings"]})
     if rule.not_applicable(run):
         return []
     return sorted({f.rule for f in rule.evaluate(run, rule.defaults()) if not negligible(run, f)})

@@ -89,7 +89,7 @@ class Finding:
 #: window of a long one) loses seconds to any problem worth its finding.
 MIN_COST_MS = 0.01
 MIN_COST_SHARE = 0.01
-MIN_TOTAL_S = 0.25
+MIN_TOTAL_S = 0.1
 
 
 def _finding_steps(run, finding: "Finding"):

@@ -98,7 +98,7 @@ def per_fetch_ms(run, process, steps) -> float:
 
 def _fetches(run) -> dict:
     phases = run.select_phases(names=[GETNEXT], modes=[TRAIN], columns=["process"])
-    return as_strings(phases["process"]).value_counts().to_dict() if len(phases) else {}
+    return pd.Series(as_strings(phases["process"])).value_counts().to_dict() if len(phases) else {}
 
 
 class Dataloader(Rule):

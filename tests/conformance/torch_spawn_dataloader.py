@@ -1,9 +1,13 @@
 """A DataLoader with multiprocessing_context="spawn" and num_workers=2 (workers re-import
-the script): 2 epochs x 3 batches of training, 3 validation batches at the end."""
+the script): 2 epochs x 3 batches of training, 3 validation batches at the end.
+The truth names a real problem: without persistent_workers, each epoch spawns two workers that re-import
+the script and torch (seconds) before the first batch, against milliseconds of compute: the loop is
+input-bound (GetNextBottleneck, with persistent_workers=True to keep them)."""
 # expect: {"train": 6, "eval": 3,
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"]},
 # expect:  "optional": {"eval": ["Loss"]},
-# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"]}}
+# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"]},
+# expect:  "findings": ["GetNextBottleneck"]}
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset

@@ -194,6 +194,7 @@ def test_a_hiccup_worth_microseconds_a_step_is_not_a_finding(tmp_path, monkeypat
     assert (run.steps["mode"] == "train").sum() == 100_000
     monkeypatch.setattr(base, "MIN_COST_MS", 0.0)
     monkeypatch.setattr(base, "MIN_COST_SHARE", 0.0)
+    monkeypatch.setattr(base, "MIN_TOTAL_S", 0.0)
     any_outlier = {"StepOutlier": {"min_recurring": 1, "min_step_share": 0, "min_cost_share": 0}}
     (outlier,) = [f for f in evaluate(run, any_outlier)["findings"] if f["rule"] == "StepOutlier"]  # it fires
     assert 0 < outlier["cost_ms_per_step"] < 0.01
@@ -214,13 +215,14 @@ class _FixedCost(Rule):  # a custom rule whose finding costs what the test choos
 
 
 @pytest.mark.parametrize("cost, found", [(0.05, False), (0.19, False), (0.5, True), (None, True)])
-def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, cost, found):
+def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, monkeypatch, cost, found):
     """Steps of 20 ms: the floor is 1% of the median step (0.2 ms), above the absolute one.
     Any rule's finding, a custom one's too, below it is dropped; one whose cost is not a time
-    per step (None) is kept."""
-    from stepscope.analysis.rules import evaluate, registry
+    per step (None) is kept. (The floor on the run's total: the next test.)"""
+    from stepscope.analysis.rules import base, evaluate, registry
     from stepscope.analysis.rules.base import cost_floor_ms
 
+    monkeypatch.setattr(base, "MIN_TOTAL_S", 0.0)
     run = _marked_run(tmp_path, "long", 30, 0.02, 0.0)
     rule = _FixedCost()
     rule.cost = cost
@@ -236,6 +238,28 @@ def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, cost, found)
         (below,) = result["below_cost_floor"]
         assert below["floor_ms"] == pytest.approx(0.01 * median_ms, abs=1e-3)
         assert below["floor_ms"] == pytest.approx(cost_floor_ms(run, _FixedCost().evaluate(run, {})[0]), abs=1e-3)
+
+
+@pytest.mark.parametrize("cost, found", [(2.0, False), (5.0, True)])
+def test_a_finding_worth_under_a_tenth_of_a_second_over_the_run_is_dropped(tmp_path, cost, found):
+    """30 steps of 20 ms: a cost of 2 ms a step (10% of a step, over the relative floor) is
+    0.06 s over the run, under the 0.1 s floor: a tiny job's fixed cost, dropped and listed
+    with its total; 5 ms a step (0.15 s) is a finding."""
+    from stepscope.analysis.rules import evaluate, registry
+    from stepscope.analysis.rules.base import MIN_TOTAL_S
+
+    run = _marked_run(tmp_path, "short", 30, 0.02, 0.0)
+    rule = _FixedCost()
+    rule.cost = cost
+    registry.register(rule)
+    try:
+        result = evaluate(run)
+    finally:
+        registry._custom[:] = [c for c in registry._custom if c.name != rule.name]
+    assert ("FixedCost" in {f["rule"] for f in result["findings"]}) is found
+    if not found:
+        (below,) = result["below_cost_floor"]
+        assert below["total_s"] == pytest.approx(cost * 30 / 1e3, abs=1e-3) and below["floor_total_s"] == MIN_TOTAL_S
 
 
 # --- StepOutlier: only where it pays (issue 64) ------------------------------------------------

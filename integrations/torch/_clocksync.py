@@ -17,10 +17,19 @@ and reads its clock again (t1): the reference's answer belongs near the
 midpoint, within ``(t1 - t0) / 2``. ``PINGS`` samples are kept; the merge uses
 the one with the shortest round trip. Everything lands in ``clock.json`` in the
 process folder (docs/design.md, "Many nodes").
+
+At exit the thread must not be inside a store call: a daemon thread that returns
+from a C++ call (which released the GIL) while the interpreter finalizes is ended
+by ``pthread_exit``, whose unwinding through pybind's frames calls
+``std::terminate`` (the job aborts with "terminate called without an active
+exception"). A short job exits while the exchange still waits, so an ``atexit``
+hook wakes the thread through a connection of its own (the key it waits for) and
+joins it.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
@@ -37,6 +46,8 @@ SERVE_S = 3600.0   # rank 0 waits this long for a ping before giving up (a rank 
 STOP = b"stop"
 
 _generation = [0]  # one exchange per init_process_group; every rank counts the same
+_active = []  # (thread, waker store, state) of the exchanges started: finished at exit
+JOIN_S = 2.0  # at exit, how long the thread is given once woken
 
 
 def start(dist, rank: int, world_size: int) -> None:
@@ -49,15 +60,24 @@ def start(dist, rank: int, world_size: int) -> None:
     try:
         from torch.distributed import distributed_c10d
 
-        store = distributed_c10d._get_default_store().clone()  # our own connection, not the job's
+        base = distributed_c10d._get_default_store()
+        store = base.clone()  # our own connection, not the job's
         store.set_timeout(datetime.timedelta(seconds=WAIT_S))
+        waker = base.clone()  # (a client's call holds its connection while it waits: another one wakes it)
+        waker.set_timeout(datetime.timedelta(seconds=JOIN_S))
     except Exception:  # noqa: BLE001 - a FileStore or HashStore, an older torch: no exchange
         return
     _generation[0] += 1
-    store = dist.PrefixStore(f"{PREFIX}/{_generation[0]}/", store)
+    prefix = f"{PREFIX}/{_generation[0]}/"
+    store, waker = dist.PrefixStore(prefix, store), dist.PrefixStore(prefix, waker)
+    state = {"waits_for": None, "stopping": False}
     target = _serve if rank == 0 else _ping
-    threading.Thread(target=_guarded, args=(target, store, s.process_dir, rank, world_size),
-                     name="stepscope-clock-sync", daemon=True).start()
+    thread = threading.Thread(target=_guarded, args=(target, store, s.process_dir, rank, world_size, state),
+                              name="stepscope-clock-sync", daemon=True)
+    if not _active:
+        atexit.register(_finish)
+    _active.append((thread, waker, state))
+    thread.start()
 
 
 def _guarded(target, *args) -> None:
@@ -67,13 +87,37 @@ def _guarded(target, *args) -> None:
         pass
 
 
+def _finish() -> None:
+    """At exit: each exchange still running is woken (the key it waits for, set through its
+    waker) and joined, so that no thread is inside a store call when the interpreter ends."""
+    for thread, waker, state in _active:
+        state["stopping"] = True
+        key = state["waits_for"]
+        if thread.is_alive() and key is not None:
+            try:
+                waker.set(key, STOP)
+            except Exception:  # noqa: BLE001 - the store's server is gone: the thread's call fails too
+                pass
+        thread.join(JOIN_S)
+    _active.clear()
+
+
+def _get(store, key: str, state: dict):
+    """``store.get(key)``, saying which key is waited for (``_finish`` wakes it)."""
+    state["waits_for"] = key
+    try:
+        return store.get(key)
+    finally:
+        state["waits_for"] = None
+
+
 def _wall_offset(process_dir: str) -> int:
     """realtime - monotonic of this process's anchor: the reader's own conversion."""
     clock = runinfo.read_json(os.path.join(process_dir, PROCESS_JSON)).get("clock", {})
     return int(clock.get("realtime_ns", 0)) - int(clock.get("monotonic_ns", 0))
 
 
-def _serve(store, process_dir: str, rank: int, world_size: int) -> None:
+def _serve(store, process_dir: str, rank: int, world_size: int, state: dict) -> None:
     offset = _wall_offset(process_dir)
     me = {"host": runinfo.hostname(), "pid": os.getpid(), "rank": rank}
     _write(process_dir, {"reference": me, "is_reference": True, "wall_offset_ns": offset, "samples": []})
@@ -82,19 +126,19 @@ def _serve(store, process_dir: str, rank: int, world_size: int) -> None:
     store.set_timeout(datetime.timedelta(seconds=SERVE_S))
     store.set("ref", json.dumps(me))
     ticket = 1
-    while True:
-        ping = store.get(f"ping/{ticket}")
+    while not state["stopping"]:
+        ping = _get(store, f"ping/{ticket}", state)
         wall = time.monotonic_ns() + offset
-        if ping == STOP:
+        if ping == STOP or state["stopping"]:
             return
         store.set(f"pong/{ticket}", str(wall))
         store.delete_key(f"ping/{ticket}")
         ticket += 1
 
 
-def _ping(store, process_dir: str, rank: int, world_size: int) -> None:
+def _ping(store, process_dir: str, rank: int, world_size: int, state: dict) -> None:
     try:
-        ref = _poll(store, "ref")
+        ref = _poll(store, "ref", state)
         if ref is None:  # rank 0 is not profiled: nothing to measure against
             return
         host = runinfo.hostname()
@@ -103,23 +147,28 @@ def _ping(store, process_dir: str, rank: int, world_size: int) -> None:
             record["same_host"] = True
         else:
             for _ in range(PINGS):
+                if state["stopping"]:
+                    return
                 ticket = int(store.add("tickets", 1))
                 t0 = time.monotonic_ns()
                 store.set(f"ping/{ticket}", b"")
-                answer = int(store.get(f"pong/{ticket}"))
+                answer = _get(store, f"pong/{ticket}", state)
+                if answer == STOP:
+                    return
+                answer = int(answer)
                 t1 = time.monotonic_ns()
                 store.delete_key(f"pong/{ticket}")
                 record["samples"].append({"mono_ns": (t0 + t1) // 2, "ref_wall_ns": answer, "rtt_ns": t1 - t0})
         _write(process_dir, record)
     finally:
-        if int(store.add("done", 1)) == world_size - 1:  # the last one: rank 0 may stop serving
+        if not state["stopping"] and int(store.add("done", 1)) == world_size - 1:  # the last: rank 0 may stop
             store.set(f"ping/{int(store.add('tickets', 1))}", STOP)
 
 
-def _poll(store, key: str):
+def _poll(store, key: str, state: dict):
     """The reference's announcement, polled (quietly: no c10d timeout warning) for WAIT_S."""
     deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not state["stopping"]:
         if store.check([key]):
             return json.loads(store.get(key))
         time.sleep(0.01)

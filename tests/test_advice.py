@@ -118,7 +118,7 @@ def test_run_without_a_framework_gets_generic_advice(tmp_path):
     r = run_python(f"""
         import time, stepscope
         with stepscope.profile(dir={str(tmp_path / "runs")!r}, name="plain"):
-            for i in range(20):
+            for i in range(40):  # (0.16 s of waiting: over the floor on a finding's total)
                 stepscope.step()
                 with stepscope.phase("GetNext"):
                     time.sleep(0.004)

@@ -183,11 +183,18 @@ SIM_PARAMS = {"StepOutlier": {"min_excess_s": 1.0}, "GPUMemoryIncrease": {"min_w
 
 def judge(run, overrides=None):
     """All rules, StepOutlier made blind to this shared machine's scheduler hiccups; the
-    result as `stepscope summary --json` would write it."""
+    result as `stepscope summary --json` would write it. (Without the floor on a finding's
+    total over the run: these simulated runs are 30 steps of a few ms, shorter than any
+    real GPU job; tests/test_rules.py holds that floor.)"""
+    from unittest import mock
+
+    from stepscope.analysis.rules import base
+
     params = {rule: dict(p) for rule, p in SIM_PARAMS.items()}
     for rule, p in (overrides or {}).items():
         params.setdefault(rule, {}).update(p)
-    result = evaluate(run, params)
+    with mock.patch.object(base, "MIN_TOTAL_S", 0.0):
+        result = evaluate(run, params)
     return json.loads(json.dumps(result))
 
 
@@ -399,8 +406,8 @@ def test_kernel_launch_bound(tmp_path):
     out = subprocess.run([sys.executable, "-m", "stepscope", "summary", path, "--json"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    summary = json.loads(out.stdout)
-    assert "KernelLaunchBound" in {x["rule"] for x in summary["findings"]}
+    summary = json.loads(out.stdout)  # (with the floor on a finding's total: this 30-step run is under it)
+    assert "KernelLaunchBound" in {x["rule"] for x in summary["findings"] + summary["below_cost_floor"]}
 
 
 def syncs_every_step(i, gpus):

@@ -53,7 +53,12 @@ class CommunicationBound(Rule):
         judged = self._judge(run, p)[0]
         if c is None or judged is None:
             return []
-        share, on_gpu, exposed_ms, gpu = judged["share"], judged["on_gpu"], judged["exposed_ms"], judged["gpu"]
+        # judged after the warm-up; quoted as the summary gives it (SPEC §7: a finding's figures are the summary's)
+        on_gpu, gpu = judged["on_gpu"], c.get("gpu")
+        if on_gpu and gpu is None:
+            on_gpu, gpu = False, None
+        share = gpu["exposed_share"] if on_gpu else c["exposed_share"]
+        exposed_ms = gpu["exposed_ms_per_step"] if on_gpu else c["exposed_ms_per_step"]
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
         main_kind = kinds[0][0] if kinds else "collectives"
         phase = max(c["by_phase"], key=lambda k: c["by_phase"][k]["exposed_ms"]) if c["by_phase"] else None
@@ -68,8 +73,8 @@ class CommunicationBound(Rule):
                     "with a NCCL kernel running)")
         else:
             what = (f"the loop is blocked on communication {100 * share:.0f}% of train step time "
-                    f"({exposed_ms:.2f} ms a step{where}); of {100 * judged['in_flight']:.0f}% with a collective in "
-                    f"flight, {100 * (judged['in_flight'] - share):.0f}% is hidden behind work")
+                    f"({exposed_ms:.2f} ms a step{where}); of {100 * c['share']:.0f}% with a collective in flight, "
+                    f"{100 * c['overlapped_share']:.0f}% is hidden behind work")
         return [Finding(
             rule=self.name, rank=None, severity="warning",
             message=f"{what}. {cause}",

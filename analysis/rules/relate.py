@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from stepscope.analysis.rules.base import MIN_COST_MS, MIN_COST_SHARE, Finding
+from stepscope.analysis.rules.base import MIN_COST_MS, MIN_COST_SHARE, MIN_TOTAL_S, Finding
 from stepscope.analysis.rules.gpudata import node_of
 from stepscope.analysis.store.frames import as_strings
 from stepscope.core.vocabulary import GETNEXT, TRAIN
@@ -204,10 +204,14 @@ def related_markdown() -> list:
             "communication per step.", "",
             "A finding whose cost is negligible is not reported (SPEC §7): below the larger of "
             f"{MIN_COST_MS:g} ms (stepscope's own hooks cost about 10 us a step) and {100 * MIN_COST_SHARE:g}% of "
-            "the median train step of the finding's process (of the run, where it names none). Every rule's "
-            "findings pass this floor, custom rules' included; the summary's JSON lists those below it under "
-            "`below_cost_floor` (`rule`, `rank`, `cost_ms_per_step`, `floor_ms`). Findings whose cost is not a "
-            "time per step are judged by their rule's own thresholds.", "",
+            "the median train step of the finding's process (of the run, where it names none); or worth under "
+            f"{MIN_TOTAL_S:g} s over the whole run (its cost per step times that process's train steps; a "
+            "rank-less finding: the ranks' mean): a tiny job's fixed costs (a worker's start, an iterator's first "
+            "call) are large shares of its few milliseconds of steps, and nobody changes a script to win back a "
+            "tenth of a second. Every rule's findings pass these floors, custom rules' included; the summary's "
+            "JSON lists those below them under `below_cost_floor` (`rule`, `rank`, `cost_ms_per_step`, "
+            "`floor_ms`, `total_s`, `floor_total_s`). Findings whose cost is not a time per step are judged by "
+            "their rule's own thresholds.", "",
             "One problem is one finding. After all rules have run, a finding that another finding on the same "
             "node, GPU and rank explains is moved from `findings` to `related_findings` with `related_to` "
             "(`rule`, `rank`, `why`), and the explaining finding lists it in `explains` (`rule`, `rank`, "

@@ -11,6 +11,15 @@ from test_gpu_rules import GiB, QUIET_HOST, SimGPU, judge, launch_bound, record,
 pytestmark = pytest.mark.alone
 
 
+@pytest.fixture(autouse=True)
+def _no_floor_on_the_total(monkeypatch):
+    """The simulated runs are 30-48 steps of a few ms, shorter than any real GPU job: judged
+    without the floor on a finding's total over the run (tests/test_rules.py holds it)."""
+    from stepscope.analysis.rules import base
+
+    monkeypatch.setattr(base, "MIN_TOTAL_S", 0.0)
+
+
 def rules(findings):
     return sorted(f["rule"] for f in findings)
 

@@ -214,23 +214,30 @@ class _FixedCost(Rule):  # a custom rule whose finding costs what the test choos
                         evidence={"process": str(run.steps["process"].iloc[0])}, cost_ms_per_step=self.cost)]
 
 
+def _judged_with_fixed_cost(run, cost):
+    """Every rule's result on ``run``, with a custom rule whose one finding costs ``cost``."""
+    from stepscope.analysis.rules import evaluate, registry
+
+    rule = _FixedCost()
+    rule.cost = cost
+    registry.register(rule)
+    try:
+        return evaluate(run)
+    finally:
+        registry._custom[:] = [c for c in registry._custom if c.name != rule.name]
+
+
 @pytest.mark.parametrize("cost, found", [(0.05, False), (0.19, False), (0.5, True), (None, True)])
 def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, monkeypatch, cost, found):
     """Steps of 20 ms: the floor is 1% of the median step (0.2 ms), above the absolute one.
     Any rule's finding, a custom one's too, below it is dropped; one whose cost is not a time
     per step (None) is kept. (The floor on the run's total: the next test.)"""
-    from stepscope.analysis.rules import base, evaluate, registry
+    from stepscope.analysis.rules import base
     from stepscope.analysis.rules.base import cost_floor_ms
 
     monkeypatch.setattr(base, "MIN_TOTAL_S", 0.0)
     run = _marked_run(tmp_path, "long", 30, 0.02, 0.0)
-    rule = _FixedCost()
-    rule.cost = cost
-    registry.register(rule)
-    try:
-        result = evaluate(run)
-    finally:
-        registry._custom[:] = [c for c in registry._custom if c.name != rule.name]
+    result = _judged_with_fixed_cost(run, cost)
     median_ms = float(run.steps["duration_ns"].median()) / 1e6
     assert 19.5 < median_ms < 45  # 20 ms of work, and a loaded machine's delays
     assert ("FixedCost" in {f["rule"] for f in result["findings"]}) is found
@@ -245,17 +252,10 @@ def test_a_finding_worth_under_a_tenth_of_a_second_over_the_run_is_dropped(tmp_p
     """30 steps of 20 ms: a cost of 2 ms a step (10% of a step, over the relative floor) is
     0.06 s over the run, under the 0.1 s floor: a tiny job's fixed cost, dropped and listed
     with its total; 5 ms a step (0.15 s) is a finding."""
-    from stepscope.analysis.rules import evaluate, registry
     from stepscope.analysis.rules.base import MIN_TOTAL_S
 
     run = _marked_run(tmp_path, "short", 30, 0.02, 0.0)
-    rule = _FixedCost()
-    rule.cost = cost
-    registry.register(rule)
-    try:
-        result = evaluate(run)
-    finally:
-        registry._custom[:] = [c for c in registry._custom if c.name != rule.name]
+    result = _judged_with_fixed_cost(run, cost)
     assert ("FixedCost" in {f["rule"] for f in result["findings"]}) is found
     if not found:
         (below,) = result["below_cost_floor"]

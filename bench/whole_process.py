@@ -7,11 +7,14 @@ Each pair runs the script once plain and once profiled (and, with ``--breakdown`
 more per configuration with one part of stepscope turned off), in a shuffled order, so
 that the machine's drift (±20% over seconds on a shared VM) falls on both sides of a
 pair. The script (``--job``) is an 8-layer MLP at one torch thread reading a DataLoader
-over in-memory tensors, SGD: what ``STEPSCOPE=1`` does to it is what it does to a user's
-script. It prints its loop's wall time; per pair the bench takes the profiled loop's
+over in-memory tensors, SGD, its batch calibrated on this machine to the step size
+named (the nearest of a few, probed in the bench's own process): what ``STEPSCOPE=1``
+does to it is what it does to a user's script. It prints its loop's wall time; per pair the bench takes the profiled loop's
 time less the plain one's, per step, and prints the distribution of those differences
 (median, p10, p90 in microseconds a step) and of the ratios, not only a ratio of
-medians; and the whole process's wall time (import, start and stop included).
+medians; the whole process's wall time (import, start and stop included); and the
+difference in the process's CPU time over the loop, per step (every thread's: the
+samplers' and the writer's too), which a VM's steal time does not inflate.
 
 The parts (``--breakdown``), each turned off in turn by its variable (docs/design.md):
 op windows (``STEPSCOPE_OPS=0``), the Python sampler (``STEPSCOPE_PYSAMPLE_HZ=0``), the
@@ -38,8 +41,11 @@ import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
-# step size (ms, as named) -> (width, batch, steps): about 1.5 s of loop on the 2-core VM
-SIZES = {"0.3": (16, 16, 4000), "0.7": (64, 96, 2000), "5": (384, 256, 300)}
+# step size (ms, as named) -> the MLP's width; the batch is calibrated on this machine to give
+# that step (``calibrate``), and the steps to give LOOP_S of loop
+SIZES = {"0.3": 16, "0.7": 64, "5": 384}
+LOOP_S = 1.5
+BATCHES = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PARTS = {
     "no op windows": {"STEPSCOPE_OPS": "0"},
     "no Python sampler": {"STEPSCOPE_PYSAMPLE_HZ": "0"},
@@ -50,8 +56,9 @@ PARTS = {
 }
 
 
-def job(width: int, batch: int, steps: int) -> None:
-    """The training script: prints {"loop_s", "steps"} as its last line."""
+def job(width: int, batch: int, steps: int, quiet: bool = False) -> float:
+    """The training script: prints {"loop_s", "loop_cpu_s", "steps"} as its last line;
+    returns the loop's time."""
     import torch
     import torch.nn as nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -65,7 +72,7 @@ def job(width: int, batch: int, steps: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = TensorDataset(torch.randn(batch * 50, width), torch.randn(batch * 50, width))
     loader = DataLoader(data, batch_size=batch, shuffle=True)
-    done, t0 = 0, time.perf_counter()
+    done, t0, c0 = 0, time.perf_counter(), time.process_time()
     while done < steps:
         for x, y in loader:
             opt.zero_grad()
@@ -74,7 +81,25 @@ def job(width: int, batch: int, steps: int) -> None:
             done += 1
             if done == steps:
                 break
-    print(json.dumps({"loop_s": time.perf_counter() - t0, "steps": done}))
+    loop_s = time.perf_counter() - t0
+    if not quiet:
+        print(json.dumps({"loop_s": loop_s, "loop_cpu_s": time.process_time() - c0, "steps": done}))
+    return loop_s
+
+
+def calibrate(target_ms: float, width: int) -> tuple:
+    """(batch, steps): the batch whose plain step on this machine is nearest ``target_ms``
+    (probed in this process, 60 steps each after 20 of warm-up), and the steps for LOOP_S."""
+    best = None
+    for batch in BATCHES:
+        job(width, batch, 20, quiet=True)
+        step_ms = job(width, batch, 60, quiet=True) / 60 * 1e3
+        if best is None or abs(step_ms - target_ms) < abs(best[1] - target_ms):
+            best = (batch, step_ms)
+        if step_ms >= target_ms:
+            break
+    batch, step_ms = best
+    return batch, max(50, int(LOOP_S * 1e3 / max(step_ms, 1e-3)))
 
 
 def idle(seconds: float) -> None:
@@ -110,7 +135,8 @@ def pct(values: list, q: float) -> float:
 
 
 def measure_size(size: str, pairs: int, configs: dict, tmp: str, steps_scale: float) -> None:
-    width, batch, steps = SIZES[size]
+    width = SIZES[size]
+    batch, steps = calibrate(float(size), width)
     steps = max(50, int(steps * steps_scale))
     args = ["--job", str(width), str(batch), str(steps)]
     results = {name: [] for name in configs}
@@ -123,19 +149,22 @@ def measure_size(size: str, pairs: int, configs: dict, tmp: str, steps_scale: fl
         print(f"  {size} ms, pair {i + 1}/{pairs}", file=sys.stderr, flush=True)
     plain = results["plain"]
     step_ms = statistics.median(r["loop_s"] / r["steps"] for r in plain) * 1e3
-    print(f"\n### about {size} ms a step (measured plain: {step_ms:.3f} ms; width {width}, batch {batch}, "
-          f"{steps} steps; {pairs} pairs)\n")
-    print("| configuration | median ratio | p10 | p90 | µs a step (median) | p10 | p90 | whole process, ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"\n### about {size} ms a step (measured plain: {step_ms:.3f} ms; width {width}, batch {batch} as "
+          f"calibrated, {steps} steps; {pairs} pairs)\n")
+    print("| configuration | median ratio | p10 | p90 | µs a step (median) | p10 | p90 | whole process, ms "
+          "| CPU µs a step (median) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in configs:
         if name == "plain":
             continue
         ratio = [r["loop_s"] / p["loop_s"] for r, p in zip(results[name], plain)]
         diff = [(r["loop_s"] - p["loop_s"]) / r["steps"] * 1e6 for r, p in zip(results[name], plain)]
         whole = [(r["wall_s"] - p["wall_s"]) * 1e3 for r, p in zip(results[name], plain)]
+        # (the process's CPU time in the loop, all its threads: what the VM's steal does not inflate)
+        cpu = [(r["loop_cpu_s"] - p["loop_cpu_s"]) / r["steps"] * 1e6 for r, p in zip(results[name], plain)]
         print(f"| {name} | {statistics.median(ratio):.4f}x | {pct(ratio, 0.1):.4f} | {pct(ratio, 0.9):.4f} | "
               f"{statistics.median(diff):+.1f} | {pct(diff, 0.1):+.1f} | {pct(diff, 0.9):+.1f} | "
-              f"{statistics.median(whole):+.0f} |")
+              f"{statistics.median(whole):+.0f} | {statistics.median(cpu):+.1f} |")
 
 
 def measure_idle(seconds: float, pairs: int, tmp: str) -> None:

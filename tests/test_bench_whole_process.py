@@ -21,12 +21,13 @@ def test_the_whole_process_benchmark_prints_every_part():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
         r"^\| ([^|]+?) \| ([\d.]+)x \| ([\d.]+) \| ([\d.]+) \| ([+-][\d.]+) \| ([+-][\d.]+) \| ([+-][\d.]+) \| "
-        r"([+-]\d+) \|$", out.stdout, re.M)}
+        r"([+-]\d+) \| ([+-][\d.]+) \|$", out.stdout, re.M)}
     assert set(rows) == {"STEPSCOPE=1", "no op windows", "no Python sampler", "no system sampler", "no flushes",
                          "hooks only"}, out.stdout
-    for name, (ratio, p10, p90, us, us10, us90, _) in rows.items():
+    for name, (ratio, p10, p90, us, us10, us90, _, cpu) in rows.items():
         assert 0.5 < float(ratio) < 3.0, (name, out.stdout)  # a ratio of two loops' times, not a stray figure
         assert float(p10) <= float(p90) and float(us10) <= float(us90), (name, out.stdout)
+        assert abs(float(cpu)) < 1e5, (name, out.stdout)  # microseconds of CPU a step, not a stray figure
     measured = re.search(r"measured plain: ([\d.]+) ms", out.stdout)
     assert measured and 0.01 < float(measured.group(1)) < 50, out.stdout
     assert re.search(r"CPU of one core while idle: median -?[\d.]+%", out.stdout), out.stdout

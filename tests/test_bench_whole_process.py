@@ -25,7 +25,9 @@ def test_the_whole_process_benchmark_prints_every_part():
     assert set(rows) == {"STEPSCOPE=1", "no op windows", "no Python sampler", "no system sampler", "no flushes",
                          "hooks only"}, out.stdout
     for name, (ratio, p10, p90, us, us10, us90, _, cpu) in rows.items():
-        assert 0.5 < float(ratio) < 3.0, (name, out.stdout)  # a ratio of two loops' times, not a stray figure
+        # a ratio of two loops' times, not a stray figure (its size: BENCHMARKS.md; a smoke run on a busy
+        # machine, two short loops, can be several times apart)
+        assert 0.05 < float(ratio) < 50, (name, out.stdout)
         assert float(p10) <= float(p90) and float(us10) <= float(us90), (name, out.stdout)
         assert abs(float(cpu)) < 1e5, (name, out.stdout)  # microseconds of CPU a step, not a stray figure
     measured = re.search(r"measured plain: ([\d.]+) ms", out.stdout)

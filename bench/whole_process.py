@@ -9,10 +9,10 @@ that the machine's drift (±20% over seconds on a shared VM) falls on both sides
 pair. The script (``--job``) is an 8-layer MLP at one torch thread reading a DataLoader
 over in-memory tensors, SGD, its batch calibrated on this machine to the step size
 named (the nearest of a few, probed in the bench's own process): what ``STEPSCOPE=1``
-does to it is what it does to a user's script. It prints its loop's wall time; per pair the bench takes the profiled loop's
-time less the plain one's, per step, and prints the distribution of those differences
-(median, p10, p90 in microseconds a step) and of the ratios, not only a ratio of
-medians; the whole process's wall time (import, start and stop included); and the
+does to it is what it does to a user's script. It prints its loop's wall time; per pair
+the bench takes the profiled loop's time less the plain one's, per step, and prints
+the distribution of those differences (median, p10, p90 in microseconds a step) and of
+the ratios, not only a ratio of medians; the whole process's wall time (import, start and stop included); and the
 difference in the process's CPU time over the loop, per step (every thread's: the
 samplers' and the writer's too), which a VM's steal time does not inflate.
 

@@ -8,7 +8,8 @@ process group's send and recv and the functional all_reduce), as ``truth <json>`
     fsdpclip  FSDP2 (fully_shard) with clip_grad_norm_, 8 steps: the norm's all-reduce
               (a functional collective, through DTensor) beside the gathers and reduce-scatters
     pipeline  torch.distributed.pipelining, a 2-stage GPipe schedule over 4 microbatches, 14
-              steps (8 judged after the warm-up, as CommunicationBound asks); stage 1 has 6 layers to stage 0's one: stage 0 waits for it (the bubble)
+              steps (8 judged after the warm-up, as CommunicationBound asks); stage 1 has 6
+              layers to stage 0's one: stage 0 waits for it (the bubble)
     p2p       send/recv and isend/irecv/batch_isend_irecv ping-pong, 12 rounds; rank 1
               sleeps 20 ms before it answers: rank 0 waits for it in recv
     compiled  a torch.compile'd function (aot_eager) that all-reduces with a functional

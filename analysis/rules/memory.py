@@ -96,8 +96,15 @@ class HostMemoryIncrease(Rule):
     def _judged(self, run, p):
         found, unjudged = [], []
         rss = samples_of(run, "proc_rss")
-        # a rank and its children, summed per sample
-        total = rss.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
+        # a rank and its children, summed per sample; where its children were replaced during
+        # the run (a DataLoader that starts its workers again every epoch), the rank's own
+        # memory alone: each forked worker's RSS counts the pages it shares with the rank, and
+        # old and new workers sampled alive together make a pool that comes and goes look
+        # like growth
+        child = rss["device"].astype(str).str.startswith("pid").to_numpy()
+        replaced = _replaced_children(rss[child])
+        judged = rss[~child | ~rss["process"].isin(replaced).to_numpy()]
+        total = judged.groupby(["process", "timestamp_ns"], as_index=False)["value"].sum()
         by_process = steps_by_process(run.steps, ["mode", "start_ns", "end_ns", "step"])
         loops = step_loops(run)
         for process, rank, loop, steps in _loops_of(by_process, process_ranks(run.steps), loops):
@@ -161,3 +168,13 @@ class HostMemoryIncrease(Rule):
                           "host_rate_mb_per_min": round(node_rate[node] * 60 / MB, 1),
                           "time_to_full_s": round(left, 1) if left is not None else None}))
         return out
+
+
+def _replaced_children(kids) -> set:
+    """The processes whose child processes were replaced while sampled: more distinct children
+    over the run than were ever alive at once."""
+    out = set()
+    for process, g in kids.groupby("process", sort=False):
+        if g["device"].nunique() > g.groupby("timestamp_ns")["device"].nunique().max():
+            out.add(process)
+    return out

@@ -54,9 +54,8 @@ class CommunicationBound(Rule):
         if c is None or judged is None:
             return []
         # judged after the warm-up; quoted as the summary gives it (SPEC §7: a finding's figures are the summary's)
-        on_gpu, gpu = judged["on_gpu"], c.get("gpu")
-        if on_gpu and gpu is None:
-            on_gpu, gpu = False, None
+        gpu = c.get("gpu")
+        on_gpu = judged["on_gpu"] and gpu is not None
         share = gpu["exposed_share"] if on_gpu else c["exposed_share"]
         exposed_ms = gpu["exposed_ms_per_step"] if on_gpu else c["exposed_ms_per_step"]
         kinds = sorted(c["by_kind"].items(), key=lambda kv: -kv[1]["total_ms"])
@@ -113,11 +112,8 @@ def _judged(run, p) -> tuple:
             return None, (f"{what}, but {busy['process']}'s host was {busy['busy_percent']:.0f}% busy over its train "
                           f"steps ({busy['other_cores']:.1f} cores by other processes): there a collective waits "
                           "for a CPU as much as for its peers; judge on a host with a core to spare per rank")
-    n = len(steps)
-    exposed_ms = gpu["exposed_ms_per_step"] if on_gpu else round(float(steps["comm_exposed_ns"].sum()) / n / 1e6, 3)
-    return {"share": share, "on_gpu": on_gpu, "exposed_ms": exposed_ms, "gpu": gpu,
-            "in_flight": round(float(steps["comm_ns"].sum()) / total, 4), "steps": int(n),
-            "seconds": round(float(seconds.sum()), 3), "warmup_steps": int(p["warmup_steps"])}, None
+    return {"share": share, "on_gpu": on_gpu, "steps": int(len(steps)), "seconds": round(float(seconds.sum()), 3),
+            "warmup_steps": int(p["warmup_steps"])}, None
 
 
 def _contended_host(run, processes) -> Optional[dict]:

@@ -13,6 +13,7 @@ What is patched (each undone by ``uninstrument``):
   collectives it rewrites, beside the original: a compiled function traces as before.
 * ``Work.wait``: the time the caller blocks in it (a synchronous collective's call is
   such a wait as a whole: its own ``wait`` inside is not recorded again).
+* ``Work.get_future``: where an async collective's completion is taken (below).
 * DDP: the reducer's bucketed all-reduce is C++, seen by no Python function. A comm
   hook is registered when the model is built (or at its first forward, for a model
   built before stepscope started or unpickled), unless the program registered one
@@ -26,9 +27,14 @@ What is patched (each undone by ``uninstrument``):
   the guard calls DDP's own).
 
 Each collective is recorded as ``comm`` events (docs/format.md, "Collectives"): the
-issuing call, its bytes and, for an async one, its completion (a callback on its
-future, run on the backend's thread). Recording happens after the call returns; a
-failure here turns stepscope off and the collective's result is the caller's, as is.
+issuing call, its bytes and, for an async one, its completion. The completion costs the
+issuing thread nothing until the program asks for it: an async work is kept (weakly)
+until the program either waits for it (completed where ``wait`` returns: at once for
+one already done) or takes its future (``get_future``, as DDP's hooks do: a callback on
+that future, run on the backend's thread, is the completion). A work neither waited
+for nor asked for counts as done where its call returned. Recording happens after the
+call returns; a failure here turns stepscope off and the collective's result is the
+caller's, as is.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ def _bytes(tensors) -> int:
 class _Local(threading.local):
     inside = False  # in a recorded call (a collective made inside it is the same one)
     ddp = 0  # the flags of the DDP bucket being issued on this thread
+    issued = None  # the bucket's last async collective: (work, name, t0, t1, done arg, wait id)
 
 
 # A comm hook cannot be taken off a DDP model: what stepscope registered outlives an
@@ -115,7 +122,10 @@ class Collectives:
         self.groups = {}  # group name -> _Group
         self.by_pg = {}  # id(process group) -> (weak reference to it, its _Group)
         self.wait_id = intern(COMM_WAIT)
-        self.unfinished = {}  # id(work) -> (weak reference, name id, call start, completion arg)
+        # id(work) -> (weak reference, name id, call start, call end, completion arg, wait id or -1)
+        self.unfinished = {}
+        world = getattr(self.c10d, "_world", None)  # the default group in one attribute read, where torch has it
+        self.world = world if hasattr(type(world), "default_pg") else None
         self.hooked, self.own_hooks = _HOOKED, _OWN_HOOKS
 
     # --- the collective functions -------------------------------------------------------------
@@ -139,6 +149,8 @@ class Collectives:
         work = getattr(c10d, "Work", None)
         if work is not None and callable(getattr(work, "wait", None)):
             self.ctx.patch(work, "wait", self.wrap_wait)
+        if work is not None and callable(getattr(work, "get_future", None)):
+            self.ctx.patch(work, "get_future", self.wrap_get_future)
 
     def _let_dynamo_rewrite(self, original, wrapped) -> None:
         """Dynamo rewrites a traced ``dist.all_reduce`` into its functional form by looking
@@ -153,7 +165,7 @@ class Collectives:
     def group_of(self, group) -> Optional[_Group]:
         """The group's record; None for a rank outside it (its call does nothing)."""
         if group is None:
-            group = self.c10d._get_default_group()
+            group = self.c10d._get_default_group() if self.world is None else self.world.default_pg
         known = self.by_pg.get(id(group))
         if known is not None and known[0]() is group:
             return known[1]
@@ -173,9 +185,11 @@ class Collectives:
     def wrap(self, kind, positions, original):
         tensor_at, tensor_kw, group_at, group_kw, async_at, async_kw = positions
         local, ctx, wait_id = self.local, self.ctx, self.wait_id
+        # ctx.is_compiling(), inline (one call less on every collective); dynamo folds the first to True
+        is_dynamo_compiling, compiler = ctx.is_dynamo_compiling, ctx.compiler
 
         def collective(*args, **kwargs):
-            if ctx.is_compiling() or local.inside or not enabled():  # (dynamo folds the first to True)
+            if is_dynamo_compiling() or compiler._is_compiling_flag or local.inside or not enabled():
                 return original(*args, **kwargs)
             local.inside = True
             t0 = now()
@@ -192,29 +206,41 @@ class Collectives:
                 is_async = (args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
                 group.seq += 1
                 flags = (COMM_ASYNC if is_async else 0) | local.ddp
-                name, arg = group.name_id(kind), group.seq | flags << COMM_SEQ_BITS
+                name = group.ids.get(kind) or group.name_id(kind)
+                arg = group.seq | flags << COMM_SEQ_BITS
                 span(COMM, name, t0, t1, arg)
                 if tensor_kw is not None:
-                    counter(COMM, name, _bytes(args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)), arg, t0)
+                    tensors = args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)
+                    try:
+                        nbytes = tensors.nbytes
+                    except AttributeError:  # a list of tensors, or None
+                        nbytes = _bytes(tensors)
+                    counter(COMM, name, nbytes, arg, t0)
                 if is_async:
-                    done = arg | COMM_DONE << COMM_SEQ_BITS
-                    if not _on_completion(result, functools.partial(_completed, name, t0, t1, done,
-                                                                    wait_id if flags & COMM_LAST_BUCKET else -1)):
-                        self.complete_at_wait(result, name, t0, done)
+                    done, bucket_wait = arg | COMM_DONE << COMM_SEQ_BITS, wait_id if flags & COMM_LAST_BUCKET else -1
+                    if flags & COMM_DDP:  # completed by the future the hook returns (_ddp_hook)
+                        if local.issued is not None:  # (a hook of the program's that makes several)
+                            self.pending(*local.issued)
+                        local.issued = (result, name, t0, t1, done, bucket_wait)
+                    else:
+                        self.pending(result, name, t0, t1, done, bucket_wait)
             except Exception as exc:  # noqa: BLE001 - the collective is the job's
                 ctx.fail(exc)
             return result
 
         return collective
 
-    def complete_at_wait(self, work, name, t0, done_arg) -> None:
-        """A work whose backend gives no future completes, as far as the process can
-        tell, where its ``wait`` returns (a work never waited for counts as done when its
-        call returned)."""
+    def pending(self, work, name, t0, t1, done_arg, wait_id) -> None:
+        """An async work, kept until the program waits for it or takes its future (the
+        module's docstring); ``wait_id`` >= 0 for DDP's last bucket, whose completion ends
+        the loop's wait from ``t1``."""
         unfinished = self.unfinished
         if len(unfinished) >= MAX_UNFINISHED:
             unfinished.clear()
-        unfinished[id(work)] = (weakref.ref(work), name, t0, done_arg)
+        try:
+            unfinished[id(work)] = (weakref.ref(work), name, t0, t1, done_arg, wait_id)
+        except TypeError:  # a work that takes no weak reference: done where its call returned
+            pass
 
     def wrap_wait(self, original):
         """Frameless (C): an error the wait raises (a timeout, a peer gone) has the traceback
@@ -234,9 +260,33 @@ class Collectives:
             if unfinished:
                 found = unfinished.pop(id(work), None)
                 if found is not None and found[0]() is work:
-                    span(COMM, found[1], found[2], t1, found[3])
+                    span(COMM, found[1], found[2], t1, found[4])
 
         return frameless(original, before, after, fail=self.ctx.fail)
+
+    def wrap_get_future(self, original):
+        """A work whose future the program takes completes where that future does (a
+        callback on the backend's thread): DDP's hooks wait on futures, not in ``wait``."""
+        unfinished = self.unfinished
+
+        def before(work, /, *args, **kwargs):
+            if not unfinished:
+                return None
+            found = unfinished.pop(id(work), None)
+            if found is None or found[0]() is not work:
+                return None
+            return (work, *args), kwargs, found
+
+        def after(found, exc, future):
+            ref, name, t0, t1, done, wait_id = found
+            if exc is None:
+                future.add_done_callback(functools.partial(_completed, name, t0, t1, done, wait_id))
+                return
+            work = ref()  # a backend without futures (gloo's point-to-point): done at its wait
+            if work is not None:
+                unfinished[id(work)] = found
+
+        return frameless(original, before, after, fail=self.ctx.fail, with_result=True)
 
     # --- DDP ----------------------------------------------------------------------------------
     def install_ddp(self, ddp_class) -> None:
@@ -351,25 +401,23 @@ def install(ctx) -> Optional[Collectives]:
 
 
 def _ddp_hook(local, state, bucket):
+    """A bucket's all-reduce completes where the future the hook returns to DDP does (the
+    reducer waits on it in C++): one callback on it, no ``get_future`` of stepscope's."""
     try:
         local.ddp = COMM_DDP | (COMM_LAST_BUCKET if bucket.is_last() else 0)
     except Exception:  # noqa: BLE001
         local.ddp = COMM_DDP
     try:
-        return state.inner(state.inner_state, bucket)
+        future = state.inner(state.inner_state, bucket)
+        issued = local.issued
+        if issued is not None:
+            try:
+                future.add_done_callback(functools.partial(_completed, *issued[1:]))
+            except Exception:  # noqa: BLE001 - not a torch future: done where its call returned
+                pass
+        return future
     finally:
-        local.ddp = 0
-
-
-def _on_completion(work, callback) -> bool:
-    """callback(future) when the backend completes ``work``; False where its backend
-    gives no future (gloo's point-to-point works)."""
-    try:
-        future = work.get_future()
-    except Exception:  # noqa: BLE001 - a backend without futures
-        return False
-    future.add_done_callback(callback)
-    return True
+        local.ddp, local.issued = 0, None
 
 
 def _completed(name, t0, issued, arg, wait_id, future):

@@ -6,8 +6,8 @@ All of them reach the backend through two methods of the process group,
 each returning a ``Work``: those two are wrapped, not the functions, whose identity
 ``P2POp`` checks (a ``P2POp`` made with a reference taken before stepscope started
 still passes). Each call is recorded as an async ``comm`` event with its bytes and
-its completion (where the backend gives no future, gloo's, where its ``wait``
-returns); its ``wait`` (the synchronous ``send``/``recv`` wait inside) is blocked time,
+its completion (where its ``wait`` returns, or its future completes: ``_collectives``);
+its ``wait`` (the synchronous ``send``/``recv`` wait inside) is blocked time,
 as any ``Work.wait``.
 
 Matching across ranks: a channel per direction, named ``p2p:SRC>DST`` (global ranks):
@@ -25,7 +25,7 @@ import functools
 from stepscope.core.recording import COMM, counter, enabled, now, span
 from stepscope.core.vocabulary import COMM_ASYNC, COMM_DONE, COMM_P2P, COMM_SEQ_BITS
 from stepscope.integrations._frameless import frameless
-from stepscope.integrations.torch._collectives import _bytes, _completed, _Group, _on_completion
+from stepscope.integrations.torch._collectives import _bytes, _Group
 
 
 class PointToPoint:
@@ -77,8 +77,6 @@ class PointToPoint:
             span(COMM, name, t0, t1, arg)
             counter(COMM, name, _bytes(tensors), arg, t0)
             if work is not None:
-                done = arg | COMM_DONE << COMM_SEQ_BITS
-                if not _on_completion(work, functools.partial(_completed, name, t0, t1, done, -1)):
-                    self.c.complete_at_wait(work, name, t0, done)
+                self.c.pending(work, name, t0, t1, arg | COMM_DONE << COMM_SEQ_BITS, -1)
 
         return frameless(original, before, after, fail=ctx.fail, with_result=True)

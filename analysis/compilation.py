@@ -8,6 +8,10 @@ compile named ``torch.compile <frame>/<n> <function> (<file>:<line>)`` and an in
 recompile carrying its reason. A graph break is the compile of a resume function,
 ``torch_dynamo_resume_in_<function>_at_<line>``: the break is at that line of that function;
 dynamo's reason for it is an instant named by its place.
+
+A tf.function's compile is its traces plus what its first run pays beyond a usual
+run (the runtime's graph instantiation and optimization, XLA's compile): the first
+run's extra time over the second, placed at the first run's start.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pandas as pd
 
 from stepscope.analysis.tables import comm
 from stepscope.core.vocabulary import (COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX, JAX_COMPILE_PREFIX,
-                                      RECOMPILE_PREFIX, TRACE_PREFIX, TRAIN)
+                                      RECOMPILE_PREFIX, TF_RUN_PREFIX, TRACE_PREFIX, TRAIN)
 
 _SPAN = re.compile(r"^" + re.escape(COMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*)$")
 _RECOMPILE = re.compile(r"^" + re.escape(RECOMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*?): (?P<reason>.*)$")
@@ -28,6 +32,7 @@ _LIMIT = re.compile(r"^" + re.escape(COMPILE_LIMIT_PREFIX) + r" (?P<id>\S+) (?P<
                     r"(?P<reason>.*)$")
 _BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
 _TRACE = re.compile(r"^" + re.escape(TRACE_PREFIX) + r" (?P<function>.*)#(?P<n>\d+): (?P<cause>.*)$")
+_RUN = re.compile(r"^" + re.escape(TF_RUN_PREFIX) + r" (?P<function>.*)/(?P<id>\d+)#(?P<n>[12])(?P<xla> xla)?$")
 _JAX = re.compile(r"^" + re.escape(JAX_COMPILE_PREFIX) + r" (?P<function>.*): (?P<stage>trace|lower|compile)$")
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+) \((?P<file>[^:]*):")
 TOP_STEPS = 5  # the steps that compiled longest, named
@@ -75,6 +80,34 @@ def trace_events(run) -> pd.DataFrame:
     return traces.assign(n=pd.to_numeric(traces["n"]))
 
 
+def first_run_extra(run) -> pd.DataFrame:
+    """Per function TensorFlow built and ran twice eagerly: process, function, xla, and the
+    span [start_ns, end_ns) of its first run's extra time over its second (the runtime's
+    instantiation and optimization, XLA's compile); none where it is not longer."""
+    runs = _parsed(run, "span", _RUN, run.event_names(containing=TF_RUN_PREFIX))
+    columns = ["process", "function", "xla", "start_ns", "end_ns"]
+    if not len(runs):
+        return pd.DataFrame({c: pd.Series(dtype=object if c in ("process", "function") else
+                                          bool if c == "xla" else np.int64) for c in columns})
+    runs = runs.assign(duration=runs["end_ns"] - runs["start_ns"], xla=runs["xla"].notna())
+    first = runs[runs["n"] == "1"].drop_duplicates(["process", "function", "id"]).set_index(["process", "function",
+                                                                                             "id"])
+    second = runs[runs["n"] == "2"].drop_duplicates(["process", "function", "id"]).set_index(["process", "function",
+                                                                                              "id"])
+    both = first.join(second[["duration"]], rsuffix="_2", how="inner")
+    extra = (both["duration"] - both["duration_2"]).clip(lower=0)
+    both = both.assign(end_ns=both["start_ns"] + extra)[extra > 0].reset_index()
+    return both[columns].reset_index(drop=True)
+
+
+def compiling_spans(run) -> pd.DataFrame:
+    """Every time the run spent compiling or tracing: process, start_ns, end_ns (torch.compile's
+    compiles, tf.function's traces and first runs' extra time, JAX's stages)."""
+    return run.memo("compiling spans", lambda: pd.concat(
+        [t[["process", "start_ns", "end_ns"]] for t in (compile_events(run)[0], trace_events(run),
+                                                        first_run_extra(run), jax_events(run))]))
+
+
 def jax_events(run) -> pd.DataFrame:
     """JAX's compile stages: process, start_ns, end_ns, function, stage."""
     stages = _parsed(run, "span", _JAX, run.event_names(containing=JAX_COMPILE_PREFIX))
@@ -107,10 +140,11 @@ def _compilation(run) -> Optional[dict]:
     spans, recompiles = compile_events(run)
     traces = trace_events(run)
     jax = jax_events(run)
+    first_runs = first_run_extra(run)
     limits = limit_events(run, spans)
     if not len(spans) and not len(traces) and not len(jax):
         return None
-    both = pd.concat([t[["process", "start_ns", "end_ns"]] for t in (spans, traces, jax)])
+    both = compiling_spans(run)
     steps = run.steps
     per_step = step_compile_ns(steps, both)
     u_total = sum(int((e - s).sum()) for s, e in (comm.union(g["start_ns"].to_numpy(np.int64),
@@ -147,8 +181,10 @@ def _compilation(run) -> Optional[dict]:
     tf_functions = {}
     for function, t in traces.groupby("function", sort=False):
         retraces = t[t["n"] > 1]
+        runs = first_runs[first_runs["function"] == function]
         tf_functions[str(function)] = {
             "traces": int(t["n"].max()), "trace_ms": _ms((t["end_ns"] - t["start_ns"]).sum()),
+            "first_run_extra_ms": _ms((runs["end_ns"] - runs["start_ns"]).sum()), "xla": bool(runs["xla"].any()),
             "retrace_causes": {str(k): int(v) for k, v in retraces["cause"].value_counts().items()}}
     jax_functions = {str(f): {"compiles": int((j["stage"] == "compile").sum()),
                               "compile_ms": _ms((j["end_ns"] - j["start_ns"]).sum())}
@@ -193,7 +229,10 @@ def format_lines(c: dict) -> list:
                      f"recompiled {f['recompiles']}x{why}")
     for name, f in list(c.get("tf_functions", {}).items())[:5]:
         causes = ", ".join(f"{k} {v}x" for k, v in f["retrace_causes"].items())
-        lines.append(f"  {'':<10} tf.function {name}: traced {f['traces']}x ({f['trace_ms'] / 1e3:.2f} s)"
+        first = f.get("first_run_extra_ms", 0.0)
+        built = (f", first run +{first / 1e3:.2f} s ({'XLA compile, ' if f.get('xla') else ''}graph set-up)"
+                 if first else "")
+        lines.append(f"  {'':<10} tf.function {name}: traced {f['traces']}x ({f['trace_ms'] / 1e3:.2f} s){built}"
                      + (f", retraced for: {causes}" if causes else ""))
     top = sorted(c.get("jax_functions", {}).items(), key=lambda kv: -kv[1]["compile_ms"])[:5]
     for name, f in top:

@@ -61,11 +61,16 @@ COMPILE_LIMIT_PREFIX = "torch.compile limit"
 #: tf.function's traces (integrations/tfdata/_tracing.py): a framework span per trace,
 #: ``TRACE_PREFIX <function>#<n>: <cause>`` (first, python value, shape, signature).
 TRACE_PREFIX = "tf.function trace"
+#: The first two eager runs of each function TensorFlow built (integrations/tfdata/_tracing.py):
+#: a framework span each, ``TF_RUN_PREFIX <function>/<id>#<1|2>`` (`` xla`` appended where it or
+#: a function it calls must compile with XLA); the first run's extra time over the second is
+#: the runtime's instantiation and optimization of the graph, and XLA's compile.
+TF_RUN_PREFIX = "tf.function first run"
 #: JAX's compiles (integrations/keras/_jax_backend.py, from jax.monitoring): a framework span
 #: per stage, ``JAX_COMPILE_PREFIX <function>: <trace|lower|compile>``.
 JAX_COMPILE_PREFIX = "jax compile"
-#: every name compiling and tracing leave (the three above begin with these)
-COMPILING_PREFIXES = (COMPILE_PREFIX, TRACE_PREFIX, JAX_COMPILE_PREFIX)
+#: every name compiling and tracing leave (the ones above begin with these)
+COMPILING_PREFIXES = (COMPILE_PREFIX, TRACE_PREFIX, TF_RUN_PREFIX, JAX_COMPILE_PREFIX)
 #: The framework span of the call that met the end of the data (a loader's
 #: ``StopIteration``, tf.data's ``OutOfRangeError``): after its loop, in no step.
 END_OF_DATA = "end of data"

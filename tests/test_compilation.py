@@ -15,7 +15,9 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "co
 BREAK_LINE = next(i for i, line in enumerate(open(SCRIPT), 1) if "a graph break" in line and "if " in line)
 
 
-def _run(tmp_path, kind, profiled=True):
+def _run(tmp_path, kind, profiled=True, timed=None):
+    """(the job's ``graphs`` line, the summary); ``timed``: a dict given the job's ``first``
+    and ``median`` batch times (ms), where it prints them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     args = [sys.executable, SCRIPT, kind]
     if profiled:
@@ -24,6 +26,10 @@ def _run(tmp_path, kind, profiled=True):
     r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     counts = [line for line in r.stdout.splitlines() if line.startswith("graphs")][-1]
+    for line in r.stdout.splitlines():
+        if line.startswith("first") and timed is not None:
+            words = line.split()
+            timed.update(first=float(words[1]), median=float(words[3]))
     if not profiled:
         return counts, None
     s = subprocess.run([sys.executable, "-m", "stepscope", "summary", kind, "--json"], cwd=tmp_path, env=env,
@@ -106,3 +112,31 @@ def test_a_tf_function_traced_once_gets_no_finding(tmp_path):
     counts, s = _run(tmp_path, "tfhealthy")
     assert s["compilation"]["tf_functions"]["step"]["traces"] == int(counts.split()[1]) == 1
     assert not [x for x in s["findings"] if x["rule"] in ("Retracing", "StepOutlier")], s["findings"]
+
+
+def test_a_keras_xla_fit_has_its_compile_time_in_its_first_step(tmp_path):
+    """jit_compile=True: XLA compiles at the train function's first run, in no trace; the
+    first run's extra time over the second is attributed to train step 0, and it and the
+    trace account for what the job's own callback saw the first batch take beyond the rest."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("keras")
+    plain, _ = _run(tmp_path, "kerasxla", profiled=False)
+    job = {}
+    counts, s = _run(tmp_path, "kerasxla", timed=job)
+    assert counts == plain  # the same final loss with stepscope as without
+    c = s["compilation"]
+    (name, f), = [(k, v) for k, v in c["tf_functions"].items() if v["xla"]]
+    assert f["traces"] == 1 and f["first_run_extra_ms"] > 0
+    extra = job["first"] - job["median"]  # the first batch's time beyond a usual one, as the job saw it
+    ours = f["trace_ms"] + f["first_run_extra_ms"]
+    assert 0.7 * extra - 20 <= ours <= 1.1 * extra + 20, (ours, extra)
+    (step0,) = [x for x in c["steps"] if (x["mode"], x["step"]) == ("train", 0)]
+    assert step0["compile_ms"] >= 0.9 * ours
+    assert c["steps"][0] == step0  # the step that compiled longest
+    found = {x["rule"] for x in s["findings"]}
+    assert "StepOutlier" not in found and "CompileTime" not in found, s["findings"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
+    text = subprocess.run([sys.executable, "-m", "stepscope", "summary", "kerasxla"], cwd=tmp_path,
+                          env=dict(env, STEPSCOPE_DIR=str(tmp_path / "runs")), capture_output=True, text=True,
+                          timeout=300).stdout
+    assert f"tf.function {name}: traced 1x" in text and "(XLA compile, graph set-up)" in text

@@ -54,6 +54,10 @@ and ``stepscope.load``):
   add up to its communication.
 * ``ddp_buckets``: per rank, DDP's bucket all-reduces (a framework's own collectives
   besides them are not counted).
+* ``compilation``: fields of the summary's ``compilation`` block that must equal the
+  framework's own counters, which the script prints in its truth run (the plain one) as
+  ``compilation {json}``: ``recompiles`` and ``graph_breaks`` (dynamo's compilation
+  metrics and break places), ``tf_functions`` (per function, TensorFlow's tracing count).
 * ``launch``: ``"torchrun"`` runs the script under ``torch.distributed.run``
   with two processes.
 
@@ -493,6 +497,22 @@ def check_recorded(run_path, truth):
         assert any(truth["note"] in n for n in notes), f"no run.json note with {truth['note']!r}: {notes}"
 
 
+def check_compilation(plain, run_path, truth):
+    """The compile counts recorded equal what the framework counted in the plain run."""
+    if "compilation" not in truth:
+        return
+    lines = [line for line in plain.stdout.splitlines() if line.startswith("compilation ")]
+    assert lines, "the script printed no `compilation {json}` line (its framework's own counts)"
+    counted = json.loads(lines[-1].split(" ", 1)[1])
+    block = summary_of(run_path).get("compilation") or {}
+    for field in truth["compilation"]:
+        if field == "tf_functions":
+            got = {name: block.get("tf_functions", {}).get(name, {}).get("traces", 0) for name in counted[field]}
+        else:
+            got = block.get(field)
+        assert got == counted[field], f"compilation {field}: recorded {got}, the framework counted {counted[field]}"
+
+
 @pytest.mark.slow  # the whole corpus: about 19 CPU minutes (2 runs of ~3-7 s a case); CI runs it (run_suite.py)
 @pytest.mark.parametrize("name,variant", _cases())
 def test_conformance(name, variant, tmp_path, plain_job):
@@ -515,6 +535,7 @@ def test_conformance(name, variant, tmp_path, plain_job):
     check_same_stderr(plain, prof, truth)
     check_stepscope_lines(prof, truth)
     check_recorded(runs / "run", truth)
+    check_compilation(plain, runs / "run", truth)
     check_contiguous(runs / "run", truth)
     check_step_pass(runs / "run")
 

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 
 from stepscope.analysis.compilation import compilation as compilation_block
-from stepscope.analysis.compilation import compile_events, step_compile_ns
+from stepscope.analysis.compilation import compiling_spans, step_compile_ns
 from stepscope.analysis.loops import step_loops
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
@@ -125,7 +125,8 @@ class StepOutlier(Rule):
                     yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
                                  "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
                                  "why_not_reported": f"{label}: their extra time is compiling (torch.compile, "
-                                                     "the compilation block): explained, not outliers"}
+                                                     "tf.function, JAX; the compilation block): explained, "
+                                                     "not outliers"}
                     continue
                 bad = bad[~compiling]
             if starts is None:
@@ -301,9 +302,10 @@ def _epoch_starts(bad, rows, culprits, starts, process_steps, min_s):
 
 
 def _compiled_in(run, bad, median_ns: float) -> np.ndarray:
-    """Per outlier step, whether compiling (torch.compile) took half or more of its extra time."""
+    """Per outlier step, whether compiling (torch.compile, tf.function, JAX) took half or more
+    of its extra time."""
     if compilation_block(run) is None:
         return np.zeros(len(bad), dtype=bool)
-    spans, _ = compile_events(run)
+    spans = compiling_spans(run)
     extra = bad["duration_ns"].to_numpy(dtype=float) - median_ns
     return step_compile_ns(bad, spans) >= 0.5 * extra

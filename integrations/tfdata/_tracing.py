@@ -9,17 +9,29 @@ of that Python function, from 1). The cause of a retrace compares the new signat
 with the function's previous one: ``python value`` (an argument that is a Python
 number or object took another value: each one is a new graph), ``shape`` (a tensor of
 another shape), else ``signature``.
+
+What a trace leaves out is paid at the function's first run: the runtime instantiates
+and optimizes the graph there, and XLA compiles it (``jit_compile=True``, Keras's
+default on GPUs). ``AtomicFunction.call_flat`` is wrapped: the first two eager runs of
+each built function are ``TF_RUN_PREFIX`` spans; analysis takes the first's extra time
+over the second as that cost (docs/design.md, "Compilation"). Every later call costs a
+dictionary look-up.
 """
 
 from __future__ import annotations
 
+import re
 import weakref
 
 from stepscope.core.recording import FRAMEWORK, enabled, intern, now, span
-from stepscope.core.vocabulary import TRACE_PREFIX
+from stepscope.core.vocabulary import TF_RUN_PREFIX, TRACE_PREFIX
 from stepscope.integrations._frameless import frameless
 
 MAX_FUNCTIONS = 1024  # Python functions whose last signature is kept (a program making functions in a loop)
+MAX_RUN_FUNCTIONS = 4096  # built functions whose first runs are recorded (later ones are not)
+MAX_CHILDREN = 256  # functions a function calls, looked at for XLA
+XLA_ATTR = "_XlaMustCompile"
+_BUILT_NAME = re.compile(r"^__(?:inference|forward|backward)_(?P<function>.+?)_(?P<id>\d+)$")
 
 
 def _constraints(function_type) -> dict:
@@ -83,10 +95,63 @@ class Traces:
         span(FRAMEWORK, intern(f"{TRACE_PREFIX} {name}#{n}: {why}"), t0, now())
 
 
+class FirstRuns:
+    """The first two eager runs of each function TensorFlow built (the module's docstring)."""
+
+    def __init__(self, executing_eagerly):
+        self.runs = {}  # the built function's name (bytes) -> its runs so far (1, 2)
+        self.executing_eagerly = executing_eagerly
+
+    def wrap(self, original):
+        """Frameless: an error the function raises keeps its traceback as without stepscope."""
+        runs, eager = self.runs, self.executing_eagerly
+
+        def before(function, /, *args, **kwargs):
+            name = function.name
+            n = runs.get(name, 0)
+            if n >= 2 or not enabled() or not eager() or (not n and len(runs) >= MAX_RUN_FUNCTIONS):
+                return None
+            runs[name] = n + 1
+            return (function, *args), kwargs, (function, name, n + 1, now())
+
+        def after(token, exc):
+            if exc is None:
+                function, name, n, t0 = token
+                t1 = now()
+                span(FRAMEWORK, intern(f"{TF_RUN_PREFIX} {_display(name)}#{n}" + (" xla" if _xla(function) else "")),
+                     t0, t1)
+
+        return frameless(original, before, after, "recording tf.function's first runs failed")
+
+
+def _display(name: bytes) -> str:
+    """``function/id`` of a built function's name (``__inference_train_step_123``)."""
+    text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    m = _BUILT_NAME.match(text)
+    return f"{m['function']}/{m['id']}" if m else f"{text}/0"
+
+
+def _xla(function) -> bool:
+    """Whether the function, or one it calls, must compile with XLA."""
+    try:
+        found = [function, *list(getattr(function, "children", []))[:MAX_CHILDREN]]
+        for f in found:
+            attr = f.cached_definition.attr.get(XLA_ATTR)
+            if attr is not None and attr.b:
+                return True
+    except Exception:  # noqa: BLE001 - another TensorFlow's function: not known to be XLA
+        return False
+    return False
+
+
 def install(instrumentor) -> None:
     try:
-        from tensorflow.python.eager.polymorphic_function import tracing_compilation
+        from tensorflow.python.eager import context
+        from tensorflow.python.eager.polymorphic_function import atomic_function, tracing_compilation
     except ImportError:
         return  # another TensorFlow: traces not recorded
     if callable(getattr(tracing_compilation, "_create_concrete_function", None)):
         instrumentor.patch(tracing_compilation, "_create_concrete_function", Traces().wrap)
+    atomic = getattr(atomic_function, "AtomicFunction", None)
+    if callable(getattr(atomic, "call_flat", None)) and callable(getattr(context, "executing_eagerly", None)):
+        instrumentor.patch(atomic, "call_flat", FirstRuns(context.executing_eagerly).wrap)

@@ -57,7 +57,7 @@ and ``stepscope.load``):
 * ``compilation``: fields of the summary's ``compilation`` block that must equal the
   framework's own counters, which the script prints in its truth run (the plain one) as
   ``compilation {json}``: ``recompiles`` and ``graph_breaks`` (dynamo's compilation
-  metrics and break places), ``tf_functions`` (per function, TensorFlow's tracing count).
+  metrics, and the places it resumed after a break), ``tf_functions`` (per function, TensorFlow's tracing count).
 * ``launch``: ``"torchrun"`` runs the script under ``torch.distributed.run``
   with two processes.
 

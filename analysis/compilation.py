@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.tables import comm
+from stepscope.analysis.tables import comm, compiling
 from stepscope.core.vocabulary import (COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX, JAX_COMPILE_PREFIX,
                                       RECOMPILE_PREFIX, TF_RUN_PREFIX, TRACE_PREFIX, TRAIN)
 
@@ -32,7 +32,6 @@ _LIMIT = re.compile(r"^" + re.escape(COMPILE_LIMIT_PREFIX) + r" (?P<id>\S+) (?P<
                     r"(?P<reason>.*)$")
 _BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
 _TRACE = re.compile(r"^" + re.escape(TRACE_PREFIX) + r" (?P<function>.*)#(?P<n>\d+): (?P<cause>.*)$")
-_RUN = re.compile(r"^" + re.escape(TF_RUN_PREFIX) + r" (?P<function>.*)/(?P<id>\d+)#(?P<n>[12])(?P<xla> xla)?$")
 _JAX = re.compile(r"^" + re.escape(JAX_COMPILE_PREFIX) + r" (?P<function>.*): (?P<stage>trace|lower|compile)$")
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+) \((?P<file>[^:]*):")
 TOP_STEPS = 5  # the steps that compiled longest, named
@@ -82,30 +81,11 @@ def trace_events(run) -> pd.DataFrame:
 
 def first_run_extra(run) -> pd.DataFrame:
     """Per function TensorFlow built and ran twice eagerly: process, function, xla, and the
-    span [start_ns, end_ns) of its first run's extra time over its second (the runtime's
-    instantiation and optimization, XLA's compile); none where it is not longer."""
-    runs = _parsed(run, "span", _RUN, run.event_names(containing=TF_RUN_PREFIX))
-    columns = ["process", "function", "xla", "start_ns", "end_ns"]
-    if not len(runs):
-        return pd.DataFrame({c: pd.Series(dtype=object if c in ("process", "function") else
-                                          bool if c == "xla" else np.int64) for c in columns})
-    runs = runs.assign(duration=runs["end_ns"] - runs["start_ns"], xla=runs["xla"].notna())
-    first = runs[runs["n"] == "1"].drop_duplicates(["process", "function", "id"]).set_index(["process", "function",
-                                                                                             "id"])
-    second = runs[runs["n"] == "2"].drop_duplicates(["process", "function", "id"]).set_index(["process", "function",
-                                                                                              "id"])
-    both = first.join(second[["duration"]], rsuffix="_2", how="inner")
-    extra = (both["duration"] - both["duration_2"]).clip(lower=0)
-    both = both.assign(end_ns=both["start_ns"] + extra)[extra > 0].reset_index()
-    return both[columns].reset_index(drop=True)
-
-
-def compiling_spans(run) -> pd.DataFrame:
-    """Every time the run spent compiling or tracing: process, start_ns, end_ns (torch.compile's
-    compiles, tf.function's traces and first runs' extra time, JAX's stages)."""
-    return run.memo("compiling spans", lambda: pd.concat(
-        [t[["process", "start_ns", "end_ns"]] for t in (compile_events(run)[0], trace_events(run),
-                                                        first_run_extra(run), jax_events(run))]))
+    span [start_ns, end_ns) of its first run's extra time over its second
+    (``tables/compiling.py``)."""
+    names = run.event_names(containing=TF_RUN_PREFIX)
+    return compiling.first_runs(run.select(categories=["framework"], kinds=["span"], names=names or [""],
+                                           columns=["process", "name", "start_ns", "end_ns"]))
 
 
 def jax_events(run) -> pd.DataFrame:
@@ -116,18 +96,9 @@ def jax_events(run) -> pd.DataFrame:
 
 
 def step_compile_ns(steps: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
-    """Per step (row of ``steps``), the time a compile of its process ran inside it."""
-    out = np.zeros(len(steps), dtype=np.int64)
-    if not len(spans) or not len(steps):
-        return out
-    proc = steps["process"].astype(str).to_numpy()
-    lo, hi = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
-    for p, s in spans.groupby("process", sort=False):
-        rows = np.flatnonzero(proc == str(p))
-        if len(rows):
-            u = comm.union(s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64))
-            out[rows] = comm.measure(u, lo[rows], hi[rows])
-    return out
+    """Per step (row of ``steps``), the time these spans of its process ran inside it (the
+    steps' ``compile_ns`` is this for every compiling span)."""
+    return compiling.per_step(steps, spans)
 
 
 def compilation(run) -> Optional[dict]:
@@ -144,9 +115,9 @@ def _compilation(run) -> Optional[dict]:
     limits = limit_events(run, spans)
     if not len(spans) and not len(traces) and not len(jax):
         return None
-    both = compiling_spans(run)
+    both = pd.concat([t[["process", "start_ns", "end_ns"]] for t in (spans, traces, first_runs, jax)])
     steps = run.steps
-    per_step = step_compile_ns(steps, both)
+    per_step = steps["compile_ns"].to_numpy(np.int64) if len(steps) else np.zeros(0, dtype=np.int64)
     u_total = sum(int((e - s).sum()) for s, e in (comm.union(g["start_ns"].to_numpy(np.int64),
                                                              g["end_ns"].to_numpy(np.int64))
                                                   for _, g in both.groupby("process", sort=False)))

@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "compile_jobs.py")
 BREAK_LINE = next(i for i, line in enumerate(open(SCRIPT), 1) if "a graph break" in line and "if " in line)
+ITEM_LINE = next(i for i, line in enumerate(open(SCRIPT), 1) if "a graph break" in line and ".item()" in line)
 
 
 def _run(tmp_path, kind, profiled=True, timed=None):
@@ -48,14 +49,25 @@ def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path
     forward = [f for place, f in c["functions"].items() if place.startswith("forward (compile_jobs.py:")]
     assert forward and forward[0]["recompiles"] == 1
     assert "size mismatch" in forward[0]["reasons"][0]
-    assert [(b["function"], b["file"], b["line"]) for b in c["breaks"]] == [("forward", "compile_jobs.py", BREAK_LINE)]
-    assert c["breaks"][0]["reason"]  # dynamo's own words for it
+    assert [(b["function"], b["file"], b["line"]) for b in c["breaks"]] == [("forward", "compile_jobs.py", BREAK_LINE),
+                                                                             ("forward", "compile_jobs.py", ITEM_LINE)]
+    assert "Data-dependent" in c["breaks"][0]["reason"]  # dynamo's own words for each
+    assert "Tensor.item()" in c["breaks"][1]["reason"]
     steps = {(x["mode"], x["step"]) for x in c["steps"]}
     assert ("train", 0) in steps and ("train", 10) in steps  # the first compile, and the recompile's step
+    import stepscope
+
+    table = stepscope.load(str(tmp_path / "runs" / "recompile")).steps  # the steps' own column agrees
+    train = table[table["mode"] == "train"]
+    assert train["compile_ns"].sum() / 1e6 == pytest.approx(c["train_steps_ms"], abs=0.01)
+    assert (train.set_index("step")["compile_ns"][[0, 10]] > 0).all()
     found = {f["rule"]: f for f in s["findings"]}
     assert "mark_dynamic" in found["Recompilation"]["recommendation"]
     assert "StepOutlier" not in found, found.get("StepOutlier")  # the recompile's step: explained
     assert f"compile_jobs.py:{BREAK_LINE}" in found["GraphBreak"]["message"]
+    assert f"compile_jobs.py:{ITEM_LINE}" in found["GraphBreak"]["message"]
+    assert f"At compile_jobs.py:{ITEM_LINE}: A tensor turned into a Python number" in \
+        found["GraphBreak"]["recommendation"]  # each break's own advice
     assert "CompileTime" not in found  # (a few seconds: no minutes lost at every start)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     env["STEPSCOPE_DIR"] = str(tmp_path / "runs")

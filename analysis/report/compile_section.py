@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepscope.analysis.compilation import compile_events, step_compile_ns
 from stepscope.core.vocabulary import TRAIN
 
 MAX_BARS = 2000  # train steps drawn (a longer run: its first ones, where compiling happens)
@@ -39,8 +38,7 @@ def compilation_section(run, esc, summary: dict):
     train = steps[steps["mode"] == TRAIN].sort_values("start_ns", kind="stable").head(MAX_BARS)
     if not len(train):
         return head, []
-    spans, _ = compile_events(run)
-    compiling = step_compile_ns(train, spans) / 1e6
+    compiling = train["compile_ns"].to_numpy(np.int64) / 1e6
     rest = np.maximum(train["duration_ns"].to_numpy() / 1e6 - compiling, 0)
     label = train["process"].astype(str) + " step " + train["step"].astype(str)
     x = np.arange(len(train))

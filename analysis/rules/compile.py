@@ -147,11 +147,17 @@ class GraphBreak(_CompileRule):
         first = breaks[0]
         reason = first.get("reason") or "dynamo gave no reason"
         places = ", ".join(f"{b['file']}:{b['line']}" for b in breaks[:5])
+        advice = {}  # each different advice once, with the first place it is for
+        for b in breaks[:5]:
+            advice.setdefault(break_advice(b.get("reason") or ""), f"{b['file']}:{b['line']}")
+        recommendation = next(iter(advice)) if len(advice) == 1 else \
+            " ".join(f"At {place}: {text}" for text, place in advice.items())
+        others = "".join(f"; at {b['file']}:{b['line']}: {b['reason']}" for b in breaks[1:3] if b.get("reason"))
         return [Finding(
             rule=self.name, severity="info",
             message=(f"torch.compile split the compiled code at {len(breaks)} graph break(s) ({places}); at "
-                     f"{first['file']}:{first['line']}: {reason}"),
-            recommendation=break_advice(reason),
+                     f"{first['file']}:{first['line']}: {reason}{others}"),
+            recommendation=recommendation,
             evidence={"breaks": breaks, "in_torch": [b for b in c["breaks"] if b not in breaks]})]
 
 

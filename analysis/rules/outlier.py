@@ -7,7 +7,6 @@ import copy
 import numpy as np
 
 from stepscope.analysis.compilation import compilation as compilation_block
-from stepscope.analysis.compilation import compiling_spans, step_compile_ns
 from stepscope.analysis.loops import step_loops
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
@@ -306,6 +305,5 @@ def _compiled_in(run, bad, median_ns: float) -> np.ndarray:
     of its extra time."""
     if compilation_block(run) is None:
         return np.zeros(len(bad), dtype=bool)
-    spans = compiling_spans(run)
     extra = bad["duration_ns"].to_numpy(dtype=float) - median_ns
-    return step_compile_ns(bad, spans) >= 0.5 * extra
+    return bad["compile_ns"].to_numpy(dtype=float) >= 0.5 * extra

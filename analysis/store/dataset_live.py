@@ -11,19 +11,25 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.dataset_files import write_file
+from stepscope.analysis.tables.compiling import compiling_names
 from stepscope.core.vocabulary import LOOP_MARK, PROCESS_JSON, TRACE_FILE
 
-# of the parts kept between builds of a trace still being written (2: GPU records decoded again; 3: loop marks kept)
-LIVE_VERSION = 3
+# of the parts kept between builds of a trace still being written (2: GPU records decoded again; 3: loop marks
+# kept; 4: compiling's spans kept, the steps' compile_ns)
+LIVE_VERSION = 4
 # What the derived tables are built from: a small share of a large trace's events.
 DERIVED_FROM = ("step", "phase", "system", "comm")
 
 
 def derived_rows(events: pd.DataFrame) -> np.ndarray:
     """The events the derived tables are built from: those of ``DERIVED_FROM``, the loop
-    marks (the steps' loops) and the last event to end (it closes the last step)."""
+    marks (the steps' loops), compiling's spans (the steps' compile_ns) and the last event
+    to end (it closes the last step)."""
     keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
     keep |= (events["name"] == LOOP_MARK).to_numpy()
+    compiling = compiling_names(events["name"].cat.categories)
+    if compiling:
+        keep |= events["name"].isin(compiling).to_numpy()
     if len(events):
         keep[int(events["end_ns"].to_numpy().argmax())] = True
     return keep

@@ -27,7 +27,8 @@ DTYPES = {
                      ("step", _I32), ("arg", _I), ("value", _F)),
     "steps": _table(("process", _C), ("pid", _I32), ("rank", _NI), ("tid", _I), ("mode", _C), ("step", _I),
                     ("start_ns", _I), ("end_ns", _I), ("duration_ns", _I), *((p, _I) for p in PHASES), (OTHER, _I),
-                    ("comm_ns", _I), ("comm_exposed_ns", _I), ("comm_overlapped_ns", _I), ("loop", _I)),
+                    ("comm_ns", _I), ("comm_exposed_ns", _I), ("comm_overlapped_ns", _I), ("compile_ns", _I),
+                    ("loop", _I)),
     "phases": _table(("process", _C), ("pid", _I32), ("rank", _NI32), ("tid", _I), ("mode", _C), ("step", _I32),
                      ("name", _C), ("start_ns", _I), ("end_ns", _I), ("duration_ns", _I), ("exclusive_ns", _I)),
     "system": _table(("timestamp", "datetime64[ns, UTC]"), ("timestamp_ns", _I), ("node", _S), ("process", _S),
@@ -97,9 +98,11 @@ STEP_COLUMNS = COLUMNS["steps"]
 #: per step, the communication in flight, the part of it the process waited on, the rest
 #: (analysis/tables/comm.py); the columns before them come from the steps and phases
 STEP_COMM_COLUMNS = ("comm_ns", "comm_exposed_ns", "comm_overlapped_ns")
+#: per step, the time its process spent compiling or tracing (analysis/tables/compiling.py)
+STEP_COMPILE_COLUMN = "compile_ns"
 #: per step, its loop in its process, from 0 (analysis/loops.py)
 STEP_LOOP_COLUMN = "loop"
-STEP_PHASE_COLUMNS = [c for c in STEP_COLUMNS if c not in (*STEP_COMM_COLUMNS, STEP_LOOP_COLUMN)]
+STEP_PHASE_COLUMNS = [c for c in STEP_COLUMNS if c not in (*STEP_COMM_COLUMNS, STEP_COMPILE_COLUMN, STEP_LOOP_COLUMN)]
 PHASE_COLUMNS = COLUMNS["phases"]
 SYSTEM_COLUMNS = COLUMNS["system"]
 KERNEL_COLUMNS = COLUMNS["kernels"]
@@ -130,5 +133,5 @@ DATASET_TABLES = ("events", *DATASET_DERIVED, *DATASET_SAMPLES)  # the folders o
 # 5: kernels aggregated per step, syncs' GPU idle time after them; 6: the large GPU tables' strings categorical;
 # 8: steps' communication columns, kernel_steps' NCCL columns (issue 46)
 # 7: steps' Other where a process ran loops on several threads and had phases outside every step (issue 43)
-# 9: steps' loop; a void mark's step read as an end (issue 58)
-CACHE_VERSION = 9
+# 9: steps' loop; a void mark's step read as an end (issue 58); 10: steps' compile_ns (issue 59)
+CACHE_VERSION = 10

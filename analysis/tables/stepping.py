@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.loops import loop_numbers
-from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_LOOP_COLUMN, STEP_PHASE_COLUMNS
-from stepscope.analysis.tables import comm, step_pass
+from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COMPILE_COLUMN, STEP_LOOP_COLUMN, STEP_PHASE_COLUMNS
+from stepscope.analysis.tables import comm, compiling, step_pass
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, LOOP_MARK, PHASES, TORCH_OP_WINDOW_SPANS, VOID_MARK
 
 
@@ -294,8 +294,8 @@ def _covered_per_step(row: np.ndarray, starts: np.ndarray, ends: np.ndarray, ste
 
 
 def steps_and_phases(events: pd.DataFrame, native: bool = True, consume: bool = False):
-    """(steps, phases): steps carry each phase's exclusive time, Other and the step's
-    communication (``comm.step_columns``).
+    """(steps, phases): steps carry each phase's exclusive time, Other, the step's
+    communication (``comm.step_columns``) and compile time (``compiling.per_step``).
 
     The functions above define both tables; ``native`` (the default) computes them
     with one native pass per process (``step_pass``), which tests hold equal to
@@ -304,10 +304,12 @@ def steps_and_phases(events: pd.DataFrame, native: bool = True, consume: bool = 
     millions of rows: the events and the tables are not all held at once)."""
     events = voided(events)
     comm_rows = comm.comm_events(events) if consume else events  # (all comm needs of them)
+    compile_spans = compiling.spans(events)
     marks = loop_marks(events)
     out = step_pass.steps_and_phases(events, consume=consume) if native else None
     steps, phases = out if out is not None else _steps_and_phases(events)
     steps = comm.step_columns(steps, comm_rows)
+    steps[STEP_COMPILE_COLUMN] = compiling.per_step(steps, compile_spans)
     steps[STEP_LOOP_COLUMN] = loop_numbers(steps, marks).to_numpy()
     return steps, phases
 

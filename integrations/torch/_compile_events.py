@@ -162,5 +162,18 @@ def graph_break(exc, reason, code_options) -> None:
         path, line = stack[-1].filename, stack[-1].lineno
     else:
         path, line = code_options.get("co_filename", "?"), code_options.get("co_firstlineno", "?")
-    first = " ".join(str(reason).split("\n")[0].split())[:MAX_REASON]
-    instant(FRAMEWORK, intern(f"{GRAPH_BREAK_PREFIX} {shown(path)}:{line}: {first}"))
+    instant(FRAMEWORK, intern(f"{GRAPH_BREAK_PREFIX} {shown(path)}:{line}: {break_reason(reason)}"))
+
+
+def break_reason(reason) -> str:
+    """Dynamo's reason in one line: its first, or where that only says which bytecode it was
+    tracing ("Encountered graph break when attempting to trace CALL: ..."), the line after,
+    which names what it could not trace ("Unsupported Tensor.item() call ...")."""
+    lines = [" ".join(line.split()) for line in str(reason).split("\n")]
+    lines = [line for line in lines if line]
+    if not lines:
+        return "?"
+    first = lines[0]
+    if first.startswith("Encountered graph break") and len(lines) > 1:
+        first = lines[1]
+    return first[:MAX_REASON]

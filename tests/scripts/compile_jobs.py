@@ -1,8 +1,8 @@
 """torch.compile jobs for tests/test_compilation.py: python compile_jobs.py KIND.
 
-recompile  a compiled model (aot_eager) whose forward has a data-dependent branch (a graph
-           break) and whose batch size changes at step 10 (a recompile of forward and of the
-           code after the break), 30 steps
+recompile  a compiled model (aot_eager) whose forward has a data-dependent branch and an
+           ``.item()`` (two graph breaks) and whose batch size changes at step 10 (a recompile
+           of forward and of the code after the breaks), 30 steps
 healthy    the same model without the branch, one batch size: compiled once, 30 steps
 limit      a compiled loss scaled by the step number, a Python int (a recompile every step), with
            torch._dynamo.config.recompile_limit 4: from the 5th step on it runs uncompiled, 12 steps
@@ -33,6 +33,8 @@ class Net(nn.Module if nn is not None else object):
         h = self.a(x)
         if self.branch and h.sum() > 0:  # data-dependent: a graph break
             h = h * 2
+        if self.branch:
+            h = h / (1.0 + abs(h.mean().item()))  # a Python number from a tensor: a graph break
         return self.b(h)
 
 

@@ -27,6 +27,21 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def interleaved(timed, integration, rounds: int) -> tuple:
+    """(median plain time, median of (instrumented - plain) per round): ``timed()`` with the
+    integration off, then on, round by round; one call before, for imports and set-up."""
+    timed()
+    plain, listened = [], []
+    for _ in range(rounds):
+        plain.append(timed())
+        integration.instrument()
+        try:
+            listened.append(timed())
+        finally:
+            integration.uninstrument()
+    return statistics.median(plain), statistics.median(b - a for a, b in zip(plain, listened))
+
+
 def torch_rounds(rounds: int) -> tuple:
     import torch
     import torch._dynamo
@@ -43,16 +58,7 @@ def torch_rounds(rounds: int) -> tuple:
         torch.compile(model, backend="aot_eager")(x).sum().backward()
         return time.perf_counter() - t
 
-    compile_once()  # imports and first-time set-up out of the rounds
-    plain, listened = [], []
-    for _ in range(rounds):
-        plain.append(compile_once())
-        st_torch.instrument()
-        try:
-            listened.append(compile_once())
-        finally:
-            st_torch.uninstrument()
-    return statistics.median(plain), statistics.median(b - a for a, b in zip(plain, listened))
+    return interleaved(compile_once, st_torch, rounds)
 
 
 def tf_rounds(rounds: int, calls: int) -> tuple:
@@ -74,16 +80,7 @@ def tf_rounds(rounds: int, calls: int) -> tuple:
             f(x)
         return (time.perf_counter() - t) / calls
 
-    timed()
-    plain, listened = [], []
-    for _ in range(rounds):
-        plain.append(timed())
-        tfdata.instrument()
-        try:
-            listened.append(timed())
-        finally:
-            tfdata.uninstrument()
-    return statistics.median(plain), statistics.median(b - a for a, b in zip(plain, listened))
+    return interleaved(timed, tfdata, rounds)
 
 
 def main():

@@ -23,13 +23,14 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.tables import comm, compiling
-from stepscope.core.vocabulary import (COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX, JAX_COMPILE_PREFIX,
-                                      RECOMPILE_PREFIX, TF_RUN_PREFIX, TRACE_PREFIX, TRAIN)
+from stepscope.core.vocabulary import (COMPILE_DETAIL_PREFIX, COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX,
+                                      JAX_COMPILE_PREFIX, RECOMPILE_PREFIX, TF_RUN_PREFIX, TRACE_PREFIX, TRAIN)
 
 _SPAN = re.compile(r"^" + re.escape(COMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*)$")
 _RECOMPILE = re.compile(r"^" + re.escape(RECOMPILE_PREFIX) + r" (?P<id>\S+) (?P<place>.*?): (?P<reason>.*)$")
 _LIMIT = re.compile(r"^" + re.escape(COMPILE_LIMIT_PREFIX) + r" (?P<id>\S+) (?P<limit>\S+) (?P<value>\S+): "
                     r"(?P<reason>.*)$")
+_DETAIL = re.compile(r"^" + re.escape(COMPILE_DETAIL_PREFIX) + r" (?P<id>\S+) (?P<figures>.*)$")
 _BREAK = re.compile(r"^" + re.escape(GRAPH_BREAK_PREFIX) + r" (?P<file>[^:]*):(?P<line>\d+): (?P<reason>.*)$")
 _TRACE = re.compile(r"^" + re.escape(TRACE_PREFIX) + r" (?P<function>.*)#(?P<n>\d+): (?P<cause>.*)$")
 _JAX = re.compile(r"^" + re.escape(JAX_COMPILE_PREFIX) + r" (?P<function>.*): (?P<stage>trace|lower|compile)$")
@@ -56,8 +57,25 @@ def compile_events(run):
     and the recompile instants (process, start_ns, id, place, reason)."""
     names = run.event_names(containing=COMPILE_PREFIX)
     spans = _parsed(run, "span", _SPAN, [n for n in names if not n.startswith((RECOMPILE_PREFIX, GRAPH_BREAK_PREFIX,
-                                                                               COMPILE_LIMIT_PREFIX))])
+                                                                               COMPILE_LIMIT_PREFIX,
+                                                                               COMPILE_DETAIL_PREFIX))])
     return spans, _parsed(run, "instant", _RECOMPILE, [n for n in names if n.startswith(RECOMPILE_PREFIX)])
+
+
+def compile_details(run) -> dict:
+    """(process, compile id) -> what dynamo measured of it besides its length:
+    {backend_ms, inductor_ms, cache_hits, cache_misses} (those this torch keeps)."""
+    out = {}
+    for row in _parsed(run, "instant", _DETAIL, run.event_names(containing=COMPILE_DETAIL_PREFIX)).itertuples():
+        figures = {}
+        for pair in str(row.figures).split():
+            key, _, value = pair.partition("=")
+            try:
+                figures[key] = float(value) if key.endswith("_ms") else int(value)
+            except ValueError:
+                continue
+        out[(str(row.process), str(row.id))] = figures
+    return out
 
 
 def limit_events(run, spans: pd.DataFrame) -> list:
@@ -123,6 +141,7 @@ def _compilation(run) -> Optional[dict]:
                                                   for _, g in both.groupby("process", sort=False)))
     train = (steps["mode"] == TRAIN).to_numpy() if len(steps) else np.zeros(0, dtype=bool)
     train_ns = float(steps["duration_ns"].to_numpy()[train].sum()) if len(steps) else 0.0
+    details = compile_details(run)
     functions = {}
     for place, s in spans.groupby("place", sort=False):
         if _RESUME.match(place):
@@ -132,6 +151,11 @@ def _compilation(run) -> Optional[dict]:
             "compiles": int(len(s)), "recompiles": int(len(r)),
             "compile_ms": _ms((s["end_ns"] - s["start_ns"]).sum()),
             "reasons": [str(x) for x in r["reason"].drop_duplicates().head(5)]}
+        mine = [details[key] for key in zip(s["process"].astype(str), s["id"].astype(str)) if key in details]
+        for key in ("backend_ms", "inductor_ms", "cache_hits", "cache_misses"):
+            values = [d[key] for d in mine if key in d]
+            if values:
+                functions[str(place)][key] = round(sum(values), 3) if key.endswith("_ms") else int(sum(values))
     for hit in limits:  # a function that runs uncompiled from then on: from the step it was refused in
         hit.update(_step_at(steps, hit["process"], hit["at_ns"]))
         if hit["function"] in functions:
@@ -169,6 +193,8 @@ def _compilation(run) -> Optional[dict]:
             "total_ms": _ms(u_total), "train_steps_ms": _ms(per_step[train].sum()) if len(steps) else 0.0,
             "share_of_train": round(float(per_step[train].sum()) / train_ns, 4) if train_ns else 0.0,
             "functions": functions, "breaks": list(breaks.values()), "steps": top,
+            "cache_hits": int(sum(d.get("cache_hits", 0) for d in details.values())),
+            "cache_misses": int(sum(d.get("cache_misses", 0) for d in details.values())),
             "limits": [{k: v for k, v in hit.items() if k != "at_ns"} for hit in limits]}
 
 
@@ -196,7 +222,8 @@ def format_lines(c: dict) -> list:
              f"{100 * c['share_of_train']:.1f}% of train step time"]
     for place, f in list(c["functions"].items())[:5]:
         why = f": {f['reasons'][0]}" if f["reasons"] else ""
-        lines.append(f"  {'':<10} {place}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s), "
+        backend = f"; backend {f['backend_ms'] / 1e3:.2f} s" if f.get("backend_ms") else ""
+        lines.append(f"  {'':<10} {place}: compiled {f['compiles']}x ({f['compile_ms'] / 1e3:.2f} s{backend}), "
                      f"recompiled {f['recompiles']}x{why}")
     for name, f in list(c.get("tf_functions", {}).items())[:5]:
         causes = ", ".join(f"{k} {v}x" for k, v in f["retrace_causes"].items())

@@ -58,6 +58,10 @@ GRAPH_BREAK_PREFIX = "torch.compile graph break"
 #: A function that hit dynamo's recompile limit (it runs uncompiled from then on): an instant
 #: ``COMPILE_LIMIT_PREFIX <compile id> <limit name> <limit>: <dynamo's last reason>``.
 COMPILE_LIMIT_PREFIX = "torch.compile limit"
+#: What dynamo measured of one compile besides its length: an instant at its end,
+#: ``COMPILE_DETAIL_PREFIX <compile id> backend_ms=<x> inductor_ms=<y> cache_hits=<n> cache_misses=<n>``
+#: (the backend's share of it, AOTAutograd and inductor; their local and remote caches' hits and misses).
+COMPILE_DETAIL_PREFIX = "torch.compile detail"
 #: tf.function's traces (integrations/tfdata/_tracing.py): a framework span per trace,
 #: ``TRACE_PREFIX <function>#<n>: <cause>`` (first, python value, shape, signature).
 TRACE_PREFIX = "tf.function trace"

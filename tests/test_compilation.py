@@ -75,6 +75,8 @@ def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path
                           "CompileTime.min_s=0.5"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     compile_time = {f["rule"]: f for f in json.loads(low.stdout)["findings"]}["CompileTime"]
     assert compile_time["evidence"]["compile_s"] >= 0.5 and "cache" in compile_time["recommendation"]
+    assert c["cache_hits"] == c["cache_misses"] == 0  # (aot_eager looks up no cache: dynamo counts none)
+    assert 0 < forward[0]["backend_ms"] <= forward[0]["compile_ms"]  # the backend's share of the compiles
     page = (tmp_path / "runs" / "recompile" / "report.html").read_text()
     assert 'id="compilation"' in page and "size mismatch" in page
     assert "torch.where" in found["GraphBreak"]["recommendation"]

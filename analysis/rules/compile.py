@@ -227,14 +227,17 @@ class CompileTime(_CompileRule):
         if seconds < p["min_s"] or c["share_of_train"] < p["min_share"]:
             return []
         train = run.steps[run.steps["mode"] == TRAIN]
+        looked = c.get("cache_hits", 0) + c.get("cache_misses", 0)
+        caches = (f"; torch.compile's caches hit {c['cache_hits']} of {looked} look-up(s)" if looked else "")
         return [Finding(
             rule=self.name, severity="warning",
             message=(f"compiling took {seconds:.0f} s inside train steps, {100 * c['share_of_train']:.0f}% of train "
-                     f"step time ({c['compiles']} compile(s))"),
+                     f"step time ({c['compiles']} compile(s)){caches}"),
             recommendation=("Keep the compiled artefacts between runs: torch.compile's caches (the FX graph and "
                             "AOTAutograd caches, on by default; a shared TORCHINDUCTOR_CACHE_DIR for every job, or "
                             "torch.compiler.save_cache_artifacts / load_cache_artifacts), mode='max-autotune' only "
                             "where its autotuning pays; for a short job, compile less (the model's blocks with "
                             "compile regions, or not at all)."),
-            evidence={"compile_s": round(seconds, 3), "share": c["share_of_train"], "compiles": c["compiles"]},
+            evidence={"compile_s": round(seconds, 3), "share": c["share_of_train"], "compiles": c["compiles"],
+                      "cache_hits": c.get("cache_hits", 0), "cache_misses": c.get("cache_misses", 0)},
             cost_ms_per_step=c["train_steps_ms"] / max(len(train), 1))]

@@ -27,7 +27,8 @@ import sysconfig
 
 from stepscope.core import importhook, session
 from stepscope.core.recording import FRAMEWORK, clock_info, enabled, instant, intern, now, span
-from stepscope.core.vocabulary import COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX, RECOMPILE_PREFIX
+from stepscope.core.vocabulary import (COMPILE_DETAIL_PREFIX, COMPILE_LIMIT_PREFIX, COMPILE_PREFIX, GRAPH_BREAK_PREFIX,
+                                      RECOMPILE_PREFIX)
 
 MAX_REASON = 300  # characters of a recompile reason kept (a guard on a large structure can be long)
 # dynamo's words for a compile refused at the recompile limit, and the limit's name and value
@@ -95,6 +96,28 @@ def record(metrics, ticks_per_ns: float) -> None:
     span(FRAMEWORK, intern(f"{COMPILE_PREFIX} {compile_id} {place}"), start, end)
     if reason:
         instant(FRAMEWORK, intern(f"{RECOMPILE_PREFIX} {compile_id} {place}: {reason}"))
+    detail = details(metrics)
+    if detail:
+        instant(FRAMEWORK, intern(f"{COMPILE_DETAIL_PREFIX} {compile_id} {detail}"))
+
+
+_CACHES = ("inductor_fx_local", "inductor_fx_remote", "aotautograd_local", "aotautograd_remote")
+
+
+def details(metrics) -> str:
+    """``backend_ms=.. inductor_ms=.. cache_hits=.. cache_misses=..`` from the metrics this
+    torch keeps (those it lacks left out; empty where it keeps none)."""
+    out = []
+    for key, field in (("backend_ms", "backend_compile_time_s"), ("inductor_ms", "inductor_compile_time_s")):
+        seconds = getattr(metrics, field, None)
+        if isinstance(seconds, (int, float)):
+            out.append(f"{key}={seconds * 1e3:.3f}")
+    for key, suffix in (("cache_hits", "hit_count"), ("cache_misses", "miss_count")):
+        counts = [getattr(metrics, f"{cache}_cache_{suffix}", None) for cache in _CACHES]
+        counts = [n for n in counts if isinstance(n, int)]
+        if counts:
+            out.append(f"{key}={sum(counts)}")
+    return " ".join(out)
 
 
 def install(ctx) -> None:

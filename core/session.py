@@ -125,6 +125,10 @@ class Session:
         try:
             _native.close()
             self.stats = _native.stats()
+            if not os.path.isdir(self.process_dir):  # (a run inside a temporary directory the program removed)
+                safety.warn_once("run removed", f"stepscope: the run's folder {self.process_dir} was removed while "
+                                                "the program ran; nothing to finish")
+                return
             if (not self.stats.get("written") and not self.stats.get("dropped")
                     and run_folder.has_siblings(self.run_dir, self.process_dir)):
                 # A process that recorded nothing (most DataLoader workers, a torchrun

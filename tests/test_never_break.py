@@ -40,6 +40,23 @@ def test_unwritable_output_folder(tmp_path):
     _assert_same_plus_one_warning(r, base)
 
 
+def test_run_folder_removed_by_the_program(tmp_path):
+    """A run started in a temporary directory the program deletes before it exits: one
+    line naming what happened at the finish, no traceback, the program's exit as is."""
+    r = run_python("""
+        import tempfile, time, stepscope
+        with tempfile.TemporaryDirectory() as tmp:
+            stepscope.start(dir=tmp, name="x")
+            for i in range(5):
+                stepscope.step()
+                time.sleep(0.01)
+        print("done")
+    """, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "done\n"
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "was removed while the program ran" in lines[0], r.stderr
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to another user")
 def test_read_only_output_folder_as_unprivileged_user(tmp_path):
     base = _baseline(tmp_path)

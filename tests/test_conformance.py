@@ -57,7 +57,8 @@ and ``stepscope.load``):
 * ``compilation``: fields of the summary's ``compilation`` block that must equal the
   framework's own counters, which the script prints in its truth run (the plain one) as
   ``compilation {json}``: ``recompiles`` and ``graph_breaks`` (dynamo's compilation
-  metrics, and the places it resumed after a break), ``tf_functions`` (per function, TensorFlow's tracing count).
+  metrics, and the functions it resumed in after a break: one per place), ``tf_functions``
+  (per function, TensorFlow's tracing count).
 * ``launch``: ``"torchrun"`` runs the script under ``torch.distributed.run``
   with two processes.
 
@@ -504,12 +505,12 @@ def check_compilation(plain, run_path, truth):
     lines = [line for line in plain.stdout.splitlines() if line.startswith("compilation ")]
     assert lines, "the script printed no `compilation {json}` line (its framework's own counts)"
     counted = json.loads(lines[-1].split(" ", 1)[1])
-    block = summary_of(run_path).get("compilation") or {}
+    block = summary_of(run_path).get("compilation") or {}  # (none: nothing was compiled)
     for field in truth["compilation"]:
         if field == "tf_functions":
             got = {name: block.get("tf_functions", {}).get(name, {}).get("traces", 0) for name in counted[field]}
         else:
-            got = block.get(field)
+            got = block.get(field, 0)
         assert got == counted[field], f"compilation {field}: recorded {got}, the framework counted {counted[field]}"
 
 

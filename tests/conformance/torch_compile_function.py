@@ -4,10 +4,13 @@ compiled function of plain tensors (no model, no gradients) is no step."""
 # expect: {"train": 8, "eval": 2,
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"]},
 # expect:  "optional": {"eval": ["Loss"]},
-# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"], "eval": ["Forward"]}}
+# expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"], "eval": ["Forward"]},
+# expect:  "compilation": ["recompiles", "graph_breaks"]}
+import json
+
 import torch
 import torch.nn as nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
@@ -38,3 +41,5 @@ with torch.no_grad():
 postprocess = torch.compile(lambda t: (torch.sin(t) + 1.0).sum(), backend="aot_eager")
 print(f"post {postprocess(torch.linspace(0, 1, 5)).item():.4f}")
 print("graph breaks", sum(counters["graph_break"].values()), "unique graphs", counters["stats"]["unique_graphs"])
+print("compilation", json.dumps({"recompiles": sum(1 for m in get_compilation_metrics() if m.recompile_reason),
+                                 "graph_breaks": len(counters["resumes"])}))

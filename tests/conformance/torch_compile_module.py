@@ -34,4 +34,4 @@ with torch.no_grad():
         print(f"val {loss_fn(cmodel(x), y).item():.4f}")
 print("graph breaks", sum(counters["graph_break"].values()), "unique graphs", counters["stats"]["unique_graphs"])
 print("compilation", json.dumps({"recompiles": sum(1 for m in get_compilation_metrics() if m.recompile_reason),
-                                 "graph_breaks": len(set(counters["resumes"]) | set(counters["graph_break"]))}))
+                                 "graph_breaks": len(counters["resumes"])}))

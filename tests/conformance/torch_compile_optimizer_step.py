@@ -7,10 +7,12 @@ The graph counts dynamo reports must not change under profiling."""
 # expect: {"train": 8,
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"]},
 # expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"]},
-# expect:  "spans": {"Forward": 8, "Optimizer": 8}}
+# expect:  "spans": {"Forward": 8, "Optimizer": 8}, "compilation": ["recompiles", "graph_breaks"]}
+import json
+
 import torch
 import torch.nn as nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
@@ -35,3 +37,5 @@ for epoch in range(2):
         opt_step()
     print(f"epoch {epoch} loss {loss.item():.4f}")
 print("unique graphs", counters["stats"]["unique_graphs"])
+print("compilation", json.dumps({"recompiles": sum(1 for m in get_compilation_metrics() if m.recompile_reason),
+                                 "graph_breaks": len(counters["resumes"])}))

@@ -4,10 +4,12 @@ the module is saved with torch.save(state_dict)."""
 # expect:  "phases": {"train": ["GetNext", "Forward", "Loss", "Backward", "Optimizer"], "eval": ["GetNext", "Forward"]},
 # expect:  "optional": {"eval": ["Loss"]},
 # expect:  "every": {"train": ["GetNext", "Forward", "Backward", "Optimizer"], "eval": ["Forward"]},
-# expect:  "spans": {"Forward": 10}}
+# expect:  "spans": {"Forward": 10}, "compilation": ["recompiles", "graph_breaks"]}
+import json
+
 import torch
 import torch.nn as nn
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
@@ -31,3 +33,5 @@ with torch.no_grad():
         print(f"val {nn.functional.mse_loss(model(x), y).item():.4f}")
 torch.save(model.state_dict(), "weights.pth")
 print("graph breaks", sum(counters["graph_break"].values()), "unique graphs", counters["stats"]["unique_graphs"])
+print("compilation", json.dumps({"recompiles": sum(1 for m in get_compilation_metrics() if m.recompile_reason),
+                                 "graph_breaks": len(counters["resumes"])}))

@@ -131,7 +131,7 @@ def _compilation(run) -> Optional[dict]:
     jax = jax_events(run)
     first_runs = first_run_extra(run)
     limits = limit_events(run, spans)
-    if not len(spans) and not len(traces) and not len(jax):
+    if not len(spans) and not len(traces) and not len(first_runs) and not len(jax):
         return None
     both = pd.concat([t[["process", "start_ns", "end_ns"]] for t in (spans, traces, first_runs, jax)])
     steps = run.steps

@@ -61,6 +61,8 @@ def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path
     train = table[table["mode"] == "train"]
     assert train["compile_ns"].sum() / 1e6 == pytest.approx(c["train_steps_ms"], abs=0.01)
     assert (train.set_index("step")["compile_ns"][[0, 10]] > 0).all()
+    large = stepscope.load(str(tmp_path / "runs" / "recompile"), cache=False, dataset=True).steps  # the other store
+    assert large["compile_ns"].sum() == table["compile_ns"].sum()
     found = {f["rule"]: f for f in s["findings"]}
     assert "mark_dynamic" in found["Recompilation"]["recommendation"]
     assert "StepOutlier" not in found, found.get("StepOutlier")  # the recompile's step: explained

@@ -11,8 +11,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.dataset_files import write_file
-from stepscope.analysis.tables.compiling import compiling_names
-from stepscope.core.vocabulary import LOOP_MARK, PROCESS_JSON, TRACE_FILE
+from stepscope.core.vocabulary import COMPILING_PREFIXES, LOOP_MARK, PROCESS_JSON, TRACE_FILE
 
 # of the parts kept between builds of a trace still being written (2: GPU records decoded again; 3: loop marks
 # kept; 4: compiling's spans kept, the steps' compile_ns)
@@ -27,7 +26,7 @@ def derived_rows(events: pd.DataFrame) -> np.ndarray:
     to end (it closes the last step)."""
     keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
     keep |= (events["name"] == LOOP_MARK).to_numpy()
-    compiling = compiling_names(events["name"].cat.categories)
+    compiling = [n for n in events["name"].cat.categories if str(n).startswith(COMPILING_PREFIXES)]
     if compiling:
         keep |= events["name"].isin(compiling).to_numpy()
     if len(events):

@@ -69,6 +69,7 @@ FUNCTIONS = {
 }
 MAX_UNFINISHED = 4096  # works awaiting their wait (complete_at_wait): a program that never waits keeps no more
 # deprecated aliases, wrapped only where the function they call is missing (older torch)
+_DONE = COMM_DONE << COMM_SEQ_BITS  # an async collective's completion, in its arg
 ALIASES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
 
 
@@ -184,9 +185,12 @@ class Collectives:
 
     def wrap(self, kind, positions, original):
         tensor_at, tensor_kw, group_at, group_kw, async_at, async_kw = positions
-        local, ctx, wait_id = self.local, self.ctx, self.wait_id
+        # Every name the call reads is a local here: the Python lines are what recording costs.
+        local, ctx, wait_id, world, by_pg, unfinished = \
+            self.local, self.ctx, self.wait_id, self.world, self.by_pg, self.unfinished
         # ctx.is_compiling(), inline (one call less on every collective); dynamo folds the first to True
         is_dynamo_compiling, compiler = ctx.is_dynamo_compiling, ctx.compiler
+        ref = weakref.ref
 
         def collective(*args, **kwargs):
             if is_dynamo_compiling() or compiler._is_compiling_flag or local.inside or not enabled():
@@ -200,12 +204,17 @@ class Collectives:
             try:  # recorded once the call returned: never in the collective's way
                 t1 = now()
                 n = len(args)
-                group = self.group_of(args[group_at] if n > group_at else kwargs.get(group_kw))
+                pg = args[group_at] if n > group_at else kwargs.get(group_kw)
+                if pg is None and world is not None:
+                    pg = world.default_pg
+                known = by_pg.get(id(pg))  # (group_of's first look-up, inline)
+                group = known[1] if known is not None and known[0]() is pg else self.group_of(pg)
                 if group is None:
                     return result
                 is_async = (args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
                 group.seq += 1
-                flags = (COMM_ASYNC if is_async else 0) | local.ddp
+                ddp = local.ddp
+                flags = COMM_ASYNC | ddp if is_async else ddp
                 name = group.ids.get(kind) or group.name_id(kind)
                 arg = group.seq | flags << COMM_SEQ_BITS
                 span(COMM, name, t0, t1, arg)
@@ -216,14 +225,21 @@ class Collectives:
                     except AttributeError:  # a list of tensors, or None
                         nbytes = _bytes(tensors)
                     counter(COMM, name, nbytes, arg, t0)
-                if is_async:
-                    done, bucket_wait = arg | COMM_DONE << COMM_SEQ_BITS, wait_id if flags & COMM_LAST_BUCKET else -1
-                    if flags & COMM_DDP:  # completed by the future the hook returns (_ddp_hook)
-                        if local.issued is not None:  # (a hook of the program's that makes several)
-                            self.pending(*local.issued)
-                        local.issued = (result, name, t0, t1, done, bucket_wait)
-                    else:
-                        self.pending(result, name, t0, t1, done, bucket_wait)
+                if not is_async:
+                    return result
+                done = arg | _DONE
+                if ddp:  # completed by the future the hook returns (_ddp_hook)
+                    if local.issued is not None:  # (a hook of the program's that makes several)
+                        self.pending(*local.issued)
+                    local.issued = (result, name, t0, t1, done, wait_id if ddp & COMM_LAST_BUCKET else -1)
+                    return result
+                # kept until the program waits for it or takes its future (pending(), inline)
+                if len(unfinished) >= MAX_UNFINISHED:
+                    unfinished.clear()
+                try:
+                    unfinished[id(result)] = (ref(result), name, t0, t1, done, -1)
+                except TypeError:  # a work that takes no weak reference: done where its call returned
+                    pass
             except Exception as exc:  # noqa: BLE001 - the collective is the job's
                 ctx.fail(exc)
             return result

@@ -19,14 +19,11 @@ from __future__ import annotations
 
 from typing import List
 
-import numpy as np
 import pandas as pd
 
 from stepscope.analysis.quantities import other_share, phase_shares
+from stepscope.analysis.tables.loop_numbers import MIN_LOOP_STEPS, loop_numbers  # noqa: F401 - the loops' API
 from stepscope.core.vocabulary import LOOP_MARK, OTHER, TRAIN
-
-MIN_LOOP_STEPS = 10
-
 
 def step_loops(run) -> pd.Series:
     """Each step's loop in its process (int, from 0), indexed like ``run.steps``: its
@@ -37,28 +34,6 @@ def step_loops(run) -> pd.Series:
     marks = run.select(categories=["framework"], kinds=["instant"], names=[LOOP_MARK],  # (tables of another kind)
                        columns=["process", "start_ns"])
     return loop_numbers(steps, marks)
-
-
-def loop_numbers(steps: pd.DataFrame, marks: pd.DataFrame) -> pd.Series:
-    """The loop of each step: the number of its process's loop marks at or before its start."""
-    out = pd.Series(np.zeros(len(steps), dtype=np.int64), index=steps.index, name="loop")
-    if not len(steps) or not len(marks):
-        return out
-    times = {str(p): np.sort(g["start_ns"].to_numpy(np.int64)) for p, g in marks.groupby("process", observed=True)}
-    for process, s in steps.groupby("process", observed=True, sort=False):
-        at = times.get(str(process))
-        if at is None:
-            continue
-        loop = np.searchsorted(at, s["start_ns"].to_numpy(np.int64), side="right")
-        train = (s["mode"] == TRAIN).to_numpy()
-        per_loop = np.bincount(loop[train], minlength=len(at) + 1)
-        held = per_loop[per_loop > 0]
-        if len(held) > 2 and np.median(held) < MIN_LOOP_STEPS:
-            continue  # an optimizer made in every iteration: the iteration's structure, one loop
-        # loops numbered as they come, none left empty (two marks with no step between are one edge)
-        _, dense = np.unique(loop, return_inverse=True)
-        out.loc[s.index] = dense.astype(np.int64)
-    return out
 
 
 def loops_block(run) -> List[dict]:

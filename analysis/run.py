@@ -15,12 +15,15 @@ from typing import Optional
 import pandas as pd
 
 from stepscope.analysis.tables import ops, samples as pysamples
+from stepscope.analysis.tables.catalog import catalog
 from stepscope.analysis.store.reader import RunFormatError, resolve_run_path
 from stepscope.analysis.store.choose import open_store
 from stepscope.analysis.store.memory import overlapping_rows, phase_rows
-from stepscope.analysis.store.schema import GPU_TABLES, RUN_TABLES  # noqa: F401 - GPU_TABLES: the run's API
+from stepscope.analysis.store.schema import GPU_TABLES  # noqa: F401 - the run's API
 from stepscope.core import files, metadata
 from stepscope.core.vocabulary import RUN_JSON
+
+DERIVED_TABLES = ("ops", "samples", "stacks")  # built by ``Run`` from the store's selections
 
 FOLDED_NAME = "(other names)"  # csrc/record/recorder.h kOverflowName
 
@@ -48,7 +51,8 @@ class Run:
         self.path = resolve_run_path(path)
         self.name = os.path.basename(os.path.normpath(self.path))
         self.info, info_notes = metadata.read(os.path.join(self.path, RUN_JSON), metadata.RUN_FIELDS)
-        self._store = open_store(self.path, cache=cache, dataset=dataset)
+        self._catalog = catalog()
+        self._store = open_store(self.path, self._catalog, cache=cache, dataset=dataset)
         if not self._procs and not self.info:
             raise RunFormatError(f"{self.path} is not a stepscope run (no run.json, no process folders)")
         self.warnings = info_notes + [w for p in self._procs for w in p.warnings]
@@ -78,6 +82,26 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<stepscope.Run {self.path!r}: {len(self._procs)} process(es)>"
+
+    @property
+    def tables(self) -> tuple:
+        """The names of every table (``run.<name>``, ``run.table(name)``, ``run.sql``'s names)."""
+        return (*self._catalog.names, *DERIVED_TABLES)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A table by name: one of ``tables`` (a plugin's included)."""
+        if name in DERIVED_TABLES:
+            return getattr(self, name)
+        if name not in self._catalog.names:
+            raise KeyError(f"{name!r} is not a table of this run (tables: {', '.join(self.tables)})")
+        return self._store.table(name)
+
+    def __getattr__(self, name: str):
+        # (only for what is not found otherwise: the tables plugins add, as attributes)
+        tables = self.__dict__.get("_catalog")
+        if tables is not None and not name.startswith("_") and name in tables.names:
+            return self._store.table(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def memo(self, key, build):
         """``build()``, computed once per loaded run: the frames several rules derive
@@ -179,13 +203,7 @@ class Run:
     def gpu_select(self, table: str, during=None, columns=None) -> pd.DataFrame:
         """A GPU table's rows overlapping one of the times in ``during`` ([(start_ns,
         end_ns)], None: all), without building the table of a large run."""
-        frame = self._store.gpu_select(table, during, columns)
-        if frame is not None:
-            return frame
-        frame = getattr(self, table)
-        if during is not None:
-            frame = frame[overlapping_rows(frame, during)]
-        return frame if columns is None else frame[[c for c in columns if c in frame.columns]]
+        return self._store.gpu_select(table, during, columns)
 
     def window(self, during) -> "RunWindow":
         """This run seen through times [(start_ns, end_ns)]: its events, steps and GPU
@@ -195,8 +213,7 @@ class Run:
 
     def rows(self, table: str) -> int:
         """Rows of a table, without building it when the run's dataset knows the count."""
-        counted = None if table in self._derived else self._store.rows(table)
-        return len(getattr(self, table)) if counted is None else counted
+        return len(self.table(table)) if table in DERIVED_TABLES else self._store.rows(table)
 
     @property
     def kernels(self) -> pd.DataFrame:
@@ -279,16 +296,16 @@ class Run:
     # --- SQL ------------------------------------------------------------------------
     def sql(self, query: str) -> pd.DataFrame:
         """Runs a DuckDB query over the tables (events, steps, phases, system, kernels, ...:
-        every table of ``RUN_TABLES``, each built only when the query names it)."""
+        every table of ``tables``, each built only when the query names it)."""
         import duckdb
 
         if self._db is None:
             self._db = duckdb.connect()
             # a large run's tables are views over its dataset: DuckDB reads what the query needs
             self._views = self._store.sql_views(self._db)
-        for name in RUN_TABLES:
+        for name in self.tables:
             if name.lower() in query.lower() and name not in self._views:
-                self._db.register(name, getattr(self, name))
+                self._db.register(name, self.table(name))
         return self._db.execute(query).df()
 
 
@@ -363,11 +380,11 @@ def export_parquet(run: Run, out_dir: Optional[str] = None) -> str:
     are: ``<table>/process=<process>/part-*.parquet``, none of them built in memory."""
     out_dir = out_dir or os.path.join(run.path, "parquet")
     files.make_dirs(out_dir)
-    linked = run._store.link_tables(out_dir) if run.large else set()
-    for name in RUN_TABLES:
+    linked = run._store.link_tables(out_dir)  # (a large run's: its dataset's files as they are)
+    for name in run.tables:
         if name in linked:
             continue
-        frame = getattr(run, name)
+        frame = run.table(name)
         with files.open_new(os.path.join(out_dir, f"{name}.parquet"), "wb") as f:
             frame.to_parquet(f, index=False)
     files.narrow_tree(out_dir)  # the linked dataset's folders and copies

@@ -41,10 +41,14 @@ def entry_points(group: str) -> list:
     return found
 
 
-def _warn(message: str) -> None:
+def report(message: str) -> None:
+    """One ``stepscope:`` line on stderr, once per message."""
     from stepscope.core import safety
 
     safety.warn_once(message, message)
+
+
+_report_once = report  # (``load``'s parameter of that name shadows it)
 
 
 def load(ep, report: Optional[Callable[[str], None]] = None):
@@ -53,8 +57,8 @@ def load(ep, report: Optional[Callable[[str], None]] = None):
     try:
         return ep.load()
     except Exception as exc:  # noqa: BLE001 - a broken plugin is skipped
-        (report or _warn)(f"stepscope: the plugin {ep.name} = {ep.value} ({ep.group}) was not loaded "
-                          f"({type(exc).__name__}: {exc}); skipped")
+        (report or _report_once)(f"stepscope: the plugin {ep.name} = {ep.value} ({ep.group}) was not loaded "
+                                 f"({type(exc).__name__}: {exc}); skipped")
         return None
 
 

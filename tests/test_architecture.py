@@ -365,3 +365,28 @@ def test_no_import_cycles():
     allowed = [sorted(c) for c in ALLOWED_CYCLES]
     bad = [c for c in found if c not in allowed]
     assert not bad, "import cycles:\n" + "\n".join(" -> ".join(_one_cycle(graph, c)) for c in bad)
+
+
+# Analysis is layered by its flow (docs/design.md, "Tables"): the stores decode and hold
+# tables, built from the recipes they are given, and know no builder; the builders read
+# the stores' frames and know no figure, rule or report above them.
+ANALYSIS_MAY_IMPORT = {
+    "analysis/store": {"stepscope.core", "stepscope.analysis.store"},
+    "analysis/tables": {"stepscope.core", "stepscope.analysis.store", "stepscope.analysis.tables"},
+}
+
+
+def test_the_stores_know_no_builder_and_the_builders_nothing_above_them():
+    bad = []
+    for folder, allowed in ANALYSIS_MAY_IMPORT.items():
+        for rel, line, name in _edges(folder):
+            if name.split(".")[0] == "stepscope" and not any(name == a or name.startswith(a + ".") for a in allowed):
+                bad.append(f"{rel}:{line}: {folder} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_tables_reference_is_generated_from_the_declarations():
+    from stepscope.analysis.tables.reference import tables_markdown
+
+    with open(os.path.join(REPO, "docs", "tables.md")) as f:
+        assert f.read().strip() == tables_markdown().strip(), "regenerate docs/tables.md (see its first line)"

@@ -18,24 +18,23 @@ several): the memory needed is that of the largest process, not of the run.
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import pandas as pd
 
 from stepscope.analysis.store import gpu_raw, reader
-from stepscope.analysis.tables import gpu, gpu_build, kernel_steps, stepping
 from stepscope.analysis.store.reader import PROGRESS_BYTES, empty_events, events_frame, start_order
 from stepscope.analysis.store import py_samples
 from stepscope.analysis.store.dataset_files import link_or_copy, partition_dir, safe_partition, write_file
 from stepscope.analysis.store.dataset_live import derived_rows, ended, keep_part, reused_part, trace_identity
+from stepscope.analysis.store.dataset_read import read_table
 from stepscope.analysis.store.frames import columns_of, concat, concat_in_order
-from stepscope.analysis.store.schema import DATASET_TABLES, GPU_TABLES
-from stepscope.analysis.tables.system import system_frame
+from stepscope.analysis.store.recipe import SOURCES, Catalog, built, checked
+from stepscope.analysis.store.schema import DATASET_SAMPLES
 from stepscope.core.vocabulary import TRACE_FILE
 
 PART_BYTES = 16 << 20  # a process's trace is decoded this much at a time (about 3 M events)
@@ -43,12 +42,12 @@ ROW_GROUP = 1 << 20  # rows gathered before a file is written (tables with few r
 PARALLEL_BYTES = 32 << 20  # processes are built in parallel above this much trace data
 
 
-def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
+def build_process(folder: str, root: str, catalog: Catalog, live: Optional[str] = None) -> dict:
     """Decodes one process folder and writes its partition of every table; returns
     what the run needs to know of it without reading it again (metadata, counts,
-    warnings, extent). A trace over ``PART_BYTES`` is decoded a part at a time: its
-    events go to one file per part, and the derived tables are built from the step,
-    phase and system events kept from every part.
+    warnings, extent). Its tables are built from ``catalog``'s recipes. A trace over
+    ``PART_BYTES`` is decoded a part at a time: its events go to one file per part, and
+    the derived tables are built from the events their recipes read, kept from every part.
 
     ``live``: a folder where the parts of a trace that will not change any more
     (a later chunk follows them) are kept, so that the next build of a trace still
@@ -57,7 +56,10 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     name = os.path.basename(folder)
     entry = {"folder": folder, "partition": safe_partition(name), "events": 0, "rows": {"events": 0}}
     parts = max(1, -(-_trace_bytes(folder) // PART_BYTES))
+    rows = catalog.event_rows()  # (what the derived tables read of a trace in parts)
     identity = trace_identity(folder, PART_BYTES) if live else None
+    if identity is not None:  # kept parts are of one part size and one catalog's rows
+        identity.append([list(r) for r in rows])
     live = live if identity is not None else None  # (a process folder without a trace)
     still_written = live is not None and not ended(folder)  # else its parts are not kept
     kept, gpu_parts, py_raw, extent = [], [], None, None
@@ -94,7 +96,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
                 part["categories"] = list(map(str, events["category"].cat.remove_unused_categories().cat.categories))
                 part["extent"] = [int(events["start_ns"].min()), int(events["end_ns"].max()), len(events)]
             if where:
-                keep_part(where, part, events, identity)
+                keep_part(where, part, events, identity, rows)
         entry["events"] += part["events"]
         _add_warnings(entry, part.get("warnings", []))
         if not len(events):
@@ -108,7 +110,7 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             kept.append(events)
         else:
             # (columns apart: concat_in_order frees each as it goes)
-            kept.append(columns_of(events, derived_rows(events)))
+            kept.append(columns_of(events, derived_rows(events, *rows)))
         kept_file = part["events_file"] if reused is not None else None
         if live and kept_file is None and os.path.exists(os.path.join(live, f"part-{i:05d}.json")):
             kept_file = os.path.join(live, f"part-{i:05d}.events.parquet")  # kept just now
@@ -130,13 +132,59 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
     else:
         kept = pd.DataFrame(kept[0], copy=False) if kept else empty_events()
     _release_arrow_memory()
-    out = {"system": system_frame(kept)}
-    steps, phases = stepping.steps_and_phases(kept, consume=True)  # (kept's columns go as they are read)
-    out.update(steps=steps, phases=phases)
+    before, per_part, after = catalog.dataset_stages()
+    out = _build_before(before, after, kept)
     del kept
-    # GPU records a part at a time (a GPU trace is mostly kernels): each part's tables are
-    # one file, and the kernels are aggregated per step as they go
-    timeline, aggregates = gpu.Timeline(steps, phases) if gpu_parts else None, []
+    _build_parts(catalog, per_part, out, gpu_parts, entry, pending, folder, parts, live)
+    for recipe in after:  # (over part-wise tables: read back from this process's files)
+        inputs = {i: out[i] if i in out else _read_back(root, entry, catalog, i) for i in recipe.inputs}
+        out.update(built(recipe, inputs))
+    out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else py_samples.raw_frames([])
+    del py_raw
+    for table in (*catalog.names[1:], *DATASET_SAMPLES):
+        if table in catalog.part_tables():
+            entry["rows"].setdefault(table, 0)
+            continue
+        frame = out.pop(table)
+        if len(frame):  # a table this process has no rows of has no partition
+            d = partition_dir(root, table, entry["partition"])
+            os.makedirs(d, exist_ok=True)
+            write_file(frame, os.path.join(d, "part-0.parquet"))
+        entry["rows"][table] = int(len(frame))
+        del frame
+    return entry
+
+
+def _build_before(before, after, events) -> dict:
+    """The tables of the recipes that read no part-wise table, in catalog order; the last
+    to read the events takes them (``consume``) when nothing after it reads them."""
+    readers = [r for r in (*before, *after) if "events" in r.inputs]
+    last = readers[-1] if readers else None
+    consumer = last if last is not None and last.consumes and any(r is last for r in before) else None
+    out = {"events": events}
+    for recipe in before:
+        inputs = {i: out[i] for i in recipe.inputs}
+        if recipe is consumer:
+            del out["events"]
+            out.update(built(recipe, inputs, consume=True))
+        else:
+            out.update(built(recipe, inputs))
+        del inputs
+    out.pop("events", None)
+    return out
+
+
+def _build_parts(catalog, per_part, out, gpu_parts, entry, pending, folder, parts, live) -> None:
+    """The part-wise recipes, a part of the GPU records at a time: each part's tables are
+    written as they come (one file a part, or gathered for ``few_rows`` tables), and the
+    recipes over them are built per part and combined (the kernels aggregated per step as
+    they go)."""
+    root = pending.root
+    by_part = [r for r in per_part if r.by_part]
+    shared = {id(r): r.prepare(**{i: out[i] for i in r.inputs if i not in SOURCES})
+              for r in by_part if r.prepare is not None and gpu_parts}
+    results = {id(r): [] for r in per_part if not r.by_part}
+    few = {t.name for r in by_part for t in r.tables if t.few_rows}
 
     def raw_of(k):  # the GPU columns of the k-th entry of gpu_parts (decoded again), None past the end
         if k >= len(gpu_parts):
@@ -156,41 +204,40 @@ def build_process(folder: str, root: str, live: Optional[str] = None) -> dict:
             earlier, raw = None, after
             continue
         nearby = [keys for keys in (earlier, None if after is None else gpu_raw.api_keys(after)) if keys is not None]
-        part = gpu_build.gpu_tables(raw, steps, phases, timeline=timeline, other_api=nearby)
+        here = {}
+        for r in by_part:
+            here.update(built(r, {i: raw if i == "gpu_raw" else out[i] for i in r.inputs},
+                              shared=shared.get(id(r)), nearby=nearby))
         earlier, raw = gpu_raw.api_keys(raw), after  # of the part before, only its launches are needed
         del after, nearby
-        aggregates.append(kernel_steps.aggregate(part["kernels"]))
-        for table, frame in part.items():
+        written = set(here)
+        for r in per_part:
+            if not r.by_part:
+                result = built(r, {i: here[i] if i in here else out[i] for i in r.inputs})
+                results[id(r)].append(result)
+                here.update(result)
+        for table in written:
+            frame = here[table]
             entry["rows"][table] = entry["rows"].get(table, 0) + int(len(frame))
-            if len(frame) and table in _FEW_ROWS:
+            if len(frame) and table in few:
                 pending.add(table, at, frame)
             elif len(frame):
                 d = _made(partition_dir(root, table, entry["partition"]))
                 write_file(frame, os.path.join(d, f"part-{at:05d}.parquet"))
                 _span(entry, table, f"part-{at:05d}.parquet", frame["start_ns"].min(), frame["end_ns"].max())
         pending.flush(ROW_GROUP)
-        del part
+        del here
         _release_arrow_memory()
     pending.flush(0)
-    del earlier, raw
-    out.update(kernel_steps.combine(aggregates))
-    out["pysamples"], out["pystacks"] = py_raw if py_raw is not None else py_samples.raw_frames([])
-    del py_raw
-    for table in DATASET_TABLES[1:]:
-        if table in GPU_TABLES:
-            entry["rows"].setdefault(table, 0)
-            continue
-        frame = out.pop(table)
-        if len(frame):  # a table this process has no rows of has no partition
-            d = partition_dir(root, table, entry["partition"])
-            os.makedirs(d, exist_ok=True)
-            write_file(frame, os.path.join(d, "part-0.parquet"))
-        entry["rows"][table] = int(len(frame))
-        del frame
-    return entry
+    for r in per_part:
+        if not r.by_part:
+            out.update(checked(r, r.combine(results.pop(id(r)))))
 
 
-_FEW_ROWS = ("memcpy", "memset", "sync")  # GPU tables with a few rows a step: written a file per 1 M rows
+def _read_back(root: str, entry: dict, catalog, table: str) -> pd.DataFrame:
+    """A part-wise table of this process, whole, from the files just written."""
+    frame = read_table(root, table, [os.path.basename(entry["folder"])], [entry["partition"]])
+    return catalog.empty[table] if frame is None else frame
 
 
 def _add_warnings(entry: dict, warnings) -> None:
@@ -241,7 +288,8 @@ def _release_arrow_memory() -> None:
     pa.default_memory_pool().release_unused()
 
 
-def build(folders: List[str], root: str, progress: Optional[bool] = None, live: Optional[str] = None) -> List[dict]:
+def build(folders: List[str], root: str, catalog: Catalog, progress: Optional[bool] = None,
+          live: Optional[str] = None) -> List[dict]:
     """Writes the dataset of these process folders under ``root`` (replacing what was
     there); returns one entry per process, in folder order. ``live``: where the
     finished parts of traces are kept for the next build (``build_process``)."""
@@ -257,16 +305,16 @@ def build(folders: List[str], root: str, progress: Optional[bool] = None, live: 
             os.makedirs(d, exist_ok=True)
     bar = _progress(sum(sizes), progress)
     try:
-        return _build(folders, sizes, root, parallel, bar, lives)
+        return _build(folders, sizes, root, catalog, parallel, bar, lives)
     finally:
         bar.close()
 
 
-def _build(folders, sizes, root, parallel, bar, lives) -> List[dict]:
+def _build(folders, sizes, root, catalog, parallel, bar, lives) -> List[dict]:
     if not parallel:
         entries = []
         for folder, size, live in zip(folders, sizes, lives):
-            entries.append(build_process(folder, root, live))
+            entries.append(build_process(folder, root, catalog, live))
             bar.update(size)
         return entries
     import multiprocessing
@@ -274,7 +322,7 @@ def _build(folders, sizes, root, parallel, bar, lives) -> List[dict]:
     # spawn: a fork of the caller (maybe a notebook with threads running) could deadlock
     workers = min(len(folders), os.cpu_count() or 1, 8)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(build_process, f, root, live) for f, live in zip(folders, lives)]
+        futures = [pool.submit(build_process, f, root, catalog, live) for f, live in zip(folders, lives)]
         entries = []
         for future, size in zip(futures, sizes):
             entries.append(future.result())
@@ -305,18 +353,3 @@ def _progress(total: int, progress: Optional[bool]):
     from tqdm import tqdm
 
     return tqdm(total=total, unit="B", unit_scale=True, desc="stepscope: building the run's dataset", leave=False)
-
-
-
-@functools.lru_cache(maxsize=None)
-def empty_tables() -> Dict[str, pd.DataFrame]:
-    """Each table with no rows, as the in-memory builders make it (same columns and dtypes):
-    what the dataset's reader gives for a table no process has rows of."""
-    events = empty_events()
-    steps, phases = stepping.steps_and_phases(events)
-    out = {"events": events, "steps": steps, "phases": phases, "system": system_frame(events)}
-    out.update(gpu_build.gpu_tables(gpu_raw.empty_raw(), steps, phases))
-    out.update(kernel_steps.aggregate(out["kernels"]))
-    return out
-
-

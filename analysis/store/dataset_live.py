@@ -11,24 +11,22 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store.dataset_files import write_file
-from stepscope.core.vocabulary import COMPILING_PREFIXES, LOOP_MARK, PROCESS_JSON, TRACE_FILE
+from stepscope.core.vocabulary import PROCESS_JSON, TRACE_FILE
 
 # of the parts kept between builds of a trace still being written (2: GPU records decoded again; 3: loop marks
 # kept; 4: compiling's spans kept, the steps' compile_ns)
 LIVE_VERSION = 4
-# What the derived tables are built from: a small share of a large trace's events.
-DERIVED_FROM = ("step", "phase", "system", "comm")
 
 
-def derived_rows(events: pd.DataFrame) -> np.ndarray:
-    """The events the derived tables are built from: those of ``DERIVED_FROM``, the loop
-    marks (the steps' loops), compiling's spans (the steps' compile_ns) and the last event
-    to end (it closes the last step)."""
-    keep = events["category"].isin(DERIVED_FROM).to_numpy().copy()
-    keep |= (events["name"] == LOOP_MARK).to_numpy()
-    compiling = [n for n in events["name"].cat.categories if str(n).startswith(COMPILING_PREFIXES)]
-    if compiling:
-        keep |= events["name"].isin(compiling).to_numpy()
+def derived_rows(events: pd.DataFrame, categories, name_prefixes) -> np.ndarray:
+    """The events the derived tables are built from: those of the categories and names
+    their recipes read (``Catalog.event_rows``), and the last event to end (it closes the
+    last step)."""
+    keep = events["category"].isin(list(categories)).to_numpy().copy()
+    prefixes = tuple(name_prefixes)
+    named = [n for n in events["name"].cat.categories if str(n).startswith(prefixes)] if prefixes else []
+    if named:
+        keep |= events["name"].isin(named).to_numpy()
     if len(events):
         keep[int(events["end_ns"].to_numpy().argmax())] = True
     return keep
@@ -51,11 +49,11 @@ def ended(folder: str) -> bool:
         return False
 
 
-def keep_part(where: str, part: dict, events: pd.DataFrame, identity: list) -> None:
-    """Keeps a finished part: its events file and the events the derived tables need (its
-    GPU records are decoded again: cheaper than keeping them); the JSON, written last,
-    makes it usable."""
-    keep = derived_rows(events)
+def keep_part(where: str, part: dict, events: pd.DataFrame, identity: list, rows) -> None:
+    """Keeps a finished part: its events file and the events the derived tables need
+    (``rows``: ``Catalog.event_rows``, part of ``identity``; its GPU records are decoded
+    again: cheaper than keeping them); the JSON, written last, makes it usable."""
+    keep = derived_rows(events, *rows)
     write_file(events, f"{where}.events.parquet")
     tmp = f"{where}.kept.parquet.tmp{os.getpid()}"  # (another load of the run may be reading it)
     events[keep].to_parquet(tmp, index=False)  # every column, as decoded

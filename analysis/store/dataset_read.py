@@ -18,7 +18,7 @@ from stepscope.analysis.store.reader import start_order
 from stepscope.analysis.store.dataset_files import COLUMNS_KEY, PARTITION, partition_dir
 from stepscope.analysis.store.frames import concat, without_unused
 from stepscope.analysis.store.py_samples import raw_frames
-from stepscope.analysis.store.schema import DATASET_TABLES, STACK_COLUMNS
+from stepscope.analysis.store.schema import STACK_COLUMNS
 
 # Columns that are categorical in the in-memory tables (kept categorical on read).
 _CATEGORICAL_PROCESS = {"events", "steps", "phases"}
@@ -195,13 +195,18 @@ def _order_within(frame: pd.DataFrame, order_of) -> np.ndarray:
 
 
 
+def table_folders(root: str) -> List[str]:
+    """The dataset's tables: each a folder of its root (the catalog's, and the Python samples')."""
+    return sorted(d.name for d in os.scandir(root) if d.is_dir())
+
+
 def duckdb_views(con, root: str) -> Dict[str, str]:
     """Creates one DuckDB view per table over the dataset (nothing is loaded); returns
     {table: view SQL}."""
     out = {}
-    for table in DATASET_TABLES:
+    for table in table_folders(root):
         d = os.path.join(root, table)
-        if not os.path.isdir(d) or not any(True for _ in os.scandir(d)):
+        if not any(True for _ in os.scandir(d)):
             continue
         glob = os.path.join(d, "*", "*.parquet").replace("'", "''")
         sql = (f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet('{glob}', "

@@ -20,9 +20,11 @@ import pandas as pd
 
 from stepscope.analysis.store.reader import ProcessTrace, process_folders
 from stepscope.analysis.store import dataset_build
-from stepscope.analysis.store.dataset_read import Dataset, duckdb_views, overlapping
-from stepscope.analysis.store.memory import phase_rows, select_rows  # (a dataset small enough to hold its events)
-from stepscope.analysis.store.schema import CACHE_VERSION, DATASET_TABLES
+from stepscope.analysis.store.dataset_read import Dataset, duckdb_views, overlapping, table_folders
+# (a dataset small enough to hold its events is read as memory is)
+from stepscope.analysis.store.memory import phase_rows, select_rows, window_rows
+from stepscope.analysis.store.recipe import Catalog
+from stepscope.analysis.store.schema import CACHE_VERSION
 from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR
 
@@ -35,8 +37,8 @@ LARGE_BYTES = 64 << 20
 class DatasetStore:
     """Every table read from the run's dataset (``dataset_read.Dataset``)."""
 
-    def __init__(self, root: str, entries: list, private: bool = False):
-        self.data = Dataset(root, entries, dataset_build.empty_tables)
+    def __init__(self, root: str, entries: list, catalog: Catalog, private: bool = False):
+        self.data = Dataset(root, entries, lambda: catalog.empty)
         self.root = root
         self.from_cache = False
         self.procs = []
@@ -50,7 +52,8 @@ class DatasetStore:
             weakref.finalize(self, shutil.rmtree, root, True)
 
     @classmethod
-    def open(cls, path: str, manifest: dict, cache: bool, want: Optional[bool]) -> Optional["DatasetStore"]:
+    def open(cls, path: str, manifest: dict, cache: bool, want: Optional[bool],
+             catalog: Catalog) -> Optional["DatasetStore"]:
         """The run's cached dataset, or one built now when ``want`` (None: when the traces
         hold more than LARGE_BYTES); None for the in-memory store."""
         key = hashlib.sha1(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
@@ -59,13 +62,13 @@ class DatasetStore:
         if entries is None and cache and os.path.isdir(cache_root):
             shutil.rmtree(cache_root, ignore_errors=True)  # a damaged manifest: the dataset is built again
         if entries is not None:
-            return cls(cache_root, entries)
+            return cls(cache_root, entries, catalog)
         if want is None:
             want = sum(size for size, _ in manifest["traces"].values()) >= LARGE_BYTES
         if not want:
             return None
-        built = _build(path, cache_root, cache)
-        return None if built is None else cls(*built)
+        built = _build(path, cache_root, cache, catalog)
+        return None if built is None else cls(built[0], built[1], catalog, *built[2:])
 
     @property
     def large(self) -> bool:
@@ -86,10 +89,10 @@ class DatasetStore:
             return self.data.select(categories, kinds, names, processes, columns, during)
         return select_rows(self.table("events"), categories, kinds, names, processes, columns, during)
 
-    def gpu_select(self, table: str, during=None, columns=None) -> Optional[pd.DataFrame]:
-        """A GPU table's rows overlapping ``during``, read without the rest (None: read the table)."""
+    def gpu_select(self, table: str, during=None, columns=None) -> pd.DataFrame:
+        """A GPU table's rows overlapping ``during``, read without the rest where the run is large."""
         if not (self.large and table not in self._tables and during is not None):
-            return None
+            return window_rows(self.table(table), during, columns)
         if not len(during):
             return self.data.table(table, columns=columns).iloc[:0]
         return self.data.table(table, filter=overlapping(during), columns=columns, during=during)
@@ -122,10 +125,10 @@ class DatasetStore:
     def extents(self) -> pd.DataFrame:
         return self.data.extents()
 
-    def rows(self, name: str) -> Optional[int]:
-        """Rows of a table as the dataset's manifest counts them (None once it is read)."""
+    def rows(self, name: str) -> int:
+        """Rows of a table: as the dataset's manifest counts them, until it is read."""
         if name in self._tables:
-            return None
+            return len(self._tables[name])
         return sum(int(e.get("rows", {}).get(name, 0)) for e in self.data.entries)
 
     def py_raw(self):
@@ -136,12 +139,13 @@ class DatasetStore:
         return set(duckdb_views(con, self.root)) if self.large else set()
 
     def link_tables(self, out_dir: str) -> set:
-        """Hard links (copies across file systems) of the dataset's table folders; returns the tables."""
+        """Hard links (copies across file systems) of a large run's table folders, as they are;
+        returns the tables (none for a run small enough to write its tables whole)."""
         done = set()
-        for table in DATASET_TABLES:
+        if not self.large:
+            return done
+        for table in table_folders(self.root):
             src = os.path.join(self.root, table)
-            if not os.path.isdir(src):
-                continue
             for folder, _, names in os.walk(src):
                 dest = os.path.join(out_dir, table, os.path.relpath(folder, src))
                 os.makedirs(dest, exist_ok=True)
@@ -157,7 +161,7 @@ class DatasetStore:
         return done
 
 
-def _build(path: str, cache_root: str, cache: bool):
+def _build(path: str, cache_root: str, cache: bool, catalog: Catalog):
     """Builds the dataset beside the run (reused by the next load when the run is
     complete), or in a private temporary folder (the run folder is read-only, the
     cache is off, or the run is still being written); (root, entries[, private])."""
@@ -175,7 +179,7 @@ def _build(path: str, cache_root: str, cache: bool):
         tmp_parent = None
     # a trace still being written keeps its finished parts here: the next build decodes only what is new
     live = os.path.join(tmp_parent, LIVE_DIR) if tmp_parent is not None else None
-    entries = dataset_build.build(folders, tmp, live=live)
+    entries = dataset_build.build(folders, tmp, catalog, live=live)
     files.narrow_tree(tmp_parent if tmp_parent is not None else tmp)  # pyarrow's files: the umask's mode
     complete = all(e["readable"] and e["clean_close"] for e in entries)
     if live is not None and complete:
@@ -195,7 +199,7 @@ def _build(path: str, cache_root: str, cache: bool):
             if found is not None:
                 return cache_root, found
             tmp = tempfile.mkdtemp(prefix="stepscope-dataset-")
-            entries = dataset_build.build(folders, tmp)
+            entries = dataset_build.build(folders, tmp, catalog)
     return tmp, entries, True
 
 

@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 
 from stepscope.analysis.store import gpu_raw
-from stepscope.analysis.tables import gpu_build, kernel_steps, stepping
 from stepscope.analysis.store.reader import ProcessTrace, events_frame, read_processes
 from stepscope.analysis.store import py_samples
-from stepscope.analysis.store.schema import CACHE_VERSION, GPU_TABLES, KERNEL_AGGREGATES
-from stepscope.analysis.tables.system import system_frame
+from stepscope.analysis.store.recipe import Catalog, built
+from stepscope.analysis.store.schema import CACHE_VERSION
 from stepscope.core import files, metadata, runinfo
 from stepscope.core.vocabulary import CACHE_DIR
 
@@ -68,8 +65,8 @@ class MemoryStore:
 
     root = None  # no dataset on disk
 
-    def __init__(self, path: str, manifest: dict, cache: bool):
-        self.path, self._manifest, self._cache_ok = path, manifest, cache
+    def __init__(self, path: str, manifest: dict, cache: bool, catalog: Catalog):
+        self.path, self._manifest, self._cache_ok, self.catalog = path, manifest, cache, catalog
         self.from_cache = False
         self.procs = self._cached_processes() or read_processes(path)
         self._tables: dict = {}
@@ -83,33 +80,27 @@ class MemoryStore:
         return name in self._tables
 
     def table(self, name: str) -> pd.DataFrame:
-        """events, steps, phases, system, a GPU table or a kernel aggregate, built on first use."""
+        """The events, or a table of the catalog, built with its recipe on first use."""
         if name not in self._tables:
-            self._build(name)
+            if name == "events":
+                self._tables["events"] = self._cached_events()
+            else:
+                recipe = self.catalog.recipe_of(name)
+                self._tables.update(built(recipe, {i: self._input(i) for i in recipe.inputs}))
         return self._tables[name]
 
-    def _build(self, name: str) -> None:
-        t = self._tables
-        if name == "events":
-            t["events"] = self._cached_events()
-        elif name in ("steps", "phases"):
-            t["steps"], t["phases"] = stepping.steps_and_phases(self.table("events"))
-        elif name == "system":
-            t["system"] = system_frame(self.table("events"))
-        elif name in GPU_TABLES:
+    def _input(self, name: str):
+        if name == "gpu_raw":
             self.table("events")  # decodes the traces (or reads the cache), GPU records included
-            t.update(gpu_build.gpu_tables(self._gpu_raw, self.table("steps"), self.table("phases")))
-        elif name in KERNEL_AGGREGATES:
-            t.update(kernel_steps.aggregate(self.table("kernels")))
-        else:
-            raise KeyError(name)
+            return self._gpu_raw
+        return self.table(name)
 
     def select(self, categories=None, kinds=None, names=None, processes=None, columns=None,
                during=None) -> pd.DataFrame:
         return select_rows(self.table("events"), categories, kinds, names, processes, columns, during)
 
-    def gpu_select(self, table: str, during=None, columns=None) -> Optional[pd.DataFrame]:
-        return None  # nothing cheaper than the whole table
+    def gpu_select(self, table: str, during=None, columns=None) -> pd.DataFrame:
+        return window_rows(self.table(table), during, columns)
 
     def select_phases(self, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:
         return phase_rows(self.table("phases"), names, modes, steps, columns)
@@ -124,8 +115,8 @@ class MemoryStore:
     def extents(self) -> pd.DataFrame:
         return events_extents(self.table("events"))
 
-    def rows(self, name: str) -> Optional[int]:
-        return None  # known only once built
+    def rows(self, name: str) -> int:
+        return len(self.table(name))  # known only once built
 
     def py_raw(self):
         """(raw samples, stacks) of the whole run (``py_samples.raw_frames``)."""
@@ -238,6 +229,13 @@ def write_parquet(frame: pd.DataFrame, path: str, rows_per_group: int = 1 << 20)
         for at in range(0, max(len(frame), 1), rows_per_group):
             part = pa.Table.from_pandas(frame.iloc[at:at + rows_per_group], schema=schema, preserve_index=False)
             writer.write_table(part)
+
+
+def window_rows(frame: pd.DataFrame, during=None, columns=None) -> pd.DataFrame:
+    """``frame``'s rows overlapping one of the times in ``during`` (None: all), ``columns`` only."""
+    if during is not None:
+        frame = frame[overlapping_rows(frame, during)]
+    return frame if columns is None else frame[[c for c in columns if c in frame.columns]]
 
 
 def phase_rows(phases: pd.DataFrame, names=None, modes=None, steps=None, columns=None) -> pd.DataFrame:

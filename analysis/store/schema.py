@@ -3,7 +3,9 @@
 The builders (``analysis/tables/``), the two stores (in memory, the Parquet dataset),
 the exports and the portable SQL all name tables and columns from here. The dtypes
 are those of a table with rows, as ``stepscope.load(RUN).<table>`` gives it (an empty
-table may have plainer ones: it is built from empty inputs).
+table may have plainer ones: it is built from empty inputs; a column of strings is
+``str`` or ``object`` as pandas infers it: pandas 3 gives ``str`` where every value is a
+string). ``analysis/tables/catalog.py`` gives each its recipe; docs/tables.md lists them.
 """
 
 from __future__ import annotations

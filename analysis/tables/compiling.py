@@ -52,7 +52,7 @@ def first_runs(runs: pd.DataFrame) -> pd.DataFrame:
     key = ["process", "function", "id"]
     first = runs[runs["n"] == "1"].drop_duplicates(key).set_index(key)
     second = runs[runs["n"] == "2"].drop_duplicates(key).set_index(key)
-    both = first.join(second[["duration"]], rsuffix="_2", how="inner")
+    both = first.join(second[["duration"]].rename(columns={"duration": "duration_2"}), how="inner")
     extra = (both["duration"] - both["duration_2"]).clip(lower=0)
     both = both.assign(end_ns=both["start_ns"] + extra)[extra > 0].reset_index()
     return both[out_columns].astype({"start_ns": np.int64, "end_ns": np.int64}).reset_index(drop=True)

@@ -17,9 +17,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.loops import loop_numbers
 from stepscope.analysis.store.schema import PHASE_COLUMNS, STEP_COMPILE_COLUMN, STEP_LOOP_COLUMN, STEP_PHASE_COLUMNS
 from stepscope.analysis.tables import comm, compiling, step_pass
+from stepscope.analysis.tables.loop_numbers import loop_numbers
 from stepscope.core.vocabulary import END_MARK, INTERRUPTED, LOOP_MARK, PHASES, TORCH_OP_WINDOW_SPANS, VOID_MARK
 
 

@@ -70,6 +70,7 @@ def category(name: str) -> int:
 span = _native.span
 instant = _native.instant
 counter = _native.counter
+span_counted = _native.span_counted  # a span to now and a counter at its start, one call: returns now
 
 # --- annotations and phases --------------------------------------------------------------
 annotate = _native.annotate
@@ -93,4 +94,4 @@ around = _native.around
 __all__ = ["ANNOTATION", "COMM", "COUNTER", "FRAMEWORK", "GPU", "INTERNAL", "MAX_NAMES", "MODULE", "OP", "PHASE",
            "PHASES", "STEP", "SYSTEM", "Span", "annotate", "annotation_begin", "annotation_end", "around",
            "begin_step", "category", "clock_info", "counter", "current_step", "enabled", "end_step", "instant",
-           "intern", "interrupt_step", "now", "phase", "span", "StepTracker", "void_step"]
+           "intern", "interrupt_step", "now", "phase", "span", "span_counted", "StepTracker", "void_step"]

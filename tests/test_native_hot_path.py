@@ -611,3 +611,31 @@ def test_the_operator_window_schedule_is_read_again_when_the_class_changes_it(ru
         StepTracker.ops_due = saved
     tracker.close()
     run.stop()
+
+
+def test_span_counted_records_a_span_to_now_and_its_value_at_the_start(run_dir):
+    """One native call for a collective's call and its bytes (issue 57): the span ends at the
+    time it returns, the counter sits at the span's start with the same name and arg; bad
+    arguments raise, and with no session it records nothing and still returns the time."""
+    from stepscope.core import recording
+
+    t = recording.now()
+    assert recording.span_counted(recording.COMM, recording.intern("x"), t, 1, 8) >= t  # no session: a time
+    s = stepscope.start(name="counted")
+    name = recording.intern("all_reduce@0")
+    t0 = recording.now()
+    t1 = recording.span_counted(recording.COMM, name, t0, 7, 4096)
+    after = recording.now()
+    for bad in [(), (recording.COMM, name, t0, 7), (recording.COMM, name, -1, 7, 1),
+                (recording.COMM, name, t0, "x", 1), (recording.COMM, name, t0, 7, "many")]:
+        with pytest.raises((TypeError, OverflowError, ValueError)):
+            recording.span_counted(*bad)
+    s.stop()
+    assert t0 <= t1 <= after
+    ev = stepscope.load(s.path, quiet=True).select(categories=["comm"])
+    span = ev[ev["kind"] == "span"]
+    value = ev[ev["kind"] == "counter"]
+    assert len(span) == len(value) == 1
+    assert span["name"].iloc[0] == value["name"].iloc[0] == "all_reduce@0"
+    assert span["arg"].iloc[0] == value["arg"].iloc[0] == 7 and value["value"].iloc[0] == 4096
+    assert value["start_ns"].iloc[0] == span["start_ns"].iloc[0] and span["duration_ns"].iloc[0] >= 0

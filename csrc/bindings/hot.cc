@@ -296,6 +296,28 @@ PyObject* py_counter(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// span_counted(category, name_id, t0, arg, value) -> t1: a span from t0 to now and a counter
+// of the same name and arg at t0, in one call; returns now. A collective's call and its bytes
+// (integrations/torch/_collectives.py): one call instead of now(), span() and counter().
+PyObject* py_span_counted(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "span_counted(category, name_id, t0, arg, value)");
+    return nullptr;
+  }
+  const uint64_t t1 = ticks();
+  if (g_enabled.load(std::memory_order_relaxed)) {
+    uint64_t cat, name, t0, arg;
+    if (!arg_u64(args[0], &cat) || !arg_name(args[1], &name) || !arg_u64(args[2], &t0) ||
+        !arg_u64(args[3], &arg))
+      return nullptr;
+    const double v = PyFloat_AsDouble(args[4]);
+    if (v == -1.0 && PyErr_Occurred()) return nullptr;
+    record_span(uint8_t(cat & 15), uint32_t(name), t0, t1, arg, true);
+    record_counter(uint8_t(cat & 15), uint32_t(name), v, arg, true, t0);
+  }
+  return PyLong_FromUnsignedLongLong(t1);
+}
+
 #define FASTCALL(f) reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(f))
 PyMethodDef hot_methods[] = {
     {"annotate", FASTCALL(py_annotate), METH_FASTCALL,
@@ -310,6 +332,8 @@ PyMethodDef hot_methods[] = {
     {"span", FASTCALL(py_span), METH_FASTCALL, "span(category, name_id, t0, t1=None, arg=None)"},
     {"instant", FASTCALL(py_instant), METH_FASTCALL, "instant(category, name_id, arg=None)"},
     {"counter", FASTCALL(py_counter), METH_FASTCALL, "counter(category, name_id, value, arg=None, at=None)"},
+    {"span_counted", FASTCALL(py_span_counted), METH_FASTCALL,
+     "span_counted(category, name_id, t0, arg, value) -> t1: a span to now and a counter at t0"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -45,7 +45,7 @@ import threading
 import weakref
 from typing import Optional
 
-from stepscope.core.recording import COMM, counter, enabled, intern, now, span
+from stepscope.core.recording import COMM, enabled, intern, now, span, span_counted
 from stepscope.core.vocabulary import COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_SEQ_BITS, COMM_WAIT
 from stepscope.integrations._frameless import frameless
 
@@ -186,8 +186,8 @@ class Collectives:
     def wrap(self, kind, positions, original):
         tensor_at, tensor_kw, group_at, group_kw, async_at, async_kw = positions
         # Every name the call reads is a local here: the Python lines are what recording costs.
-        local, ctx, wait_id, world, by_pg, unfinished = \
-            self.local, self.ctx, self.wait_id, self.world, self.by_pg, self.unfinished
+        local, ctx, wait_id, world, unfinished = self.local, self.ctx, self.wait_id, self.world, self.unfinished
+        last = [None, None, None]  # (weak reference to the group of the last call, its _Group, the name id)
         # ctx.is_compiling(), inline (one call less on every collective); dynamo folds the first to True
         is_dynamo_compiling, compiler = ctx.is_dynamo_compiling, ctx.compiler
         ref = weakref.ref
@@ -202,29 +202,37 @@ class Collectives:
             finally:
                 local.inside = False
             try:  # recorded once the call returned: never in the collective's way
-                t1 = now()
                 n = len(args)
                 pg = args[group_at] if n > group_at else kwargs.get(group_kw)
                 if pg is None and world is not None:
                     pg = world.default_pg
-                known = by_pg.get(id(pg))  # (group_of's first look-up, inline)
-                group = known[1] if known is not None and known[0]() is pg else self.group_of(pg)
-                if group is None:
-                    return result
+                last_ref, group, name = last  # the group of this function's last call, and its name
+                if last_ref is None or last_ref() is not pg:
+                    group = self.group_of(pg)
+                    if group is None:
+                        return result
+                    name = group.ids.get(kind) or group.name_id(kind)
+                    try:
+                        last[:] = weakref.ref(pg), group, name
+                    except TypeError:  # (a group that takes no weak reference)
+                        last[:] = None, None, None
                 is_async = (args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None
                 group.seq += 1
                 ddp = local.ddp
                 flags = COMM_ASYNC | ddp if is_async else ddp
-                name = group.ids.get(kind) or group.name_id(kind)
                 arg = group.seq | flags << COMM_SEQ_BITS
-                span(COMM, name, t0, t1, arg)
+                # The call's span ends here, with its bytes in the same native call: after the
+                # look-ups above (a few hundred ns, against a collective's tens of us or more).
                 if tensor_kw is not None:
                     tensors = args[tensor_at] if n > tensor_at else kwargs.get(tensor_kw)
                     try:
                         nbytes = tensors.nbytes
                     except AttributeError:  # a list of tensors, or None
                         nbytes = _bytes(tensors)
-                    counter(COMM, name, nbytes, arg, t0)
+                    t1 = span_counted(COMM, name, t0, arg, nbytes)
+                else:
+                    t1 = now()
+                    span(COMM, name, t0, t1, arg)
                 if not is_async:
                     return result
                 done = arg | _DONE

@@ -187,3 +187,12 @@ def test_every_table_with_rows_has_its_declared_columns_and_dtypes(gpu_fixture_r
                 seen.add(name)
                 assert _kinds(frame.dtypes.astype(str)) == _kinds(table.columns), (name, dataset)
     assert {"steps", "phases", "kernels", "memcpy", "cuda_api", "kernel_steps"} <= seen
+
+
+def test_the_schemas_table_lists_are_the_built_in_catalogs():
+    from stepscope.analysis.store.schema import DATASET_SAMPLES, DATASET_TABLES, DTYPES, RUN_TABLES
+
+    built_in = catalog_module.BUILT_IN
+    assert set(DATASET_TABLES) == {*built_in.names, *DATASET_SAMPLES}
+    assert set(RUN_TABLES) == {*built_in.names, "ops", "samples", "stacks"}
+    assert {t: dict(d.columns) for t, d in built_in.tables().items()} == {t: DTYPES[t] for t in built_in.tables()}

@@ -120,15 +120,14 @@ KERNEL_PHASE_COLUMNS = COLUMNS["kernel_phases"]
 KERNEL_NAME_COLUMNS = COLUMNS["kernel_names"]
 
 # --- which tables, for what --------------------------------------------------------------
+# (how each is built: analysis/tables/catalog.py; these name the built-in ones)
 GPU_TABLES = ("kernels", "memcpy", "memset", "sync", "cuda_api")  # built together from the GPU records
 KERNEL_AGGREGATES = ("kernel_steps", "kernel_phases", "kernel_names")  # what the GPU rules read
-# Every table ``Run`` has (export_parquet writes each, ``Run.sql`` can name each)
+# Every built-in table ``Run`` has (``run.tables`` adds the plugins')
 RUN_TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, "ops", "samples", "stacks", *KERNEL_AGGREGATES)
-# The dataset's tables beyond the events: each derived from one process's trace alone
-DATASET_DERIVED = ("steps", "phases", "system", *GPU_TABLES, *KERNEL_AGGREGATES)
-# Python stack samples as recorded: each process's stack ids are its own
+# Python stack samples as recorded, beside the catalog's tables in the dataset: each process's stack ids are its own
 DATASET_SAMPLES = ("pysamples", "pystacks")
-DATASET_TABLES = ("events", *DATASET_DERIVED, *DATASET_SAMPLES)  # the folders of the Parquet dataset
+DATASET_TABLES = ("events", "steps", "phases", "system", *GPU_TABLES, *KERNEL_AGGREGATES, *DATASET_SAMPLES)
 
 # The version of the cached tables (the in-memory cache and the dataset): a cache of another is rebuilt.
 # 2: GPU records cached beside the events; 3: pid and rank are 32-bit; 4: Python samples;

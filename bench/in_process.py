@@ -16,8 +16,8 @@ run, not once a chunk). Per configuration: the median over rounds
 of (its chunk's time less the plain chunk's beside it) per step, p10 and p90, and
 the same for the process's CPU time (every thread's: the samplers' and the writer's).
 
-The model: an 8-layer MLP at one torch thread, SGD, a DataLoader over in-memory tensors
-(``bench/whole_process.py``'s job).
+The model: ``bench/whole_process.py``'s job (an 8-layer MLP at one torch thread, SGD, a
+DataLoader over in-memory tensors).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import os
 import random
 import statistics
 import tempfile
-import time
+
+from whole_process import training  # (bench/ is the script's folder: on sys.path)
 
 PARTS = {  # configuration -> the variables it sets (docs/design.md)
     "everything on": {},
@@ -38,37 +39,6 @@ PARTS = {  # configuration -> the variables it sets (docs/design.md)
     "hooks only": {"STEPSCOPE_OPS": "0", "STEPSCOPE_PYSAMPLE_HZ": "0", "STEPSCOPE_INTERVAL_MS": "60000",
                    "STEPSCOPE_FLUSH_MS": "60000"},
 }
-
-
-def make_job(width: int, batch: int):
-    import torch
-    import torch.nn as nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(8):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = TensorDataset(torch.randn(batch * 50, width), torch.randn(batch * 50, width))
-    loader = DataLoader(data, batch_size=batch, shuffle=True)
-
-    def run(steps: int):
-        """(wall s, process CPU s) of ``steps`` training steps."""
-        done, t0, c0 = 0, time.perf_counter(), time.process_time()
-        while done < steps:
-            for x, y in loader:
-                opt.zero_grad()
-                nn.functional.mse_loss(model(x), y).backward()
-                opt.step()
-                done += 1
-                if done == steps:
-                    break
-        return time.perf_counter() - t0, time.process_time() - c0
-
-    return run
 
 
 def chunk(run, steps: int, skip: int, config, out_dir: str):
@@ -98,6 +68,10 @@ def chunk(run, steps: int, skip: int, config, out_dir: str):
     return timed
 
 
+def _deciles(values: list) -> list:
+    return statistics.quantiles(values, n=10) if len(values) >= 2 else [values[0]] * 9
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=64)
@@ -108,7 +82,7 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated configurations (default: all)")
     a = parser.parse_args()
     configs = [c for c in PARTS if not a.only or c in a.only.split(",")]
-    run = make_job(a.width, a.batch)
+    run = training(a.width, a.batch)
     run(50)  # warm
     # per configuration: (its chunk, the plain chunk beside it) of each round, in a random order
     walls = {c: [] for c in configs}
@@ -126,7 +100,7 @@ def main():
                 cpus[c].append((got[c][1] / a.steps, got[None][1] / a.steps))
             print(f"round {r + 1}/{a.rounds}", end="\r", flush=True)
     plain = [p for c in configs for _, p in walls[c]]
-    q = statistics.quantiles(plain, n=10)
+    q = _deciles(plain)
     print(f"width {a.width}, batch {a.batch}: plain step {statistics.median(plain) * 1e3:.3f} ms (median; p10 "
           f"{q[0] * 1e3:.3f}, p90 {q[-1] * 1e3:.3f}); {a.rounds} rounds, each configuration's chunk of "
           f"{a.steps} steps beside a plain one")
@@ -134,7 +108,7 @@ def main():
     print("| --- | ---: | ---: | ---: |")
 
     def dist(values):
-        q = statistics.quantiles(values, n=10) if len(values) >= 2 else [values[0]] * 9
+        q = _deciles(values)
         return f"{statistics.median(values) * 1e6:+.1f} us ({q[0] * 1e6:+.1f}, {q[-1] * 1e6:+.1f})"
 
     for c in configs:

@@ -57,9 +57,9 @@ PARTS = {
 }
 
 
-def job(width: int, batch: int, steps: int, quiet: bool = False) -> float:
-    """The training script: prints {"loop_s", "loop_cpu_s", "steps"} as its last line;
-    returns the loop's time."""
+def training(width: int, batch: int):
+    """The training script's loop: ``run(steps)`` trains that many steps and returns
+    (wall s, process CPU s) of them (bench/in_process.py runs it in chunks)."""
     import torch
     import torch.nn as nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -73,18 +73,28 @@ def job(width: int, batch: int, steps: int, quiet: bool = False) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = TensorDataset(torch.randn(batch * 50, width), torch.randn(batch * 50, width))
     loader = DataLoader(data, batch_size=batch, shuffle=True)
-    done, t0, c0 = 0, time.perf_counter(), time.process_time()
-    while done < steps:
-        for x, y in loader:
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            done += 1
-            if done == steps:
-                break
-    loop_s = time.perf_counter() - t0
+
+    def run(steps: int) -> tuple:
+        done, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while done < steps:
+            for x, y in loader:
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                done += 1
+                if done == steps:
+                    break
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    return run
+
+
+def job(width: int, batch: int, steps: int, quiet: bool = False) -> float:
+    """The training script: prints {"loop_s", "loop_cpu_s", "steps"} as its last line;
+    returns the loop's time."""
+    loop_s, loop_cpu_s = training(width, batch)(steps)
     if not quiet:
-        print(json.dumps({"loop_s": loop_s, "loop_cpu_s": time.process_time() - c0, "steps": done}))
+        print(json.dumps({"loop_s": loop_s, "loop_cpu_s": loop_cpu_s, "steps": steps}))
     return loop_s
 
 

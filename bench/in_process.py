@@ -28,17 +28,10 @@ import random
 import statistics
 import tempfile
 
-from whole_process import training  # (bench/ is the script's folder: on sys.path)
+from whole_process import PARTS as WHOLE_PROCESS_PARTS, training  # (bench/ is the script's folder: on sys.path)
 
-PARTS = {  # configuration -> the variables it sets (docs/design.md)
-    "everything on": {},
-    "no op windows": {"STEPSCOPE_OPS": "0"},
-    "no Python sampler": {"STEPSCOPE_PYSAMPLE_HZ": "0"},
-    "no system sampler": {"STEPSCOPE_INTERVAL_MS": "60000"},
-    "no flushes": {"STEPSCOPE_FLUSH_MS": "60000"},
-    "hooks only": {"STEPSCOPE_OPS": "0", "STEPSCOPE_PYSAMPLE_HZ": "0", "STEPSCOPE_INTERVAL_MS": "60000",
-                   "STEPSCOPE_FLUSH_MS": "60000"},
-}
+# configuration -> the variables it sets: everything on, and whole_process.py's parts turned off
+PARTS = {"everything on": {}, **WHOLE_PROCESS_PARTS}
 
 
 def chunk(run, steps: int, skip: int, config, out_dir: str):

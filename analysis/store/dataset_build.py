@@ -224,7 +224,8 @@ def _build_parts(catalog, per_part, out, gpu_parts, entry, pending, folder, part
             elif len(frame):
                 d = _made(partition_dir(root, table, entry["partition"]))
                 write_file(frame, os.path.join(d, f"part-{at:05d}.parquet"))
-                _span(entry, table, f"part-{at:05d}.parquet", frame["start_ns"].min(), frame["end_ns"].max())
+                if "start_ns" in frame and "end_ns" in frame:  # (a plugin's table may have no times)
+                    _span(entry, table, f"part-{at:05d}.parquet", frame["start_ns"].min(), frame["end_ns"].max())
         pending.flush(ROW_GROUP)
         del here
         _release_arrow_memory()
@@ -276,7 +277,8 @@ class _Pending:
                 frame = concat(frames) if len(frames) > 1 else frames[0]
                 name = f"part-{first}.parquet" if table == "events" else f"part-{first:05d}.parquet"
                 write_file(frame, os.path.join(d, name))
-                _span(self.entry, table, name, frame["start_ns"].min(), frame["end_ns"].max())
+                if "start_ns" in frame and "end_ns" in frame:
+                    _span(self.entry, table, name, frame["start_ns"].min(), frame["end_ns"].max())
                 del self.frames[table]
 
 

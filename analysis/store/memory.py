@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+
 import numpy as np
 import pandas as pd
 

@@ -68,8 +68,8 @@ FUNCTIONS = {
     "barrier": ("barrier", None),
 }
 MAX_UNFINISHED = 4096  # works awaiting their wait (complete_at_wait): a program that never waits keeps no more
-# deprecated aliases, wrapped only where the function they call is missing (older torch)
 _DONE = COMM_DONE << COMM_SEQ_BITS  # an async collective's completion, in its arg
+# deprecated aliases, wrapped only where the function they call is missing (older torch)
 ALIASES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
 
 
@@ -213,7 +213,7 @@ class Collectives:
                         return result
                     name = group.ids.get(kind) or group.name_id(kind)
                     try:
-                        last[:] = weakref.ref(pg), group, name
+                        last[:] = ref(pg), group, name
                     except TypeError:  # (a group that takes no weak reference)
                         last[:] = None, None, None
                 is_async = (args[async_at] if 0 <= async_at < n else kwargs.get(async_kw, False)) and result is not None

@@ -218,7 +218,7 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} cores, load "
           f"{os.getloadavg()[0]:.2f} at the start")
     with tempfile.TemporaryDirectory() as tmp:
-        for size in args.sizes.split(","):
+        for size in filter(None, args.sizes.split(",")):  # (--sizes "": the idle cost alone)
             if size not in SIZES:
                 p.error(f"--sizes: {size} is not one of {', '.join(SIZES)}")
             measure_size(size, pairs, configs, tmp, scale)

@@ -91,7 +91,7 @@ def test_disk_and_process_io_account_for_200_mb(tmp_path):
     r = run_python("""
         import os, time, stepscope
         run = stepscope.start(dir="runs", name="io", interval_ms=50)
-        time.sleep(0.3)
+        time.sleep(1.2)  # disks are read once a second: one reading before the writes begin
         block = os.urandom(1 << 20)
         t0 = time.time_ns()
         with open("big.bin", "wb") as f:
@@ -126,7 +126,7 @@ def test_disk_and_process_io_account_for_200_mb(tmp_path):
             # each sample is the rate since the one before: times its own interval (a late
             # sample on a busy machine covers more than the 50 ms asked for)
             dt = np.diff(ts, prepend=ts[0]) / 1e9 if len(ts) else ts
-            inside = (ts > t0) & (ts <= t1 + 300_000_000)
+            inside = ts > t0  # to the run's end: disks are read once a second, the last time at stop
             total += float((rate[inside] * dt[inside]).sum())
         return total
 
@@ -186,7 +186,7 @@ def test_missing_proc_files_are_notes_and_the_rest_is_kept(tmp_path):
     assert "/stat " not in notes
     s = run.system
     mem = s[s["metric"] == "mem_used_percent"]["value"]
-    assert len(mem) > 5 and (mem == 75.0).all()
+    assert len(mem) >= 2 and (mem == 75.0).all()  # read once a second, and at stop
     assert (s[(s["metric"] == "proc_rss")]["value"] == 100 * os.sysconf("SC_PAGESIZE")).all()
     assert (s[(s["metric"] == "proc_threads")]["value"] == 4).all()
 

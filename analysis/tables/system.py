@@ -9,7 +9,8 @@ Columns: timestamp (UTC), timestamp_ns, node, process, metric, device, value, un
 Node metrics (cpu_*, mem_*, disk_*, net_*, load1, gpu_* per device ``gpu<N>``, ...) come from the process
 elected to sample its host; proc_* metrics belong to the process in the
 ``process`` column, device ``self`` or ``pid<N>`` for a child it started
-(DataLoader workers).
+(DataLoader workers). CPU, context switches, proc_cpu_percent and proc_rss come every sampling
+interval; memory, disks, network, load and proc_* I/O once a second (csrc/record/sampler.cc says why).
 """
 
 from __future__ import annotations
@@ -135,31 +136,33 @@ def system_frame(events: pd.DataFrame) -> pd.DataFrame:
         parts.append(_long(pd.DataFrame({"net_rx_bytes_per_s": d.get("net.rx_bytes") / dt,
                                          "net_tx_bytes_per_s": d.get("net.tx_bytes") / dt})))
 
-    misc = _wide(raw, "")
-    misc = misc[[c for c in ("load1", "ctxt", "procs_running") if c in misc.columns]] if not misc.empty else misc
+    misc = _wide(raw[raw["raw"].isin(("load1", "ctxt", "procs_running"))], "")
     if not misc.empty:
         frame = pd.DataFrame(index=misc.index)
         if "load1" in misc:
             frame["load1"] = misc["load1"]
         if "procs_running" in misc:
             frame["procs_running"] = misc["procs_running"]
-        if "ctxt" in misc:
-            d, dt = _rates(misc[["ctxt"]])
-            frame["ctxt_per_s"] = d["ctxt"] / dt
+        if "ctxt" in misc:  # read every interval, the load average once a second: rates over its own rows
+            d, dt = _rates(misc[["ctxt"]].dropna())
+            frame["ctxt_per_s"] = (d["ctxt"] / dt).reindex(misc.index)
         parts.append(_long(frame))
 
     proc = _wide(raw, "proc.")
     if not proc.empty:
-        d, dt = _rates(proc)
         frame = pd.DataFrame(index=proc.index)
         frame["proc_rss"] = proc.get("proc.rss")
         frame["proc_threads"] = proc.get("proc.threads")
-        if {"proc.utime", "proc.stime"} <= set(d.columns):
-            frame["proc_cpu_percent"] = 100 * (d["proc.utime"] + d["proc.stime"]) / CLOCK_TICKS / dt
+        if {"proc.utime", "proc.stime"} <= set(proc.columns):
+            d, dt = _rates(proc[["proc.utime", "proc.stime"]].dropna())
+            cpu_percent = 100 * (d["proc.utime"] + d["proc.stime"]) / CLOCK_TICKS / dt
+            frame["proc_cpu_percent"] = cpu_percent.reindex(proc.index)
+        # (I/O bytes are read once a second, CPU time every interval: rates over each one's own rows)
         for src, dst in (("proc.read_bytes", "proc_read_bytes_per_s"), ("proc.write_bytes", "proc_write_bytes_per_s"),
                          ("proc.rchar", "proc_rchar_per_s"), ("proc.wchar", "proc_wchar_per_s")):
-            if src in d:
-                frame[dst] = d[src] / dt
+            if src in proc:
+                d_io, dt_io = _rates(proc[[src]].dropna())
+                frame[dst] = (d_io[src] / dt_io).reindex(proc.index)
         long = _long(frame)
         long["device"] = long["device"].replace("", "self")
         parts.append(long)

@@ -261,3 +261,29 @@ def test_two_ranks_on_one_host_share_one_node_sampler(tmp_path):
         assert inside >= 1
     metas = [json.load(open(os.path.join(run.path, p, PROCESS_JSON))) for p in ranks["process"]]
     assert len({m["node_sampler"] for m in metas}) == 1
+
+
+def test_cpu_every_interval_and_the_slow_files_once_a_second(tmp_path):
+    """CPU and the process's CPU time and RSS at every tick; memory, load, disks, network and
+    I/O bytes once a second, on a CPU reading's timestamp, and once more at stop."""
+    r = run_python("""
+        import time, stepscope
+        run = stepscope.start(dir="runs", name="cadence", interval_ms=50)
+        time.sleep(2.3)
+        run.stop()
+    """, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    events = stepscope.load(tmp_path / "runs" / "cadence").events
+    system = events[(events["category"] == "system") & (events["kind"] == "counter")]
+
+    def times(name):
+        return np.sort(system[system["name"].astype(str) == name]["start_ns"].to_numpy())
+
+    cpu, rss = times("cpu.busy|all"), times("proc.rss|")
+    slow = {name: times(name) for name in ("mem.available|", "load1|", "proc.rchar|")}
+    assert 25 <= len(cpu) <= 50 and abs(len(rss) - len(cpu)) <= 1, (len(cpu), len(rss))
+    for name, t in slow.items():
+        assert 3 <= len(t) <= 4, (name, len(t))  # at 0, 1 and 2 s, and at stop
+        assert np.isin(t[:3], cpu).all(), name  # on a CPU reading's timestamp
+        assert t[-1] > cpu[-1], name  # the reading at stop, after the last tick
+        assert np.all(np.diff(t[:3]) > 0.9e9), (name, np.diff(t))

@@ -2,7 +2,7 @@
 // Drawing costs O(pixels), not O(events): in each row, items narrower than a pixel are
 // merged into one coverage bar per pixel column by skipping ahead with a binary search.
 // Every string from the run goes into the page through textContent or fillText.
-(function () {
+(async function () {
   "use strict";
   const dataEl = document.getElementById("tl-data");
   const box = document.getElementById("tl");
@@ -10,16 +10,22 @@
   const P = JSON.parse(dataEl.textContent);
   const M = P.meta, A = P.arrays, N = M.items;
 
-  function decode(s, T) {
+  async function decode(s, T) {  // base64 of gzip (timeline.py): inflated by the browser
+    if (s === undefined) return null;
     const bin = atob(s), n = bin.length, u8 = new Uint8Array(n);
     for (let i = 0; i < n; i++) u8[i] = bin.charCodeAt(i);
-    return new T(u8.buffer);
+    const inflated = new Blob([u8]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new T(await new Response(inflated).arrayBuffer());
   }
-  const gap = decode(A.start, Uint32Array), du = decode(A.dur, Uint32Array);
-  const nameOf = decode(A.name, M.name_u16 ? Uint16Array : Uint32Array);
-  const catOf = decode(A.cat, Uint8Array), argOf = decode(A.arg, Int32Array);
-  const countOf = A.count ? decode(A.count, Uint32Array) : null;
-  const fillOf = A.fill ? decode(A.fill, Uint8Array) : null;
+  let gap, du, nameOf, catOf, argOf, countOf, fillOf;
+  try {
+    [gap, du, nameOf, catOf, argOf, countOf, fillOf] = await Promise.all([
+      decode(A.start, Uint32Array), decode(A.dur, Uint32Array), decode(A.name, M.name_u16 ? Uint16Array : Uint32Array),
+      decode(A.cat, Uint8Array), decode(A.arg, Int32Array), decode(A.count, Uint32Array), decode(A.fill, Uint8Array)]);
+  } catch (e) {
+    box.textContent = "This browser cannot inflate the timeline (" + e + "); the Perfetto export has every event.";
+    return;
+  }
   const start = new Float64Array(N), end = new Float64Array(N), maxEnd = new Float64Array(N);
   const rowOff = M.row_off, rowLen = M.row_len, nRows = rowOff.length;
   {

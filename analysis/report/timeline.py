@@ -4,7 +4,7 @@ Tracks form a tree: host -> process (rank) -> the steps track, one track per
 thread (spans nested by depth: phases, annotations, modules, ops), and per
 GPU device one track per stream with its kernels. Every span is an *item* of
 one row (a track at one nesting depth); items are stored row by row in start
-order as typed arrays, base64-encoded: start as the gap from the previous
+order as typed arrays, gzip-compressed and base64-encoded: start as the gap from the previous
 item's start in the row (uint32 ns), duration (uint32 ns; larger values go to
 an overflow list), an interned name, a category, an integer argument.
 
@@ -19,6 +19,7 @@ file's size, not drawing speed.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 
 import numpy as np
@@ -219,7 +220,10 @@ def _ids(intern, column: pd.Series) -> np.ndarray:
 
 
 def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
+    """gzip, then base64: the page inflates it with the browser's DecompressionStream. The
+    columns compress 3-5x (gaps and durations repeat from step to step, names and categories
+    are runs), which is most of the page beside plotly.js (BENCHMARKS.md, report_size)."""
+    return base64.b64encode(gzip.compress(np.ascontiguousarray(a).tobytes(), compresslevel=6, mtime=0)).decode("ascii")
 
 
 def _process_steps(b: _Builder, steps: pd.DataFrame, base: int) -> dict:

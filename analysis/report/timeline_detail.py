@@ -71,9 +71,13 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -
         if why not in reasons:
             reasons.append(why)
 
-    modes = pd.Series(as_strings(steps["mode"]), index=steps.index)  # (each mode's text made once)
-    main = "train" if (modes == "train").any() else modes.value_counts().index[0]
-    text, code = _texts(steps["mode"])
+    text, code = _texts(steps["mode"])  # (no string a step: millions of steps have a few modes)
+    counts = np.bincount(code, minlength=len(text))
+    if counts[text == "train"].sum():
+        main = "train"
+    else:  # the most frequent; of equals, the first to occur (as value_counts gives it)
+        top = np.flatnonzero(counts == counts.max())
+        main = text[top[int(np.argmin([np.argmax(code == t) for t in top]))]]
     step_numbers, durations = steps["step"].to_numpy(), steps["duration_ns"].to_numpy()
     for i, mode in enumerate(text):  # (as groupby(modes, sort=True) gives them, without copying the steps)
         rows = np.flatnonzero(code == i)
@@ -105,7 +109,7 @@ def choose_steps(steps: pd.DataFrame, findings=(), requested=None, sampled=()) -
                 add(mode, n, "asked for")
     sampled = list(sampled)
     if sampled:  # (a run of millions of steps has no set of them built for nothing)
-        known = set(zip(modes, steps["step"].astype(int)))
+        known = set(zip(as_strings(steps["mode"]), steps["step"].astype(int)))
         for mode, n in sampled:
             if (str(mode), int(n)) in known:
                 add(mode, n, "operators sampled")
@@ -200,7 +204,8 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
     {process node: its steps (start_ns, end_ns, mode, step) on the timeline's clock}.
     Returns the kept items with count and fill (None when nothing was merged) and what was done."""
     row, start, end, name, cat, arg = items
-    wanted = pd.DataFrame({"mode": pd.Series([c["mode"] for c in chosen], dtype=str),
+    # (modes as Python strings, object dtype: a str column would convert each step's to Arrow)
+    wanted = pd.DataFrame({"mode": pd.Series([c["mode"] for c in chosen], dtype=object),
                            "step": pd.Series([c["step"] for c in chosen], dtype=np.int64), "k": range(len(chosen))})
     which = np.full(len(row), -1, dtype=np.int64)  # the chosen step an item falls in
     bucket = np.zeros(len(row), dtype=np.int64)
@@ -212,7 +217,8 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
             continue
         bounds = _sorted_unique(np.append(s["start_ns"].to_numpy(), s["end_ns"].max()))
         bucket[mask] = np.searchsorted(bounds, start[mask], side="right")  # 0: before the first step
-        ids = (pd.DataFrame({"mode": pd.Series(as_strings(s["mode"]), dtype=str), "step": s["step"].to_numpy(np.int64)})
+        ids = (pd.DataFrame({"mode": pd.Series(as_strings(s["mode"]), dtype=object),
+                             "step": s["step"].to_numpy(np.int64)})
                .merge(wanted, how="left", on=["mode", "step"])
                ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
         picked = s[ids >= 0].assign(k=ids[ids >= 0]).sort_values("start_ns")

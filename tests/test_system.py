@@ -283,7 +283,8 @@ def test_cpu_every_interval_and_the_slow_files_once_a_second(tmp_path):
     slow = {name: times(name) for name in ("mem.available|", "load1|", "proc.rchar|")}
     assert 25 <= len(cpu) <= 50 and abs(len(rss) - len(cpu)) <= 1, (len(cpu), len(rss))
     for name, t in slow.items():
-        assert 3 <= len(t) <= 4, (name, len(t))  # at 0, 1 and 2 s, and at stop
-        assert np.isin(t[:3], cpu).all(), name  # on a CPU reading's timestamp
-        assert t[-1] > cpu[-1], name  # the reading at stop, after the last tick
-        assert np.all(np.diff(t[:3]) > 0.9e9), (name, np.diff(t))
+        assert 3 <= len(t) <= 4, (name, len(t))  # at 0, 1 (and 2) s, and at stop
+        ticked = t[t <= cpu[-1]]
+        assert len(ticked) >= 2 and np.isin(ticked, cpu).all(), name  # on a CPU reading's timestamp
+        assert np.all(np.diff(ticked) > 0.9e9), (name, np.diff(t))  # a second apart
+        assert t[-1] >= cpu[-1], name  # at stop, unless the last tick read them

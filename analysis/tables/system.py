@@ -94,6 +94,13 @@ def _rates(wide: pd.DataFrame):
     return d, dt.where(dt > 0)
 
 
+def _own_rates(wide: pd.DataFrame, columns: list):
+    """``_rates`` of columns read on their own cadence (once a second beside others read every
+    interval, the driver's own times): over the rows that hold them, on ``wide``'s rows."""
+    d, dt = _rates(wide[columns].dropna())
+    return d.reindex(wide.index), dt.reindex(wide.index)
+
+
 def _long(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.reset_index()
     out = frame.melt(id_vars=["node", "process", "device", "ts"], var_name="metric", value_name="value")
@@ -143,9 +150,9 @@ def system_frame(events: pd.DataFrame) -> pd.DataFrame:
             frame["load1"] = misc["load1"]
         if "procs_running" in misc:
             frame["procs_running"] = misc["procs_running"]
-        if "ctxt" in misc:  # read every interval, the load average once a second: rates over its own rows
-            d, dt = _rates(misc[["ctxt"]].dropna())
-            frame["ctxt_per_s"] = (d["ctxt"] / dt).reindex(misc.index)
+        if "ctxt" in misc:  # (every interval; the load average once a second)
+            d, dt = _own_rates(misc, ["ctxt"])
+            frame["ctxt_per_s"] = d["ctxt"] / dt
         parts.append(_long(frame))
 
     proc = _wide(raw, "proc.")
@@ -153,16 +160,14 @@ def system_frame(events: pd.DataFrame) -> pd.DataFrame:
         frame = pd.DataFrame(index=proc.index)
         frame["proc_rss"] = proc.get("proc.rss")
         frame["proc_threads"] = proc.get("proc.threads")
-        if {"proc.utime", "proc.stime"} <= set(proc.columns):
-            d, dt = _rates(proc[["proc.utime", "proc.stime"]].dropna())
-            cpu_percent = 100 * (d["proc.utime"] + d["proc.stime"]) / CLOCK_TICKS / dt
-            frame["proc_cpu_percent"] = cpu_percent.reindex(proc.index)
-        # (I/O bytes are read once a second, CPU time every interval: rates over each one's own rows)
+        if {"proc.utime", "proc.stime"} <= set(proc.columns):  # (every interval; I/O bytes once a second)
+            d, dt = _own_rates(proc, ["proc.utime", "proc.stime"])
+            frame["proc_cpu_percent"] = 100 * (d["proc.utime"] + d["proc.stime"]) / CLOCK_TICKS / dt
         for src, dst in (("proc.read_bytes", "proc_read_bytes_per_s"), ("proc.write_bytes", "proc_write_bytes_per_s"),
                          ("proc.rchar", "proc_rchar_per_s"), ("proc.wchar", "proc_wchar_per_s")):
             if src in proc:
-                d_io, dt_io = _rates(proc[[src]].dropna())
-                frame[dst] = (d_io[src] / dt_io).reindex(proc.index)
+                d, dt = _own_rates(proc, [src])
+                frame[dst] = d[src] / dt
         long = _long(frame)
         long["device"] = long["device"].replace("", "self")
         parts.append(long)
@@ -193,8 +198,8 @@ def _gpu_metrics(wide: pd.DataFrame) -> pd.DataFrame:
         frame["gpu_memory_used_percent"] = 100 * wide["gpu.mem_used"] / wide["gpu.mem_total"]
     for raw, (metric, scale) in GPU_COUNTERS.items():
         if raw in wide:
-            d, dt = _rates(wide[[raw]].dropna())
-            frame[metric] = (d[raw] * scale / dt).reindex(wide.index)
+            d, dt = _own_rates(wide, [raw])
+            frame[metric] = d[raw] * scale / dt
     return _long(frame)
 
 

@@ -233,11 +233,15 @@ void refresh_children() {
   }
 }
 
+constexpr int kSlowMs = 1000;
+
+int slow_period() { return std::max(1, kSlowMs / g_s.interval_ms); }  // in ticks
+
 void sample_processes() {
   sample_process(g_s.self_stat, g_s.self_io, "");
   if (g_s.fast && --g_s.refresh_in <= 0) {
     refresh_children();
-    g_s.refresh_in = std::max(1, 1000 / g_s.interval_ms);
+    g_s.refresh_in = slow_period();
   }
   for (int pid : g_s.children) {
     ProcFile st, io;
@@ -249,10 +253,6 @@ void sample_processes() {
     io.close_file();
   }
 }
-
-constexpr int kSlowMs = 1000;
-
-int slow_period() { return std::max(1, kSlowMs / g_s.interval_ms); }
 
 void sample_pass() {
   g_s.sample_tick = ticks();

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.quantities import ms
+from stepscope.analysis.store.frames import groups
 from stepscope.core.vocabulary import INTERRUPTED, LOOP_MARK, TRAIN
 
 VALIDATION_START = "validation start-up"
@@ -34,8 +35,7 @@ def intervals(steps: pd.DataFrame) -> pd.DataFrame:
     """Per thread, each gap between a step's end and the next step's start:
     process, tid, kind, start_ns, end_ns."""
     rows = []
-    steps = steps[["process", "tid", "mode", "start_ns", "end_ns"]]  # (what is read: a split copies its columns)
-    for (process, tid), s in steps.groupby(["process", "tid"], observed=True, sort=False):
+    for (process, tid), s in groups(steps, ["process", "tid"], ["mode", "start_ns", "end_ns"]):
         if not s["start_ns"].is_monotonic_increasing:
             s = s.sort_values("start_ns", kind="stable")
         start, end = s["start_ns"].to_numpy(), s["end_ns"].to_numpy()

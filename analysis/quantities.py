@@ -58,36 +58,55 @@ def step_stats(steps: pd.DataFrame) -> dict:
             "p95_ms": ms(np.percentile(d, 95)), "max_ms": ms(d.max())}
 
 
-def sampled_mask(steps: pd.DataFrame) -> Optional[pd.Series]:
+def sampled_mask(steps: pd.DataFrame) -> Optional[np.ndarray]:
     """Keras measures the compute phases in sampled steps only (a profiler window per
     epoch). When fewer than half of the steps carry compute phases, those steps (True
     here) stand for the rest: compute shares are taken over them. None otherwise."""
     if not len(steps):
         return None
-    sampled = (steps[list(COMPUTE_PHASES)] > 0).any(axis=1)
-    n = int(sampled.sum())
+    sampled = np.logical_or.reduce([_values(steps, phase) > 0 for phase in COMPUTE_PHASES])
+    n = int(np.count_nonzero(sampled))
     return sampled if 0 < n < len(steps) / 2 else None
+
+
+def _values(steps: pd.DataFrame, column: str) -> np.ndarray:
+    """A column as numbers, a missing value as 0 (as pandas' sums skip it)."""
+    values = steps[column].to_numpy()
+    if values.dtype.kind == "f" and np.isnan(values).any():
+        values = np.nan_to_num(values)
+    return values
+
+
+def _total(values: np.ndarray, mask: Optional[np.ndarray] = None):
+    """The values' sum (over ``mask``'s rows where given), as a pandas sum would give it."""
+    picked = values if mask is None else values[mask]
+    return picked.sum() if len(picked) else 0
 
 
 def phase_shares(steps: pd.DataFrame) -> Dict[str, dict]:
     """SPEC §6 ``phases`` over the given steps (one mode: ``summary_steps``, or one rank's
     train steps): per phase with any time, its count of steps, total_ms and share (its
     time over the steps' summed duration; compute phases of a sampled Keras run over the
-    sampled steps, with ``sampled_steps``)."""
+    sampled steps, with ``sampled_steps``). Each column is summed once, as arrays: the
+    rules ask this of every rank's steps, millions of them in a long run."""
     out: Dict[str, dict] = {}
     if not len(steps):
         return out
     sampled = sampled_mask(steps)
+    duration = _values(steps, "duration_ns")
+    within_all = float(_total(duration))
+    within_sampled = float(_total(duration, sampled)) if sampled is not None else within_all
     for phase in PHASES:
-        total = steps[phase].sum()
+        values = _values(steps, phase)
+        total = _total(values)
         if total <= 0:
             continue
-        over = steps[sampled] if sampled is not None and phase in COMPUTE_PHASES else steps
-        within = float(over["duration_ns"].sum())
-        out[phase] = {"count": int((steps[phase] > 0).sum()), "total_ms": ms(total),
-                      "share": round(float(over[phase].sum()) / within, SHARE_DIGITS) if within else 0.0}
-        if over is not steps:
-            out[phase]["sampled_steps"] = int(len(over))
+        compute = sampled is not None and phase in COMPUTE_PHASES
+        part, within = (_total(values, sampled), within_sampled) if compute else (total, within_all)
+        out[phase] = {"count": int(np.count_nonzero(values > 0)), "total_ms": ms(total),
+                      "share": round(float(part) / within, SHARE_DIGITS) if within else 0.0}
+        if compute:
+            out[phase]["sampled_steps"] = int(np.count_nonzero(sampled))
     return out
 
 
@@ -98,12 +117,11 @@ def other_share(steps: pd.DataFrame) -> Optional[dict]:
     if not len(steps) or OTHER not in steps:
         return None
     sampled = sampled_mask(steps)
-    over = steps[sampled] if sampled is not None else steps
-    within = float(over["duration_ns"].sum())
-    out = {"total_ms": ms(over[OTHER].sum()),
-           "share": round(float(over[OTHER].sum()) / within, SHARE_DIGITS) if within else 0.0}
+    within = float(_total(_values(steps, "duration_ns"), sampled))
+    other = _total(_values(steps, OTHER), sampled)
+    out = {"total_ms": ms(other), "share": round(float(other) / within, SHARE_DIGITS) if within else 0.0}
     if sampled is not None:
-        out["sampled_steps"] = int(len(over))
+        out["sampled_steps"] = int(np.count_nonzero(sampled))
     return out
 
 

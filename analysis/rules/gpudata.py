@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.store.frames import split
+from stepscope.analysis.store.frames import groups, split
 
 
 def no_gpu_reason(run, need: str) -> Optional[str]:
@@ -45,7 +45,7 @@ def train_groups(run) -> list:
     each split copies a run's millions of steps)."""
     def build():
         train = run.steps[run.steps["mode"] == "train"]
-        return list(train.groupby(["process", "rank"], dropna=False, sort=True, observed=True))
+        return groups(train, ["process", "rank"])
     return memo(run, "train_groups", build)
 
 

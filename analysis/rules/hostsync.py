@@ -6,6 +6,7 @@ from __future__ import annotations
 from stepscope.analysis.rules.advice import advice, framework_of, sync_culprit
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.gpudata import no_gpu_reason, train_steps
+from stepscope.analysis.store.frames import groups
 
 class HostSyncStall(Rule):
     name = "HostSyncStall"
@@ -37,7 +38,7 @@ class HostSyncStall(Rule):
         sync = sync[sync["mode"] == "train"]
         out = []
         framework = None
-        for (process, rank), s in steps.groupby(["process", "rank"], dropna=False, sort=True):
+        for (process, rank), s in groups(steps, ["process", "rank"]):
             y = sync[(sync["process"] == process) & sync["step"].isin(set(s["step"]))]
             total = float(s["duration_ns"].sum())
             if y.empty or total <= 0:

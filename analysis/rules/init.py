@@ -7,6 +7,7 @@ before profiling began is not this job's initialization."""
 from __future__ import annotations
 
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.store.frames import groups
 
 
 class MaxInitializationTime(Rule):
@@ -26,8 +27,7 @@ class MaxInitializationTime(Rule):
         procs = run.processes
         session = procs["session_start"] if "session_start" in procs else procs["start_time"]
         starts = {name: _latest(a, b) for name, a, b in zip(procs["process"], procs["start_time"], session)}
-        steps = run.steps[["process", "rank", "start_ns"]]  # (what is read: a split copies its columns)
-        for (process, rank), s in steps.groupby(["process", "rank"], dropna=False, sort=True):
+        for (process, rank), s in groups(run.steps, ["process", "rank"], ["start_ns"]):
             began = starts.get(process)
             if began is None or began != began:
                 continue

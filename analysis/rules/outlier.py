@@ -13,6 +13,7 @@ from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.dataloader import keeps_workers
 from stepscope.analysis.rules.gpudata import memo
+from stepscope.analysis.store.frames import groups
 from stepscope.core.vocabulary import (GETNEXT, INTERRUPTED, KERAS_PROFILER_WINDOW, OTHER, PHASES,
                                        TORCH_OP_WINDOW_SPANS, TRAIN)
 
@@ -97,7 +98,7 @@ class StepOutlier(Rule):
         if (loops > 0).any():  # each loop judged against its own median (a second model's steps differ)
             steps = steps.assign(loop=loops.reindex(steps.index).to_numpy())
             keys.append("loop")
-        for key, group in steps.groupby(keys, dropna=False, sort=True, observed=True):
+        for key, group in groups(steps, keys):
             process, rank, mode = key[:3]
             loop = key[3] if len(key) > 3 else None
             group = group.sort_values("start_ns", kind="stable")

@@ -36,19 +36,77 @@ def split(frame: pd.DataFrame, by: str, columns: Optional[list] = None, sort: bo
     """``[(key, group), ...]`` of ``frame.groupby(by, observed=True, sort=sort)`` (missing keys
     left out; ``columns``: only these of each group), from one stable sort of the key's codes.
     Pandas' own split of a long table (millions of steps) spends most of its time finding
-    its groups; a table of one group (one mode, one process) is given whole, not copied."""
+    its groups; a table of one group (one mode, one process) is given whole, not copied,
+    and a table whose groups come one after another (the steps, process by process) in slices."""
     key = pd.Categorical(frame[by])
     codes = np.asarray(key.codes)
     part = frame.iloc[:] if columns is None else frame[columns]  # (a new frame: a group's changes stay its own)
     present = codes[0] if len(codes) else -1
     if present >= 0 and not np.any(codes != present):
         return [(key.categories[present], part)]
+    runs = _runs(codes, sort)
+    if runs is not None:
+        return [(key.categories[codes[a]], part.iloc[a:b]) for a, b in runs]
     order = np.argsort(codes, kind="stable")
     groups = [rows for rows in np.split(order, np.flatnonzero(np.diff(codes[order])) + 1)
               if len(rows) and codes[rows[0]] >= 0]
     if not sort:  # in the order they first appear (each group's rows are in table order)
         groups.sort(key=lambda rows: rows[0])
     return [(key.categories[codes[rows[0]]], part.iloc[rows]) for rows in groups]
+
+
+# A slice of a frame is a view: safe to hand out as a group only where pandas copies on
+# write (3.0 on; before it, a group's changes could reach the table)
+_SLICES_ARE_SAFE = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode.copy_on_write") is True
+
+
+def _runs(codes: np.ndarray, sort: bool) -> Optional[List[tuple]]:
+    """[(first row, end row)] of each group where every group's rows are one run, each key
+    once, no missing key, and (``sort``) the runs in key order; None otherwise."""
+    if not _SLICES_ARE_SAFE or not len(codes) or codes.min() < 0:
+        return None
+    ends = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    firsts = codes[np.concatenate(([0], ends))]
+    if len(np.unique(firsts)) != len(firsts) or (sort and np.any(np.diff(firsts) < 0)):
+        return None
+    bounds = [0, *ends.tolist(), len(codes)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def groups(frame: pd.DataFrame, keys: List[str], columns: Optional[list] = None) -> list:
+    """``list(frame.groupby(keys, dropna=False, sort=True, observed=True))`` (``columns``: only
+    these of each group), keys and groups alike. Where the first key is a categorical whose
+    groups come one after another (the steps, process by process), each of them is split
+    on its own, and one in which the other keys do not vary is given whole (a slice, no
+    copy): a run's millions of steps are otherwise copied group by group on every split."""
+    part = frame if columns is None else frame[columns]
+    first = frame[keys[0]] if len(frame) else None
+    runs = _runs(np.asarray(first.cat.codes), True) \
+        if first is not None and isinstance(first.dtype, pd.CategoricalDtype) else None
+    if runs is None:
+        return list(part.groupby(keys if columns is None else [frame[k] for k in keys],
+                                 dropna=False, sort=True, observed=True))
+    out = []
+    for a, b in runs:
+        whole, rows = frame.iloc[a:b], part.iloc[a:b]
+        if all(_constant(whole[k]) for k in keys[1:]):
+            key = next(iter(whole.iloc[:1].groupby(keys, dropna=False, sort=True, observed=True)))[0]
+            out.append((key, rows))
+        else:
+            out.extend(whole.groupby(keys, dropna=False, sort=True, observed=True) if columns is None else
+                       rows.groupby([whole[k] for k in keys], dropna=False, sort=True, observed=True))
+    return out
+
+
+def _constant(column: pd.Series) -> bool:
+    """Whether every value of the column is the same (all missing counts as the same)."""
+    missing = column.isna().to_numpy()
+    if missing.all():
+        return True
+    if missing.any():
+        return False
+    values = column.cat.codes.to_numpy() if isinstance(column.dtype, pd.CategoricalDtype) else column.to_numpy()
+    return bool((values == values[0]).all())
 
 
 def concat(parts: List[pd.DataFrame]) -> pd.DataFrame:

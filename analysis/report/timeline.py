@@ -319,10 +319,11 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
 
 def _detail_windows(steps: pd.DataFrame, chosen: list) -> list:
     """[(start_ns, end_ns)] of the chosen steps, overlapping ones joined."""
+    numbers = steps["step"].to_numpy()
+    wanted = {(str(c["mode"]), int(c["step"])) for c in chosen}
+    at = np.flatnonzero(np.isin(numbers, [step for _, step in wanted]))  # (the modes of these steps only)
     mine = np.zeros(len(steps), dtype=bool)
-    modes, numbers = as_strings(steps["mode"]), steps["step"].to_numpy()
-    for mode, step in {(str(c["mode"]), int(c["step"])) for c in chosen}:
-        mine |= (numbers == step) & (modes == mode)
+    mine[at] = [(mode, int(step)) in wanted for mode, step in zip(as_strings(steps["mode"].iloc[at]), numbers[at])]
     return _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
 
 

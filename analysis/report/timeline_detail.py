@@ -198,6 +198,20 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
     return np.unique(values)
 
 
+def _chosen_ids(steps: pd.DataFrame, wanted: pd.DataFrame) -> np.ndarray:
+    """Each step's row in ``wanted`` (mode, step, k): its k, or -1. Only the steps whose
+    number is wanted are matched by mode (a process has millions of steps, a few chosen)."""
+    numbers = steps["step"].to_numpy(np.int64)
+    ids = np.full(len(steps), -1, dtype=np.int64)
+    candidates = np.flatnonzero(np.isin(numbers, wanted["step"].to_numpy(np.int64)))
+    if len(candidates):
+        ids[candidates] = (pd.DataFrame({"mode": pd.Series(as_strings(steps["mode"].iloc[candidates]), dtype=object),
+                                         "step": numbers[candidates]})
+                           .merge(wanted, how="left", on=["mode", "step"])
+                           ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
+    return ids
+
+
 def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, detail_cap, overview_cap):
     """items: (row, start, end, name, cat, arg), rows ascending, each row in start order.
     row_process: process node of each row; row_device: rows of GPU streams; process_steps:
@@ -217,10 +231,7 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
             continue
         bounds = _sorted_unique(np.append(s["start_ns"].to_numpy(), s["end_ns"].max()))
         bucket[mask] = np.searchsorted(bounds, start[mask], side="right")  # 0: before the first step
-        ids = (pd.DataFrame({"mode": pd.Series(as_strings(s["mode"]), dtype=object),
-                             "step": s["step"].to_numpy(np.int64)})
-               .merge(wanted, how="left", on=["mode", "step"])
-               ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
+        ids = _chosen_ids(s, wanted)
         picked = s[ids >= 0].assign(k=ids[ids >= 0]).sort_values("start_ns")
         ws, we, wk = picked["start_ns"].to_numpy(), picked["end_ns"].to_numpy(), picked["k"].to_numpy()
         # GPU work runs behind the host: a stream keeps a chosen step's window one step longer

@@ -164,3 +164,48 @@ def test_split_equals_pandas_groupby_iteration(seed):
         (_, whole), = split(frame, "mode")
         whole["x"] = 0.0  # a group's changes stay its own
         assert frame["x"].sum() > 0
+
+
+def _steps_like(rng, contiguous: bool) -> pd.DataFrame:
+    """A steps-shaped frame: processes (categorical, some categories unused or in another
+    order), ranks with missing ones, modes, threads; the processes' rows together or not."""
+    n = int(rng.integers(0, 400))
+    names = ["rank1", "rank0", "worker", "unused"]
+    process = rng.integers(0, 3, n)
+    if contiguous:
+        process = np.sort(process)[::-1] if rng.random() < 0.3 else np.sort(process)
+    rank = pd.array(process if rng.random() < 0.5 else rng.integers(0, 2, n), dtype="Int64")
+    rank[rng.random(n) < (0.5 if rng.random() < 0.3 else 0.0)] = pd.NA
+    mode = pd.Categorical(rng.choice(["train", "eval"] if rng.random() < 0.5 else ["train"], n))
+    return pd.DataFrame({"process": pd.Categorical.from_codes(process, names), "rank": rank, "mode": mode,
+                         "tid": rng.integers(0, 2, n), "x": rng.random(n)}, index=np.arange(n) + 11)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_groups_equal_pandas_groupby_and_slices_stay_their_own(seed):
+    """frames.groups gives ``groupby(keys, dropna=False, sort=True, observed=True)``'s groups
+    (keys, order, rows, index), whether or not each process's rows come together (where they
+    do, in slices); split's slices too; and a group changed leaves the table as it was."""
+    from stepscope.analysis.store.frames import groups, split
+
+    rng = np.random.default_rng(seed)
+    for contiguous in (True, False):
+        frame = _steps_like(rng, contiguous)
+        for keys in (["process", "rank"], ["process", "rank", "mode"], ["process", "tid"], ["process"]):
+            want = list(frame.groupby(keys, dropna=False, sort=True, observed=True))
+            for columns in (None, ["x", "mode"]):
+                got = groups(frame, keys, columns)
+                assert [str(k) for k, _ in got] == [str(k) for k, _ in want]
+                for (_, g), (_, w) in zip(got, want):
+                    pd.testing.assert_frame_equal(g, w if columns is None else w[columns])
+        for sort in (False, True):
+            want = list(frame.groupby("process", observed=True, sort=sort))
+            got = split(frame, "process", sort=sort)
+            assert [k for k, _ in got] == [k for k, _ in want]
+            for (_, g), (_, w) in zip(got, want):
+                pd.testing.assert_frame_equal(g, w)
+        before = frame.copy()
+        for _, g in groups(frame, ["process", "rank"]) + split(frame, "process"):
+            g["x"] = -1.0  # a group's changes stay its own
+            g.loc[g.index[:1], "tid"] = 99
+        pd.testing.assert_frame_equal(frame, before)

@@ -44,8 +44,11 @@ def test_concat_in_order_moves_only_the_rows_out_of_place_and_equals_a_sort(seed
     assert all(not k for k in kept)
 
 
+@pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("seed", range(4))
-def test_steps_split_by_process_and_its_rank_pairs_equal_the_scans(seed):
+def test_steps_split_by_process_and_its_rank_pairs_equal_the_scans(seed, together):
+    """(together: each process's rows, and each rank's in it, come one after another, as the
+    dataset's steps do; else in random order)"""
     rng = np.random.default_rng(seed)
     n = 6000  # above the size where process_ranks hashes
     steps = pd.DataFrame({
@@ -53,6 +56,8 @@ def test_steps_split_by_process_and_its_rank_pairs_equal_the_scans(seed):
         "rank": pd.array(np.where(rng.random(n) < 0.1, None, rng.integers(0, 3, n)), dtype="Int64"),
         "mode": pd.Categorical(rng.choice(["train", "eval"], n)),
         "start_ns": rng.integers(0, 10**9, n), "end_ns": rng.integers(0, 10**9, n), "step": np.arange(n)})
+    if together:
+        steps = steps.sort_values(["process", "rank"], kind="stable").reset_index(drop=True)
     split = steps_by_process(steps, ["mode", "start_ns", "step"])
     assert list(split) == [k for k, _ in steps.groupby("process", observed=True, sort=False)]  # first seen first
     for process, part in split.items():

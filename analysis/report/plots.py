@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from stepscope.analysis.gpu_activity import busy_ns, device_operations
-from stepscope.analysis.store.frames import split
+from stepscope.analysis.store.frames import groups, split
 from stepscope.core.vocabulary import OTHER, PHASES
 
 COLORS = dict(zip((*PHASES, OTHER), ("#e45756", "#4c78a8", "#f58518", "#54a24b", "#b279a2", "#bab0ac")))
@@ -165,9 +165,11 @@ def step_figures(run):
     figs.append(hist)
 
     over = go.Figure()
-    groups = steps.groupby(["label", "mode"], observed=True)
-    points = max(MIN_POINTS, STEP_POINTS // max(groups.ngroups, 1))
-    for (label, mode), s in groups:
+    keyed = steps[steps["label"].notna() & steps["mode"].notna()] \
+        if steps["label"].isna().any() or steps["mode"].isna().any() else steps  # (as pandas' group-by drops them)
+    by_label = groups(keyed, ["label", "mode"])  # (each process's steps a slice, not copied)
+    points = max(MIN_POINTS, STEP_POINTS // max(len(by_label), 1))
+    for (label, mode), s in by_label:
         med = s["ms"].median()
         outlier = s["ms"] > 2 * med
         shown = thin(s, ["ms", "step"], points)
@@ -186,11 +188,12 @@ def step_figures(run):
     train = steps[steps["mode"] == "train"] if (steps["mode"] == "train").any() else steps
     every = sorted(train["label"].unique())
     labels = every[:MAX_RANK_PLOTS]
+    of_label = dict(split(train, "label"))
     points = max(MIN_POINTS, BAR_POINTS // len(labels))
     stacked = make_subplots(rows=len(labels), cols=1, shared_xaxes=True, subplot_titles=labels,
                             vertical_spacing=min(0.08 if len(labels) > 1 else 0.1, 0.5 / len(labels)))
     for row, label in enumerate(labels, start=1):
-        s = thin(train[train["label"] == label], [*PHASES, OTHER], points)
+        s = thin(of_label[label], [*PHASES, OTHER], points)
         for part in (*PHASES, OTHER):
             stacked.add_trace(go.Bar(x=s["step"], y=_r(s[part] / 1e6), name=part, marker_color=COLORS[part],
                                      legendgroup=part, showlegend=row == 1), row=row, col=1)

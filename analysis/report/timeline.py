@@ -232,9 +232,9 @@ def _process_steps(b: _Builder, steps: pd.DataFrame, base: int) -> dict:
     if steps.empty:
         return {}
     columns = ["process", "mode", "step", "start_ns", "end_ns"]
-    s = steps[columns].copy()
-    s["start_ns"] -= base
-    s["end_ns"] -= base
+    s = pd.DataFrame({"process": steps["process"].array, "mode": steps["mode"].array, "step": steps["step"].array,
+                      "start_ns": steps["start_ns"].to_numpy() - base, "end_ns": steps["end_ns"].to_numpy() - base},
+                     index=steps.index, copy=False)  # (only the times are new arrays: a run has millions of steps)
     own = {str(k): g for k, g in steps_by_process(s, columns).items()}
     ref = max(own.values(), key=len)
     return {node: own.get(name, ref) for name, node in b.pnodes.items()}

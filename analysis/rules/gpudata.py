@@ -61,6 +61,14 @@ def process_ranks(steps: pd.DataFrame) -> list:
     sort=True, observed=True)``, in its order, without splitting the steps."""
     pairs = steps[["process", "rank"]]
     rank = pairs["rank"].astype("Int64")
+    if len(pairs) > 1:
+        # only the rows where a run of one pair starts: every pair has one, and a run's
+        # millions of steps make a few runs (a process's steps come together)
+        process = np.asarray(pd.Categorical(pairs["process"]).codes)
+        missing, value = rank.isna().to_numpy(), rank.fillna(0).to_numpy(np.int64)
+        changes = (process[1:] != process[:-1]) | (value[1:] != value[:-1]) | (missing[1:] != missing[:-1])
+        starts = np.concatenate(([0], np.flatnonzero(changes) + 1))
+        pairs, rank = pairs.iloc[starts], rank.iloc[starts]
     if len(pairs) > 4096 and not (rank < 0).any() and not (rank >= 1 << 31).any():
         # a row of each pair, found by a hash of one integer key (a run's millions of steps)
         process = np.asarray(pd.Categorical(pairs["process"]).codes, dtype=np.int64) + 1

@@ -61,16 +61,17 @@ _SLICES_ARE_SAFE = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode
 
 
 def _runs(codes: np.ndarray, sort: bool) -> Optional[List[tuple]]:
-    """[(first row, end row)] of each group where every group's rows are one run, each key
-    once, no missing key, and (``sort``) the runs in key order; None otherwise."""
+    """[(first row, end row)] of each group where every group's rows are one run (each key
+    once, no missing key): in key order (``sort``) or in the table's; None otherwise."""
     if not _SLICES_ARE_SAFE or not len(codes) or codes.min() < 0:
         return None
     ends = np.flatnonzero(codes[1:] != codes[:-1]) + 1
     firsts = codes[np.concatenate(([0], ends))]
-    if len(np.unique(firsts)) != len(firsts) or (sort and np.any(np.diff(firsts) < 0)):
+    if len(np.unique(firsts)) != len(firsts):
         return None
     bounds = [0, *ends.tolist(), len(codes)]
-    return list(zip(bounds[:-1], bounds[1:]))
+    runs = list(zip(bounds[:-1], bounds[1:]))
+    return [runs[i] for i in np.argsort(firsts, kind="stable")] if sort else runs
 
 
 def groups(frame: pd.DataFrame, keys: List[str], columns: Optional[list] = None) -> list:

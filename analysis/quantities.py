@@ -79,8 +79,7 @@ def _values(steps: pd.DataFrame, column: str) -> np.ndarray:
 
 def _total(values: np.ndarray, mask: Optional[np.ndarray] = None):
     """The values' sum (over ``mask``'s rows where given), as a pandas sum would give it."""
-    picked = values if mask is None else values[mask]
-    return picked.sum() if len(picked) else 0
+    return (values if mask is None else values[mask]).sum()
 
 
 def phase_shares(steps: pd.DataFrame) -> Dict[str, dict]:

@@ -165,8 +165,7 @@ def step_figures(run):
     figs.append(hist)
 
     over = go.Figure()
-    keyed = steps[steps["label"].notna() & steps["mode"].notna()] \
-        if steps["label"].isna().any() or steps["mode"].isna().any() else steps  # (as pandas' group-by drops them)
+    keyed = steps.dropna(subset=["label", "mode"])  # (as pandas' group-by leaves them out)
     by_label = groups(keyed, ["label", "mode"])  # (each process's steps a slice, not copied)
     points = max(MIN_POINTS, STEP_POINTS // max(len(by_label), 1))
     for (label, mode), s in by_label:

@@ -29,7 +29,7 @@ from stepscope.analysis.gpu_activity import device_operations, host_launches
 from stepscope.analysis.rules.gpudata import steps_by_process
 from stepscope.analysis.store.frames import as_strings, split
 from stepscope.analysis.report.timeline_detail import (DETAIL_ITEMS, OVERVIEW_ITEMS, REQUESTED_ITEMS, choose_steps,
-                                                       phase_sample, reduce_items, sampled_steps)
+                                                       chosen_ids, phase_sample, reduce_items, sampled_steps)
 
 NAME_CHARS = 300  # longer names (templated kernels) are cut in the page; the exports keep them whole
 MAX_FLOWS = 10_000  # launch arrows
@@ -319,11 +319,7 @@ def timeline_data(run, findings=(), steps_asked=None) -> dict:
 
 def _detail_windows(steps: pd.DataFrame, chosen: list) -> list:
     """[(start_ns, end_ns)] of the chosen steps, overlapping ones joined."""
-    numbers = steps["step"].to_numpy()
-    wanted = {(str(c["mode"]), int(c["step"])) for c in chosen}
-    at = np.flatnonzero(np.isin(numbers, [step for _, step in wanted]))  # (the modes of these steps only)
-    mine = np.zeros(len(steps), dtype=bool)
-    mine[at] = [(mode, int(step)) in wanted for mode, step in zip(as_strings(steps["mode"].iloc[at]), numbers[at])]
+    mine = chosen_ids(steps, chosen) >= 0
     return _merged(steps["start_ns"].to_numpy()[mine], steps["end_ns"].to_numpy()[mine])
 
 

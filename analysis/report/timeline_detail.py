@@ -198,17 +198,16 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
     return np.unique(values)
 
 
-def _chosen_ids(steps: pd.DataFrame, wanted: pd.DataFrame) -> np.ndarray:
-    """Each step's row in ``wanted`` (mode, step, k): its k, or -1. Only the steps whose
-    number is wanted are matched by mode (a process has millions of steps, a few chosen)."""
+def chosen_ids(steps: pd.DataFrame, chosen: list) -> np.ndarray:
+    """Each step's place in ``chosen`` (by its mode and number), or -1. Only the steps whose
+    number was chosen are matched by mode (a process has millions of steps, a few chosen)."""
+    k_of: dict = {}
+    for k, c in enumerate(chosen):
+        k_of.setdefault((str(c["mode"]), int(c["step"])), k)
     numbers = steps["step"].to_numpy(np.int64)
     ids = np.full(len(steps), -1, dtype=np.int64)
-    candidates = np.flatnonzero(np.isin(numbers, wanted["step"].to_numpy(np.int64)))
-    if len(candidates):
-        ids[candidates] = (pd.DataFrame({"mode": pd.Series(as_strings(steps["mode"].iloc[candidates]), dtype=object),
-                                         "step": numbers[candidates]})
-                           .merge(wanted, how="left", on=["mode", "step"])
-                           ["k"].fillna(-1).to_numpy(np.int64))  # a left merge keeps the steps' order
+    at = np.flatnonzero(np.isin(numbers, [step for _, step in k_of]))
+    ids[at] = [k_of.get((mode, int(n)), -1) for mode, n in zip(as_strings(steps["mode"].iloc[at]), numbers[at])]
     return ids
 
 
@@ -218,9 +217,6 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
     {process node: its steps (start_ns, end_ns, mode, step) on the timeline's clock}.
     Returns the kept items with count and fill (None when nothing was merged) and what was done."""
     row, start, end, name, cat, arg = items
-    # (modes as Python strings, object dtype: a str column would convert each step's to Arrow)
-    wanted = pd.DataFrame({"mode": pd.Series([c["mode"] for c in chosen], dtype=object),
-                           "step": pd.Series([c["step"] for c in chosen], dtype=np.int64), "k": range(len(chosen))})
     which = np.full(len(row), -1, dtype=np.int64)  # the chosen step an item falls in
     bucket = np.zeros(len(row), dtype=np.int64)
     item_process = row_process[row]
@@ -231,7 +227,7 @@ def reduce_items(items, row_process, row_device, process_steps, chosen, mixed, d
             continue
         bounds = _sorted_unique(np.append(s["start_ns"].to_numpy(), s["end_ns"].max()))
         bucket[mask] = np.searchsorted(bounds, start[mask], side="right")  # 0: before the first step
-        ids = _chosen_ids(s, wanted)
+        ids = chosen_ids(s, chosen)
         picked = s[ids >= 0].assign(k=ids[ids >= 0]).sort_values("start_ns")
         ws, we, wk = picked["start_ns"].to_numpy(), picked["end_ns"].to_numpy(), picked["k"].to_numpy()
         # GPU work runs behind the host: a stream keeps a chosen step's window one step longer

@@ -140,7 +140,8 @@ class PandasFrameAnalysis:
         if by == StatsBy.TRAINING_PHASE:
             fw, key = self._step_rows(), "framework_metric"
         fw = fw.assign(_kind=self._kind)
-        fw = fw[fw["step"] != -1]
+        # a row outside every step carries the step it follows (docs/migrating.md): no part of it
+        fw = fw[(fw["step"] != -1) & (fw["_kind"] != "")]
         per_step = fw.groupby(["_kind", "step", key], sort=False).agg(s=("start_time_us", "min"),
                                                                       e=("end_time_us", "max"))
         per_step["d"] = per_step["e"] - per_step["s"]

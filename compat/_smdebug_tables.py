@@ -131,7 +131,38 @@ def framework_rows(run) -> pd.DataFrame:
     if not parts:
         return _frame(np.empty(0, np.int64), np.empty(0, np.int64), 0, 0, "", 0, 0, "", "")
     out = pd.concat(parts, ignore_index=True)
+    out["step"] = _step_in_effect(out, steps, host_of)
     return out.sort_values("start_epoch_us", kind="stable").reset_index(drop=True)
+
+
+def _step_in_effect(rows: pd.DataFrame, steps: pd.DataFrame, host_of: dict) -> np.ndarray:
+    """Every row's ``step``, as Debugger's hook numbered its events: the step it falls in, else
+    the step counter in effect when it began, i.e. the last step its process had begun (rows
+    between steps, a loop's end of data, what follows the last step), and before a process's
+    first step that step's number (Debugger's counter starts at it). A process without steps
+    takes its node's, then the run's. So no row is left at -1: smdebug's own
+    ``PandasFrameAnalysis`` looks every -1 up in the step whose span contains it, and raises
+    where none does (docs/migrating.md)."""
+    col = rows["step"].to_numpy(dtype=np.int64).copy()
+    todo = np.flatnonzero(col < 0)
+    if not len(todo) or not len(steps):
+        return col
+    begun = pd.DataFrame({"start": _epoch_us(steps["start_ns"]), "step": steps["step"].to_numpy(np.int64),
+                          "pid": steps["pid"].to_numpy(np.int64),
+                          "node": steps["process"].astype(str).map(host_of).fillna("").to_numpy()})
+    begun = begun[begun["step"] >= 0].sort_values("start", kind="stable")
+    if not len(begun):
+        return col
+    by_process = {key: g for key, g in begun.groupby(["node", "pid"], sort=False)}
+    by_node = {key: g for key, g in begun.groupby("node", sort=False)}
+    start, pid = rows["start_epoch_us"].to_numpy()[todo], rows["pid"].to_numpy()[todo]
+    node = rows["nodeID"].astype(str).to_numpy()[todo]
+    for key in set(zip(node, pid)):
+        mine = (node == key[0]) & (pid == key[1])
+        own = by_process.get(key, by_node.get(key[0], begun))
+        at = np.searchsorted(own["start"].to_numpy(), start[mine], "right") - 1
+        col[todo[mine]] = own["step"].to_numpy()[np.maximum(at, 0)]
+    return col
 
 
 def _gpu_parts(run, host_of) -> list:

@@ -86,3 +86,31 @@ def test_a_test_that_passes_only_on_its_rerun_is_named_in_the_last_line(tmp_path
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("[run_suite] passed; 1 test(s) needed a rerun"), last
     assert last.endswith("test_flaky.py::test_fails_once"), last
+
+
+def test_the_suite_prints_its_slowest_tests_and_ci_fails_past_its_budget(tmp_path):
+    """Issue 74: every run ends with its wall time and slowest tests; where CI is set, a run
+    whose parallel part passes the budget fails (here a budget of a millisecond), and so does
+    one where more than MAX_RERUNS tests needed their rerun."""
+    shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    shutil.copy(os.path.join(REPO, "tests", "run_suite.py"), tmp_path / "run_suite.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: x\n    slow: x\n")
+    (tmp_path / "test_two.py").write_text("def test_one():\n    pass\ndef test_two():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
+    env.update(CI="true", STEPSCOPE_SUITE_BUDGET_S="0.001")
+    r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "over its budget of 0 s" in r.stdout
+    assert "2 tests took" in r.stdout and "test_two::test_one" in r.stdout, r.stdout[-3000:]
+    assert r.stdout.strip().splitlines()[-1].startswith("[run_suite] FAILED"), r.stdout[-500:]
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    try:
+        import run_suite
+    finally:
+        sys.path.pop(0)
+    flaky = [f"t.py::test_{i}" for i in range(run_suite.MAX_RERUNS + 1)]
+    assert run_suite.within_budget(0, 1.0, flaky[:-1], True) == 0
+    assert run_suite.within_budget(0, 1.0, flaky, True) == 1
+    assert run_suite.within_budget(0, 1.0, flaky, False) == 0  # a developer's run is not failed for it
+    assert run_suite.within_budget(1, 0.0, [], True) == 1

@@ -109,3 +109,28 @@ def test_native_interrupt_step_flags_the_open_step(tmp_path):
     steps = stepscope.load(str(tmp_path / "hand")).steps.sort_values("start_ns")
     assert steps["mode"].tolist() == ["train", "train", "interrupted"]
     assert steps["step"].tolist() == [0, 1, 2]
+
+
+LEFT = os.path.join(SCRIPTS, "left_loops.py")
+
+
+@pytest.mark.parametrize("kind,train,interrupted", [("caught", 5, 1), ("break", 5, 1), ("inner_loader", 6, 0)])
+def test_a_loop_left_mid_iteration_ends_there_and_the_evaluation_after_it_is_counted(tmp_path, kind, train,
+                                                                                      interrupted):
+    """A train loop left after a fetch (an exception caught outside it, a break) leaves its
+    step unfinished: the evaluation after it is its own steps, not part of that step. An
+    iteration that reads a loader of its own stays one train step."""
+    env = _env(tmp_path, STEPSCOPE_RUN=kind, STEPSCOPE="1")
+    r = subprocess.run([sys.executable, LEFT, kind], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "stepscope:" not in r.stderr, r.stderr[-3000:]
+    words = r.stdout.split()
+    assert int(words[2]) == train and int(words[5]) == 4, r.stdout
+    steps = stepscope.load(str(tmp_path / "runs" / kind)).steps.sort_values("start_ns")
+    counts = steps.groupby("mode", observed=True).size().to_dict()
+    assert counts == {"train": train, "eval": 4, **({"interrupted": 1} if interrupted else {})}, counts
+    if interrupted:
+        cut = steps[steps["mode"] == "interrupted"].iloc[0]
+        first_eval = steps[steps["mode"] == "eval"].iloc[0]
+        assert cut["end_ns"] <= first_eval["start_ns"]
+        assert cut["duration_ns"] < first_eval["start_ns"] - steps.iloc[0]["start_ns"]

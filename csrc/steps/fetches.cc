@@ -103,6 +103,20 @@ bool commit_pending(PyObject* self, PyObject* shown) {
     Py_DECREF(mode);
     return true;
   }
+  if (mode && t->pending_open) {
+    t->pending_open = 0;
+    if (is_train(mode) && !no_mode(t) && is_train(t->mode) && !t->done) {
+      // train work on a loader the iteration reads itself: its fetch is this step's GetNext
+      Py_DECREF(mode);
+      phase(kGetNext, t0, t1);
+      t->fed = 1;
+      t->inner_pass = 1;
+      t->last_end = std::max(t->last_end, t1);
+      return record_more(t);
+    }
+    // else an evaluation (or another loop) after a train loop that was left mid-iteration:
+    // the unfinished step ends where this pass's first fetch began, flagged interrupted (begin)
+  }
   bool ok = mode && begin(self, mode, t0);
   Py_XDECREF(mode);
   if (!ok) return false;
@@ -188,7 +202,14 @@ bool end_with_pending(PyObject* self, bool followed) {
 bool loop_started(PyObject* self) {
   Tracker* t = T(self);
   if (!flush_held(t)) return false;
-  if (!t->pending_mode) return true;
+  if (!t->pending_mode) {
+    // A pass begins while a train step is open and unfinished: its loop was left (an
+    // exception caught outside it, a break or return after the fetch), or the iteration
+    // reads a loader of its own. The first fetch of the pass is held back (fetched) until
+    // its work tells which (commit_pending).
+    if (!no_mode(t) && is_train(t->mode) && !t->done && !t->suspended) t->pass_in_open = 1;
+    return true;
+  }
   if (!no_mode(t) && t->done) {
     // A fetch held back after a complete step, and now a pass begins: either the fetch
     // was the last of its loop, or the program restarts a second loader inside its

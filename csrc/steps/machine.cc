@@ -97,6 +97,7 @@ bool reset(Tracker* t) {
   Py_CLEAR(t->held_group);
   Py_CLEAR(t->held_mode);
   t->suspended = t->done = t->fed = t->has_forward_end = 0;
+  t->pass_in_open = t->pending_open = t->inner_pass = 0;
   put(&t->mode, Py_None);
   Py_CLEAR(t->pending_mode);
   Py_CLEAR(t->mark_mode);
@@ -199,6 +200,7 @@ bool begin(PyObject* self, PyObject* mode, unsigned long long at) {
   }
   put(&t->mode, mode);
   t->done = t->fed = 0;
+  t->pass_in_open = t->inner_pass = 0;
   if (is_train(mode)) t->trained = 1;
   Py_CLEAR(t->cand_mode);
   {

@@ -32,7 +32,9 @@ bool fetched(PyObject* self, unsigned long long t0, unsigned long long t1, PyObj
       if (!commit_no_work(self)) return false;
     }
   }
-  if (no_mode(t) || t->done) {
+  if (no_mode(t) || t->done || (t->pass_in_open && !t->pending_mode)) {
+    t->pending_open = t->pass_in_open && !no_mode(t) && !t->done;
+    t->pass_in_open = 0;
     put(&t->pending_mode, mode);
     t->pending_t0 = t0;
     t->pending_t1 = t1;
@@ -62,6 +64,12 @@ bool exhausted(PyObject* self, unsigned long long t0, unsigned long long t1) {
     } else if (!commit_no_work(self)) {
       return false;
     }
+  }
+  if (t->inner_pass && !no_mode(t) && is_train(t->mode) && !t->done) {
+    // the iteration's own loader ran out inside its step (loop_started, commit_pending): the
+    // step goes on to its optimizer step
+    t->inner_pass = 0;
+    return true;
   }
   if (!no_mode(t)) {
     // The call that met the end of the data lies after its loop (SPEC §3): named, in no step

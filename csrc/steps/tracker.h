@@ -63,6 +63,9 @@ struct Tracker {
   char every_step;  // on_new_step at every step; else only after one that showed no forward
   char opt_used;    // an optimizer was seen at work without its key (a native zero_grad range)
   char pass_begun;  // a pass began after the held-back fetch of a complete step (loop_started)
+  char pass_in_open;  // a pass began inside an unfinished train step (its loop left by an exception, break)
+  char pending_open;  // the held-back fetch is that pass's first: its work tells whether the step goes on
+  char inner_pass;    // that pass is the iteration's own loader (train work on it): its end ends no step
   char trained;     // a train step began on this thread: a fact kept across loops, as opt_known
   char finished;    // a train step of this thread completed (its optimizer step, or backward): kept too
   // Bumped by every reset (close, suspend, reset): a report that called out to Python
@@ -135,9 +138,9 @@ inline PyObject* mode_of(Tracker* t, PyObject* mode) {
   return call_held(t->guess, nullptr);
 }
 
-// Empties pending_more (and pass_begun).
+// Empties pending_more (and pass_begun, pending_open).
 inline bool clear_more(Tracker* t) {
-  t->pass_begun = 0;
+  t->pass_begun = t->pending_open = 0;
   if (t->pending_more && PyList_CheckExact(t->pending_more) && PyList_GET_SIZE(t->pending_more) == 0) return true;
   PyObject* l = PyList_New(0);
   if (!l) return false;

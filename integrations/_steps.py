@@ -32,6 +32,13 @@ an optimizer step -- and this tracker decides where steps begin and end:
   (zip's longer loader left with a batch unused, then validation) makes it the
   loop's last GetNext.
 
+* A pass over a loader that begins inside an unfinished train step (its loop was
+  left after a fetch: an exception caught outside it, a break, a return) holds its
+  first fetch back until work shows: train work makes it the step's GetNext (the
+  iteration reads a loader of its own, a reference set's, and that loader's end ends
+  no step); other work (the evaluation after the loop) begins its own step there, and
+  the unfinished one ends where that fetch began, flagged interrupted.
+
 The tracker is native (``csrc/steps/``): it runs a dozen times in every
 training step, where each Python frame of bookkeeping costs about a microsecond.
 It records the phase spans itself, and the step marks with tick timestamps, so

@@ -22,7 +22,7 @@ its 20 slowest tests. Where CI is set, the run fails when the parallel part pass
 PARALLEL_BUDGET_S (CI's own limit is 90 minutes for everything: a suite that grows past it
 lands nothing, so it must fail here first, loudly, with the slowest tests named), or when
 more than MAX_RERUNS tests needed their rerun (flakes are fixed, not absorbed).
-STEPSCOPE_SUITE_BUDGET_S overrides the budget.
+RUN_SUITE_BUDGET_S overrides the budget.
 """
 
 import os
@@ -105,7 +105,7 @@ def timing_report(durations: list, parallel_s: float, total_s: float) -> str:
 
 def budget_s() -> float:
     try:
-        return float(os.environ.get("STEPSCOPE_SUITE_BUDGET_S") or PARALLEL_BUDGET_S)
+        return float(os.environ.get("RUN_SUITE_BUDGET_S") or PARALLEL_BUDGET_S)
     except ValueError:
         return float(PARALLEL_BUDGET_S)
 

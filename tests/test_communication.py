@@ -272,7 +272,8 @@ def test_nccl_kernels_alone_on_the_gpu_are_exposed_communication(tmp_path, after
         assert f["evidence"]["on_gpu"] and f["cost_ms_per_step"] == gpu["exposed_ms_per_step"]
         assert "NCCL kernels with no compute kernel" in f["message"]
     else:
-        assert gpu["exposed_ms_per_step"] < 0.1 * 4.0  # behind the backward kernels of the other stream
+        # behind the backward kernels of the other stream (the simulated GPU's own kernel lengths)
+        assert gpu["exposed_ms_per_step"] < 0.1 * 4.0  # time-bound: a simulated GPU's kernel lengths
         assert "CommunicationBound" not in found
 
 
@@ -390,7 +391,8 @@ def test_a_wait_at_set_up_is_no_straggler(tmp_path):
     assert "LoadBalancing" not in _findings(run.path)
     judged = net_waits(run, BY_NAME["LoadBalancing"].params["warmup_steps"].default)
     assert judged["outside"]["waited_ms"] > 800, judged  # rank 0 waited ~1 s at the broadcast
-    assert judged["waited_ms_per_step"] < 20, judged  # inside the train steps: no such wait
+    # inside the train steps no such wait: a fiftieth of the set-up's a step, at most
+    assert judged["waited_ms_per_step"] < 0.02 * judged["outside"]["waited_ms"], judged
 
 
 @pytest.mark.alone  # it makes the machine busy on purpose

@@ -60,6 +60,27 @@ def test_run_name_of_255_bytes_is_kept():
         resolve(env={"STEPSCOPE_RUN": "é" * 128})
 
 
+# Variables the product contract names for features of open issues, not built yet: allowed in
+# docs/SPEC.md alone. The issue that builds one registers it (core/config.py) and drops it here.
+CONTRACT_ONLY = {"STEPSCOPE_HANG_S": "issue 77 (hangs across ranks)", "STEPSCOPE_PEAK_TFLOPS": "issue 78 (MFU)"}
+
+
+def _only_in_contract(repo, files, name):
+    import os
+
+    for rel in files:
+        mentions = rel.endswith((".py", ".cc", ".h", ".md", ".toml", ".ini", ".sh"))
+        if rel in ("docs/SPEC.md", "tests/test_config.py") or not mentions:
+            continue
+        try:
+            with open(os.path.join(repo, rel), encoding="utf-8") as f:
+                if name in f.read():
+                    return False
+        except (OSError, UnicodeDecodeError):
+            continue
+    return True
+
+
 def test_every_stepscope_variable_in_the_tree_is_in_the_registry():
     """One registry (core/config.py VARIABLES) knows every STEPSCOPE_* name the
     project's files mention; the C preprocessor's own STEPSCOPE_* macros aside."""
@@ -87,6 +108,11 @@ def test_every_stepscope_variable_in_the_tree_is_in_the_registry():
         for name in word.findall(text):
             seen.setdefault(name, rel)
     unknown = {n: where for n, where in seen.items() if n not in VARIABLES and n not in macros}
+    # the contract (docs/SPEC.md, a copy of ../shared/SPEC.md) may name what an open issue builds:
+    # only there, until that issue registers it
+    planned = {n for n, where in unknown.items() if n in CONTRACT_ONLY and where == "docs/SPEC.md"}
+    assert not planned - {n for n in planned if _only_in_contract(repo, files, n)}, planned
+    unknown = {n: where for n, where in unknown.items() if n not in planned}
     assert not unknown, f"STEPSCOPE_* names the registry does not know (name: first file): {unknown}"
     assert "STEPSCOPE_DIR" in seen and "STEPSCOPE_CLOCK" in seen  # the scan found the tree
 

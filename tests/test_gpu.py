@@ -540,7 +540,7 @@ def test_cupti_clock_matches_the_host_clock(tmp_path):
     _, run = _run_gpu_script(tmp_path, "train", "4", name="clock")
     k = run.kernels.dropna(subset=["launch_start_ns"])
     assert len(k) and (k["launch_latency_ns"] > 0).all()
-    assert (k["launch_latency_ns"] < 10_000_000_000).all()
+    assert (k["launch_latency_ns"] < 10_000_000_000).all()  # time-bound: 10 s is a decoding error, not load
 
 
 def test_torch_profiler_still_works_with_the_hand_over_wrapper(run_dir):

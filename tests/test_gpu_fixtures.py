@@ -43,7 +43,8 @@ def test_kernels_have_names_launches_steps_and_phases(runs):
     assert k.groupby("step").size().to_dict() == {s: 20 for s in range(STEPS)}
     assert k["name"].str.len().gt(0).all() and (k["duration_ns"] > 0).all()
     assert k["launch_api"].isin(["cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"]).all()
-    assert (k["launch_latency_ns"] > 0).all() and (k["launch_latency_ns"] < 1_000_000_000).all()
+    assert (k["launch_latency_ns"] > 0).all()
+    assert (k["launch_latency_ns"] < 1_000_000_000).all()  # time-bound: a recorded fixture
     assert k["phase"].astype(str).value_counts().to_dict() == {"Backward": 100, "Forward": 60, "Loss": 30,
                                                                 "Optimizer": 10}
     # launch configuration: CUPTI's own records (the fixture's window kernels predate reading

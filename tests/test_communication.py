@@ -272,7 +272,7 @@ def test_nccl_kernels_alone_on_the_gpu_are_exposed_communication(tmp_path, after
         assert f["evidence"]["on_gpu"] and f["cost_ms_per_step"] == gpu["exposed_ms_per_step"]
         assert "NCCL kernels with no compute kernel" in f["message"]
     else:
-        # behind the backward kernels of the other stream (the simulated GPU's own kernel lengths)
+        # behind the backward kernels of the other stream
         assert gpu["exposed_ms_per_step"] < 0.1 * 4.0  # time-bound: a simulated GPU's kernel lengths
         assert "CommunicationBound" not in found
 

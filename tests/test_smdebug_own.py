@@ -128,8 +128,7 @@ def test_the_run_has_every_kind_of_row(frames):
     assert (metric == "Step:ModeKeys.TRAIN").sum() == 16 + 5
     assert (metric == "Step:ModeKeys.GLOBAL").sum() == 1  # the interrupted step
     assert (metric == "Step:ModeKeys.EVAL").sum() == 4
-    loops = pf.run.steps["loop"].dropna().unique() if "loop" in pf.run.steps else []
-    assert len(loops) >= 2
+    assert pf.run.steps["loop"].nunique() >= 2  # a second optimizer began a second loop
     # every row has a step Debugger's code can place: none at -1
     assert (fw["step"] >= 0).all()
 
@@ -182,8 +181,8 @@ def test_debuggers_own_analysis_runs_every_method(frames, smdebug_analysis):
         assert "Before Step:ModeKeys.TRAIN" in set(per["Training_phase"])
         assert set(per["Training_phase"]) <= {f"{where}Step:ModeKeys.{kind}" for kind in ("TRAIN", "EVAL", "GLOBAL")
                                               for where in ("", "Before ", "After ")} | {
-            f"Between Step:ModeKeys.{a} and Step:ModeKeys.{b}" for a in ("TRAIN", "EVAL", "GLOBAL")
-            for b in ("TRAIN", "EVAL", "GLOBAL")}
+            f"Between Step:ModeKeys.{before} and Step:ModeKeys.{after}" for before in ("TRAIN", "EVAL", "GLOBAL")
+            for after in ("TRAIN", "EVAL", "GLOBAL")}
     a.get_utilization_stats(resource=[mod.Resource.CPU], by=mod.StatsBy.TRAINING_PHASE,
                             phase=["Step:ModeKeys.TRAIN"])
 

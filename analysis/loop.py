@@ -21,7 +21,7 @@ import pandas as pd
 
 from stepscope.analysis.ending import frameworks_known, run_ending
 from stepscope.core.frameworks import step_marking_display_names
-from stepscope.core.vocabulary import BACKWARD, COMPILING_PREFIXES, FORWARD, OPTIMIZER, TRAIN
+from stepscope.core.vocabulary import BACKWARD, COMPILING_PREFIXES, FORWARD, OPTIMIZER, TRACE_PREFIX, TRAIN
 
 # The phases table, or what gives it when asked: it is read only for steps without a
 # backward and an optimizer step (a long run's phases are tens of millions of rows)
@@ -104,7 +104,7 @@ def undelimited_steps(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str
 
 def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int], recorded: int,
                frameworks: Optional[List[str]] = None, ended: bool = True, duration_s: float = 0.0,
-               ending: Optional[dict] = None) -> List[dict]:
+               ending: Optional[dict] = None, traced: Optional[dict] = None) -> List[dict]:
     """Notes on a loop stepscope did not understand, each with a stable ``key``:
     ``steps_not_delimited``, ``no_steps``, ``nothing_recorded`` (see ``undelimited_steps``),
     ``forward_not_seen``.
@@ -114,7 +114,8 @@ def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int],
     recorded: events other than system samples; frameworks: the distributions the
     run had imported (None: not known, as in a run that did not close); ended: the run has
     an end time (it was not killed); ending: how it ended (analysis/ending.py), which
-    decides over ``ended`` when given."""
+    decides over ``ended`` when given; traced: the tf.functions traced (``_tf_traces``), what a
+    TensorFlow run that recorded nothing else did show."""
     used = step_marking_display_names(frameworks)
     if steps.empty and not recorded:
         if ending is not None:
@@ -126,9 +127,12 @@ def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int],
                    "file, argument or device, or an early exit (look at its output and exit status).")
         if ended and "TensorFlow" in used and "PyTorch" not in used:
             why = ("The program ran TensorFlow, where stepscope finds steps in Keras's fit, evaluate and "
-                   "predict (and train_on_batch) and in tf.data iterators: a loop of its own that feeds a step "
-                   "function NumPy arrays or tensors, with no tf.data dataset, shows it neither; nor does a "
-                   "program that stopped before its loop (look at its output and exit status).")
+                   "predict (and train_on_batch), in tf.data iterators, and in loops of their own through the "
+                   "optimizer (each call of a function that applies a Keras or tf.compat.v1 optimizer's "
+                   "gradients, a tf.function or eager): a loop that updates its variables another way (by hand, "
+                   "an optimizer stepscope does not know), with no tf.data dataset, shows none of them; nor does "
+                   "a program that stopped before its loop (look at its output and exit status)."
+                   + _traced(traced))
         elif frameworks is None:
             why += (" Which frameworks it imported is not known: stepscope records them when a process closes, "
                     "and this one did not.")
@@ -147,7 +151,7 @@ def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int],
                       f"Nothing was recorded in {duration_s:.1f} s: no steps, no phases, no annotations. {why}",
                       fix,
                       {"duration_s": round(duration_s, 3), "frameworks": None if frameworks is None else used,
-                       "ended": bool(ended), "state": state})]
+                       "ended": bool(ended), "state": state, "tf_functions_traced": traced})]
     if steps.empty:
         return [_note(NO_STEPS, "No steps were recorded",
                       f"No steps were recorded, although {recorded} other events were (phases, annotations, "
@@ -176,6 +180,29 @@ def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int],
                   {"processes": bad})]
 
 
+def _traced(traced: Optional[dict]) -> str:
+    if not traced:
+        return ""
+    names = ", ".join(traced["functions"])
+    return (f" What stepscope saw: it traced the tf.function(s) {names} ({traced['traces']} trace(s)), and the "
+            f"process ran {traced['after_s']:.1f} s more after the last trace ended (the notes above say what it "
+            "saw of their calls).")
+
+
+def _tf_traces(run, end_ns: int) -> Optional[dict]:
+    """The tf.function traces of a run (their function names, how many, and how long the run
+    went on after the last one), or None."""
+    names = run.event_names(TRACE_PREFIX)
+    if not names:
+        return None
+    spans = run.select(categories=["framework"], names=names, columns=["name", "end_ns"])
+    if spans.empty:
+        return None
+    functions = sorted({str(n)[len(TRACE_PREFIX):].strip().split("#")[0] for n in spans["name"].unique()})
+    return {"functions": functions[:8], "traces": int(len(spans)),
+            "after_s": round(max(0, end_ns - int(spans["end_ns"].max())) / 1e9, 3)}
+
+
 def _unclosed_why(ending: Optional[dict]) -> str:
     """Why a run that did not close recorded nothing: written events only reach the file
     once a flush interval, so a process that ends inside its first one leaves none."""
@@ -198,6 +225,8 @@ def _forward_not_seen(steps: pd.DataFrame, used: List[str]) -> List[dict]:
     """Train steps that each have a backward or an optimizer step, none of them a forward:
     the model's forward runs outside what stepscope hooks (in PyTorch, outside every
     nn.Module: `xb @ weights + bias`), so its time is in Other."""
+    if "TensorFlow" in used and "PyTorch" not in used:
+        return []  # TensorFlow's custom loops measure no forward by design, and run.json says so
     train = steps[steps["mode"] == TRAIN]
     worked = (train[BACKWARD] > 0) | (train[OPTIMIZER] > 0)
     if len(train) < MIN_BLIND_STEPS or (train[FORWARD] > 0).any() or not worked.all():
@@ -231,8 +260,10 @@ def run_loop_notes(run, ending: Optional[dict] = None) -> List[dict]:
     else:
         profiled, recorded, duration_s = {}, 0, float(run.info.get("duration_s") or 0.0)
     frameworks = list(run.versions) if frameworks_known(run, ending) else None
-    return loop_notes(run.steps, lambda: run.phases, profiled, recorded, frameworks, ending["complete"], duration_s,
-                      ending)
+    steps = run.steps
+    traced = _tf_traces(run, int(extents["end_ns"].max())) if steps.empty and not recorded and len(extents) else None
+    return loop_notes(steps, lambda: run.phases, profiled, recorded, frameworks, ending["complete"], duration_s,
+                      ending, traced)
 
 
 def loop_markdown() -> List[str]:

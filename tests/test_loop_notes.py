@@ -99,15 +99,19 @@ def test_a_run_that_stopped_before_its_loop_says_nothing_was_recorded(tmp_path):
 
 
 def test_a_tensorflow_loop_of_its_own_is_named_as_the_cause(tmp_path):
-    """A tf.function step fed NumPy slices (no tf.data, no Keras fit) ran to its end: the
-    note names that kind of loop, not an early exit, and says how to mark it."""
+    """A tf.function step fed NumPy slices (no tf.data, no Keras fit, its variables updated
+    by hand) ran to its end: the note names that kind of loop, not an early exit, says what
+    stepscope saw (the function traced, its calls) and how to mark it."""
     pytest.importorskip("tensorflow")
     script = os.path.join(os.path.dirname(JOBS), "tf_own_loop.py")
     s, printed, _ = run_job(tmp_path, "tf_own", script=script)
     assert s["steps"] == {}
     (note,) = s["loop_notes"]
     assert note["key"] == "nothing_recorded" and "TensorFlow" in note["evidence"]["frameworks"]  # tf.keras brings Keras
-    assert "a loop of its own that feeds a step function NumPy arrays" in note["message"]
+    assert "a loop that updates its variables another way (by hand" in note["message"]
+    assert note["evidence"]["tf_functions_traced"]["functions"] == ["train_step"]
+    assert "it traced the tf.function(s) train_step (1 trace(s))" in note["message"]
+    assert "tf.function calls train_step (12x) ran eagerly" in printed  # the integration's own note
     assert "stopped before its training loop began" not in note["message"]
     assert "stepscope.step() at the top of each iteration" in note["recommendation"]
     assert "note [nothing_recorded]" in printed

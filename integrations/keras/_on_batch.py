@@ -33,6 +33,9 @@ def wrap(method_name: str):
             forced = st_torch.forced_mode(mode)
             forced.__enter__()
             return args, kwargs, forced
+        from stepscope.integrations import tfdata
+
+        tfdata.instrumentor.keras_calls += 1  # the call's own step function and optimizer make no step there
         t0 = now()
         try:
             begin_step(mode, t0)
@@ -50,6 +53,9 @@ def wrap(method_name: str):
         if not isinstance(token, int):
             token.__exit__(None, None, None)
             return
+        from stepscope.integrations import tfdata
+
+        tfdata.instrumentor.keras_calls -= 1
         t1 = now()
         span(FRAMEWORK, span_name, token, t1)
         _open["last_end"] = t1

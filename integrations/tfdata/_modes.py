@@ -9,6 +9,10 @@ A fetch in a loop of the user's own is recorded with its mode left to its work
 * none of that: the dataset's mode seen before; else a dataset iterated after a
   training dataset ran out -- eval (the validation pass after each epoch);
 * still nothing: train, counted as undetermined, and run.json says so.
+
+The same evidence tells the tf.data instrumentor which functions' calls are train
+steps where no fetch drives the loop: those whose tracing applied an optimizer
+(``applying_functions``, from ``_optimizers``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import weakref
 from typing import Optional
 
 TRAIN, EVAL = "train", "eval"
+MAX_NAMES = 16  # tf.functions whose calls are counted by name
 
 
 class Modes:
@@ -28,6 +33,9 @@ class Modes:
         self.trained_out = False  # a training dataset ran out: another one now is evaluation
         self.undetermined = 0
         self.training_functions: "weakref.WeakSet" = weakref.WeakSet()  # tf.functions tracing a tape
+        self.applying_functions: "weakref.WeakSet" = weakref.WeakSet()  # ...tracing an optimizer's apply
+        self.optimizer_seen = False  # an optimizer applied (eagerly or traced) in this process
+        self.ran: dict = {}  # tf.function name -> its eager (outermost) calls: what run.json says when no step showed
         # The tf.functions being called, outermost first: one list for every thread, as a
         # strategy traces its replica function on threads of its own (MirroredStrategy).
         self.calls: list = []
@@ -44,6 +52,12 @@ class Modes:
         for fn in list(self.calls):
             self.training_functions.add(fn)
 
+    def applying(self) -> None:
+        """An optimizer's apply was traced: the functions being traced apply gradients (train)."""
+        for fn in list(self.calls):
+            self.training_functions.add(fn)
+            self.applying_functions.add(fn)
+
     def function_called(self, fn) -> bool:
         """Before a tf.function's call; True: it is the outermost one (its end counts)."""
         self.calls.append(fn)
@@ -56,6 +70,9 @@ class Modes:
                 break
         if outermost and not raised:
             self.saw(TRAIN if fn in self.training_functions else EVAL)
+            name = getattr(fn, "__name__", None) or "function"
+            if name in self.ran or len(self.ran) < MAX_NAMES:
+                self.ran[name] = self.ran.get(name, 0) + 1
 
     # --- fetches ---------------------------------------------------------------------
     def fetched(self, dataset) -> None:

@@ -2,9 +2,10 @@
 with a GradientTape, and after each epoch a validation loop over another
 dataset calling an eager test step (no gradient, no tf.function: the second
 dataset after the training one ran out) (2 epochs x 6 train batches, 3
-validation batches each). The validation batches are eval steps (issue 47)."""
-# expect: {"train": 12, "eval": 6, "phases": {"train": ["GetNext"], "eval": ["GetNext"]},
-# expect:  "every": {"train": ["GetNext"], "eval": ["GetNext"]}, "note": "tf.data"}
+validation batches each). The validation batches are eval steps (issue 47); the eager
+apply_gradients is each train step's Optimizer phase (issue 81)."""
+# expect: {"train": 12, "eval": 6, "phases": {"train": ["GetNext", "Optimizer"], "eval": ["GetNext"]},
+# expect:  "every": {"train": ["GetNext", "Optimizer"], "eval": ["GetNext"]}, "note": "tf.data"}
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

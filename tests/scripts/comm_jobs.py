@@ -15,6 +15,7 @@
 
 Prints the buckets the program's hook counted (own_hook, late_hook) as ``buckets <n>``."""
 
+import gc
 import sys
 import time
 
@@ -110,6 +111,10 @@ def main(job):
     if rank == 0:
         print(f"loss {loss.item():.4f}")
     dist.barrier()
+    # The model (its Reducer, the comm hook's futures) goes before the process group: freed in
+    # the interpreter's finalization instead, gloo's threads can abort the process (SIGABRT).
+    model = opt = None
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -1,5 +1,6 @@
 """A TensorFlow loop of its own: a tf.function step fed NumPy slices by hand (no tf.data,
-no Keras fit), 2 epochs x 6 batches. stepscope sees no step in it."""
+no Keras fit) that updates its variables by hand (no optimizer), 2 epochs x 6 batches.
+stepscope sees no step in it: nothing tells where its iterations begin."""
 import numpy as np
 import tensorflow as tf
 
@@ -7,14 +8,14 @@ tf.random.set_seed(0)
 rng = np.random.default_rng(0)
 x, y = rng.normal(size=(96, 8)).astype("float32"), rng.normal(size=(96, 1)).astype("float32")
 w, b = tf.Variable(tf.zeros((8, 1))), tf.Variable(tf.zeros((1,)))
-opt = tf.keras.optimizers.SGD(0.05)
 
 
 @tf.function
 def train_step(xb, yb):
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean((xb @ w + b - yb) ** 2)
-    opt.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+    for v, g in zip([w, b], tape.gradient(loss, [w, b])):
+        v.assign_sub(0.05 * g)
     return loss
 
 

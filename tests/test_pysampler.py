@@ -436,20 +436,29 @@ def test_a_torch_loop_never_waits_for_the_sampler(tmp_path, method):
         import json, sys, threading, time, torch, stepscope
         from stepscope.core import _native
         torch.set_num_threads(1)
-        def torch_loop(seconds):
+        def torch_loop(seconds, passes=150):
+            # a second, and on a busy machine longer: until the sampler made its passes (10 s at most)
             a = torch.randn(64, 64)
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
+            first = _native.pysampler_status()["passes"]
+            start, cpu = time.perf_counter(), time.thread_time()
+            n = 0
+            while True:
                 a = torch.tanh(a @ a)
+                n += 1
+                if n % 64 == 0:
+                    spent = time.perf_counter() - start
+                    if spent >= 10 or spent >= seconds and _native.pysampler_status()["passes"] - first >= passes:
+                        return (time.thread_time() - cpu) / spent  # the share of the time it was on a core
         s = stepscope.start(dir=sys.argv[1], name="ops", pysample_hz=200)
-        torch_loop(1.0)
+        ran = torch_loop(1.0)
         main_loop = _native.pysampler_status()
         t = threading.Thread(target=torch_loop, args=(1.0,), name="trainer")
         t.start()
         t.join()
         both = _native.pysampler_status()
         s.stop()
-        print(json.dumps({"main": main_loop, "both": both, "main_tid": threading.get_native_id()}))
+        print(json.dumps({"main": main_loop, "both": both, "main_tid": threading.get_native_id(),
+                          "ran": ran}))
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     env["STEPSCOPE_PYSAMPLE_METHOD"] = method
@@ -465,14 +474,21 @@ def test_a_torch_loop_never_waits_for_the_sampler(tmp_path, method):
         assert main["main_passes"] == 0 and main["gil_passes"] <= 2 and both["gil_passes"] <= 4, both
         assert thread_passes >= 100 and main["torn"] + both["torn"] <= 0.05 * both["passes"], both
     else:
-        assert main["main_passes"] >= 0.9 * main["passes"], main
+        # The main thread takes the passes offered while it runs; one it does not take within the
+        # sampler's wait (a busy machine has it off its core) is walked by the sampler itself: the
+        # share is judged only where the loop had a core to itself (a third of them went to the
+        # sampler with two other processes busy on 2 cores).
+        if out["ran"] >= 0.9:
+            assert main["main_passes"] >= 0.9 * main["passes"], (main, out["ran"])
+        else:
+            assert main["main_passes"] > 0, (main, out["ran"])
         thread_main_passes = both["main_passes"] - main["main_passes"]
         assert thread_passes >= 100 and thread_main_passes <= 0.1 * thread_passes, both
     run = stepscope.load(tmp_path / "runs" / "ops", quiet=True)
     s = run.samples
     in_loop = s[s["function"] == "torch_loop"]
     main_tid = out["main_tid"]
-    # both loops, a second each at 200 Hz: most of their passes find them in the loop
+    # both loops, a second or more each at 200 Hz: most of their passes find them in the loop
     assert (in_loop["tid"] == main_tid).sum() >= 0.8 * main["passes"], in_loop["tid"].value_counts()
     assert (in_loop["tid"] != main_tid).sum() >= 0.8 * thread_passes, in_loop["tid"].value_counts()
 

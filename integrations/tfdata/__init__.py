@@ -49,7 +49,7 @@ from stepscope.integrations._steps import GETNEXT, OPTIMIZER, StepTracker
 from stepscope.integrations.tfdata import _modes, _optimizers, _tracing
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "instrumentor", "keras_loop_begins",
-           "keras_loop_ends", "keras_loop", "keras_owns_steps", "optimizer_apply_wrapper"]
+           "keras_loop_ends", "keras_loop", "optimizer_apply_wrapper"]
 
 UNFED_NOTE = ("TensorFlow: a custom loop that no tf.data fetch drives (its batches from Python): one train step "
               "per call of the function that applies the optimizer's gradients (or per eager apply_gradients); "
@@ -303,17 +303,6 @@ def keras_loop_ends() -> None:
 def optimizer_apply_wrapper(executing_eagerly):
     """The wrapper maker for a Keras optimizer's apply on TensorFlow (``_optimizers``)."""
     return _optimizers.wrapper(instrumentor, executing_eagerly)
-
-
-@contextlib.contextmanager
-def keras_owns_steps():
-    """Keras's train_on_batch: its call is its own step; the step function and optimizer
-    it runs make none here."""
-    instrumentor.keras_calls += 1
-    try:
-        yield
-    finally:
-        instrumentor.keras_calls -= 1
 
 
 @contextlib.contextmanager

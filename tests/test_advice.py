@@ -65,6 +65,7 @@ def _getnext_finding(run):
     return f
 
 
+@pytest.mark.slow
 def test_keras_fit_on_a_slow_tf_data_pipeline_gets_tf_data_advice(tmp_path):
     pytest.importorskip("keras")
     pytest.importorskip("tensorflow")

@@ -97,6 +97,7 @@ def test_a_run_loads_while_it_is_being_written(tmp_path):
     assert len(first) > 50 and len(second) > len(first)
 
 
+@pytest.mark.slow
 def test_diff_after_raising_num_workers(tmp_path):
     pytest.importorskip("torch")
     jobs = os.path.join(REPO, "tests", "scripts", "rule_jobs.py")

@@ -4,8 +4,8 @@ The clock exchange runs in a daemon thread that waits in the rendezvous store. A
 that ends while it still waits used to abort about one run in three ("terminate
 called without an active exception": the thread returned from the store call while
 the interpreter finalized, and its unwinding through pybind's frames called
-std::terminate). Ten short jobs, each a few collectives: every one exits 0 with its
-output, as without stepscope."""
+std::terminate). Six short jobs (an abort one run in three shows in 91 suites of 100),
+each a few collectives: every one exits 0 with its output, as without stepscope."""
 
 import os
 import subprocess
@@ -35,7 +35,7 @@ def test_short_distributed_jobs_exit_cleanly(tmp_path):
     script.write_text(SHORT_JOB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     env.update(STEPSCOPE="1", STEPSCOPE_DIR=str(tmp_path / "runs"))
-    for i in range(10):
+    for i in range(6):
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                               str(script)], cwd=tmp_path, env={**env, "STEPSCOPE_RUN": f"short{i}"},
                              capture_output=True, text=True, timeout=180)

@@ -109,6 +109,7 @@ def test_a_healthy_ddp_job_overlaps_and_is_not_flagged(tmp_path):
     assert len(per_step) > 4 * STEPS  # several buckets a step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("job", ["own_hook", "late_hook"])
 def test_the_programs_comm_hook_runs_and_its_collectives_count(jobs, job, tmp_path):
     stdout, path = jobs[job]
@@ -123,6 +124,7 @@ def test_the_programs_comm_hook_runs_and_its_collectives_count(jobs, job, tmp_pa
     assert sorted(lines.findall(plain)) == sorted(lines.findall(stdout))  # the same losses, the same buckets
 
 
+@pytest.mark.slow
 def test_instrument_again_and_a_hook_after_stepscope_is_off(tmp_path):
     """The comm hook stays on the model across uninstrument/instrument (one, never two), and
     the program's hook registered with stepscope off runs inside it: DDP takes one hook."""
@@ -362,6 +364,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_a_profiled_ddp_model_deep_copies_and_loads_without_stepscope(tmp_path):
     """DDP's own __getstate__ copies the model's __dict__, stepscope's timed root slot with it:
     the slot copies as None, so the copy and the saved model need no stepscope."""
@@ -409,6 +412,7 @@ def test_balanced_ranks_on_busy_cores_name_no_straggler(tmp_path):
     assert "LoadBalancing" not in _findings(path)
 
 
+@pytest.mark.slow
 def test_exposed_communication_is_counted_once_in_nested_phases(tmp_path):
     """Issue 57 item 5: with a closure, backward (and DDP's all-reduce wait) runs inside
     optimizer.step(): each exposed instant belongs to its innermost phase, Backward, and the

@@ -39,6 +39,7 @@ def _run(tmp_path, kind, profiled=True, timed=None):
     return counts, json.loads(s.stdout)
 
 
+@pytest.mark.slow
 def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path):
     plain, _ = _run(tmp_path, "recompile", profiled=False)
     counts, s = _run(tmp_path, "recompile")
@@ -84,6 +85,7 @@ def test_a_changing_batch_size_recompiles_and_a_branch_breaks_the_graph(tmp_path
     assert "torch.where" in found["GraphBreak"]["recommendation"]
 
 
+@pytest.mark.slow
 def test_a_healthy_compiled_loop_gets_no_finding(tmp_path):
     counts, s = _run(tmp_path, "healthy")
     c = s["compilation"]
@@ -91,6 +93,7 @@ def test_a_healthy_compiled_loop_gets_no_finding(tmp_path):
     assert not [f for f in s["findings"] if f["rule"] in ("Recompilation", "GraphBreak", "StepOutlier")], s["findings"]
 
 
+@pytest.mark.slow
 def test_a_function_at_the_recompile_limit_is_found(tmp_path):
     plain, _ = _run(tmp_path, "limit", profiled=False)
     counts, s = _run(tmp_path, "limit")
@@ -110,6 +113,7 @@ def test_a_function_at_the_recompile_limit_is_found(tmp_path):
     assert "runs uncompiled from train step 4 on" in page
 
 
+@pytest.mark.slow
 def test_a_tf_function_retraced_on_python_numbers(tmp_path):
     pytest.importorskip("tensorflow")
     plain, _ = _run(tmp_path, "tfretrace", profiled=False)
@@ -123,6 +127,7 @@ def test_a_tf_function_retraced_on_python_numbers(tmp_path):
     assert "StepOutlier" not in found
 
 
+@pytest.mark.slow
 def test_a_tf_function_traced_once_gets_no_finding(tmp_path):
     pytest.importorskip("tensorflow")
     counts, s = _run(tmp_path, "tfhealthy")
@@ -130,6 +135,7 @@ def test_a_tf_function_traced_once_gets_no_finding(tmp_path):
     assert not [x for x in s["findings"] if x["rule"] in ("Retracing", "StepOutlier")], s["findings"]
 
 
+@pytest.mark.slow
 def test_a_keras_xla_fit_has_its_compile_time_in_its_first_step(tmp_path):
     """jit_compile=True: XLA compiles at the train function's first run, in no trace; the
     first run's extra time over the second is attributed to train step 0, and it and the

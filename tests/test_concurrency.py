@@ -2,6 +2,8 @@
 
 import threading
 
+import pytest
+
 from conftest import run_python
 
 import stepscope
@@ -42,6 +44,7 @@ def test_eight_threads_every_event_present_nesting_per_thread(run_dir):
         assert (n["end_ns"].to_numpy() <= o["end_ns"].to_numpy()).all()
 
 
+@pytest.mark.slow
 def test_flood_memory_is_bounded_and_drops_are_counted(tmp_path):
     """20 M events (~200 MB of trace) as fast as C++ can record them: memory stays
     bounded, nothing silent. (bench/core_api.py floods 50 M for BENCHMARKS.md.)"""

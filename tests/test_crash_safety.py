@@ -147,6 +147,7 @@ def _summary(path):
         return summarize(str(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_a_run_that_ended_without_closing_says_so_everywhere(tmp_path, how):
     """os._exit and SIGKILL after 12 steps (the last ones inside the last flush interval):

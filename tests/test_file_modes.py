@@ -6,6 +6,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from conftest import run_python
 
 TRAIN = """
@@ -40,6 +42,7 @@ def _modes(root):
     return out
 
 
+@pytest.mark.slow
 def test_umask_000_grants_nobody_else_write(tmp_path):
     r = run_python(TRAIN, cwd=tmp_path, umask=0)
     assert r.returncode == 0, r.stderr

@@ -126,6 +126,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_a_point_to_point_wait_that_times_out_keeps_torch_s_traceback(tmp_path):
     """Issue 57 item 7: ProcessGroup.recv and Work.wait are wrapped frameless; a wait that
     raises (a peer that never sends) shows the frames it shows without stepscope."""

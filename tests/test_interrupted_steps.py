@@ -59,6 +59,7 @@ def test_an_interrupted_iteration_is_no_train_step(tmp_path, kind, exit_code, do
     assert json.loads(json.dumps(s))["interrupted"]["count"] == 1  # (summary --json prints this dict)
 
 
+@pytest.mark.slow
 def test_report_and_diff_say_so(tmp_path):
     """The report's job summary and ``stepscope diff`` name the interrupted step too."""
     from stepscope.analysis.report.diff import diff

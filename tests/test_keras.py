@@ -83,6 +83,7 @@ def _check_tf_ops(run, steps, sampled):
     assert set(summary["phase"]) >= set(COMPUTE) and (summary["steps"] == len(sampled)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how,jit,sampled", [("callback", "nojit", None), ("plain", "nojit", "12-13"),
                                              ("callback", "jit", None), ("plain", "jit", None)])
 def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
@@ -114,6 +115,7 @@ def test_tf_backend_fit_evaluate_predict(tmp_path, how, jit, sampled):
         assert sum(p["share"] for p in phases.values()) <= 1.0
 
 
+@pytest.mark.slow
 def test_tf_backend_yields_to_tensorboard_profiler(tmp_path):
     pytest.importorskip("tensorboard")  # TF 2.21 no longer depends on it
     logs = tmp_path / "tb"
@@ -126,6 +128,7 @@ def test_tf_backend_yields_to_tensorboard_profiler(tmp_path):
     _check_common(run.steps, {"train": 28, "eval": 8, "predict": 3})
 
 
+@pytest.mark.slow
 def test_unknown_keras_version_is_one_line_and_same_results(tmp_path):
     unknown = _run(tmp_path, "keras_fit.py", "callback", "nojit", "unknown", clean=False)
     lines = [line for line in unknown.stderr.splitlines() if line.startswith("stepscope:")]
@@ -135,6 +138,7 @@ def test_unknown_keras_version_is_one_line_and_same_results(tmp_path):
     assert unknown.stdout.split("checksum")[1] == profiled.stdout.split("checksum")[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["callback", "plain"])
 def test_torch_backend_fit_and_custom_loop(tmp_path, how):
     pytest.importorskip("torch")
@@ -164,6 +168,7 @@ def _messages(stderr):
     return sorted(out)
 
 
+@pytest.mark.slow
 def test_profiler_windows_leave_the_jobs_stderr_as_it_was(tmp_path):
     """The sampled tf.profiler windows print nothing (TF logs at its default level here)."""
     plain = _run(tmp_path, "keras_fit.py", "plain", "nojit", TF_CPP_MIN_LOG_LEVEL="0")
@@ -187,6 +192,7 @@ def _failing_fit(tmp_path, name, profiled):
     return subprocess.run([sys.executable, script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_failing_fit_keeps_its_traceback(tmp_path):
     """Issue 47: errors inside fit (one while the step is traced, one in a user's callback
     while a profiler window is open) print the plain run's stderr byte for byte: no stepscope
@@ -270,6 +276,7 @@ print("done")
 """
 
 
+@pytest.mark.slow
 def test_fit_with_validation_is_steps_or_named_epoch_boundaries(tmp_path):
     """Issue 47 item 3 (SPEC §3): every moment of a Keras-on-TF fit with validation is in a
     step or in a between-epochs interval the summary names, per epoch; no finding."""

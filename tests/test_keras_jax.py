@@ -38,6 +38,7 @@ def _run(tmp_path, profiled):
     return r.stdout, env
 
 
+@pytest.mark.slow
 def test_keras_fit_on_jax_has_steps_getnext_and_says_what_it_cannot_measure(tmp_path):
     plain, _ = _run(tmp_path, profiled=False)
     out, env = _run(tmp_path, profiled=True)

@@ -69,6 +69,7 @@ def test_random_kernel_tables(seed):
     assert_same(random_kernels(seed))
 
 
+@pytest.mark.slow
 def test_the_random_tables_reach_every_edge():
     seen = set()
     for seed in range(120):

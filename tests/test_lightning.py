@@ -53,12 +53,14 @@ def test_callback(tmp_path):
     _check(run)
 
 
+@pytest.mark.slow
 def test_zero_edit(tmp_path):
     _, run = _run(tmp_path, "plain", zero_edit=True)
     _check(run)
 
 
 # ("simple" and "advanced": tests/conformance/lightning_profiler_*.py compare their rows exactly)
+@pytest.mark.slow
 @pytest.mark.parametrize("profiler", ["pytorch", "recording"])
 def test_users_profiler_sees_exactly_its_usual_calls(tmp_path, profiler):
     """Trainer(profiler=...) of the user's own: same report, same calls, no crash."""
@@ -83,6 +85,7 @@ def test_users_profiler_sees_exactly_its_usual_calls(tmp_path, profiler):
             assert abs(len(report) - len(plain_report)) < 0.2 * len(plain_report), (len(report), len(plain_report))
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_one_run(tmp_path):
     _, run = _run(tmp_path, "callback", "ddp")
     procs = run.processes
@@ -93,6 +96,7 @@ def test_ddp_two_processes_one_run(tmp_path):
         (0, "eval"): 10, (0, "train"): 20, (1, "eval"): 10, (1, "train"): 20}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lightning", "torch"])
 def test_epoch_edges_are_named_intervals_not_outliers(tmp_path, kind):
     """Issue 47 item 3: validation start-up and an epoch's end (60 ms each here) are no

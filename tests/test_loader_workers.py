@@ -17,6 +17,7 @@ from stepscope.analysis.report.page import render  # noqa: E402
 from stepscope.analysis.report.summary import summarize  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_slow_worker_is_measured_and_named(tmp_path, context):
     run_script(tmp_path, os.path.join(SCRIPTS, "slow_worker.py"), context, name=context)

@@ -36,6 +36,7 @@ def run_job(tmp_path, kind, code=0, script=None):
     return json.loads(s.stdout), r.stderr, report
 
 
+@pytest.mark.slow
 def test_a_loop_without_backward_or_optimizer_says_steps_could_not_be_delimited(tmp_path):
     s, printed, report = run_job(tmp_path, "zeroth")
     assert s["steps"]["train"]["count"] == 1  # 150 iterations recorded as one step
@@ -54,6 +55,7 @@ def test_a_loop_without_backward_or_optimizer_says_steps_could_not_be_delimited(
     assert 'id="note-steps_not_delimited"' in report and "Steps could not be delimited" in report
 
 
+@pytest.mark.slow
 def test_marking_the_iterations_delimits_them(tmp_path):
     s, printed, _ = run_job(tmp_path, "zeroth_marked")
     assert s["loop_notes"] == [], s["loop_notes"]
@@ -64,6 +66,7 @@ def test_marking_the_iterations_delimits_them(tmp_path):
     assert "note [" not in printed
 
 
+@pytest.mark.slow
 def test_a_normal_run_has_no_note(tmp_path):
     s, printed, report = run_job(tmp_path, "normal")
     assert s["steps"]["train"]["count"] == 40
@@ -98,6 +101,7 @@ def test_a_run_that_stopped_before_its_loop_says_nothing_was_recorded(tmp_path):
     assert 'id="note-nothing_recorded"' in report
 
 
+@pytest.mark.slow
 def test_a_tensorflow_loop_of_its_own_is_named_as_the_cause(tmp_path):
     """A tf.function step fed NumPy slices (no tf.data, no Keras fit, its variables updated
     by hand) ran to its end: the note names that kind of loop, not an early exit, says what

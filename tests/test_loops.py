@@ -29,6 +29,7 @@ def run_job(tmp_path, kind, **env_extra):
     return json.loads(s.stdout), stepscope.load(tmp_path / "runs" / kind), r.stderr
 
 
+@pytest.mark.slow
 def test_a_second_model_is_a_second_loop_not_a_leak_or_outliers(tmp_path):
     """A small model trained 100 steps, then a larger one built with a 600 MB table and
     trained 30 slower steps. Judged as one loop (before), that was a host-memory leak "used
@@ -52,6 +53,7 @@ def test_a_second_model_is_a_second_loop_not_a_leak_or_outliers(tmp_path):
     assert s["between_loops"]["total_ms"] > 50  # the 600 MB table's allocation, at least
 
 
+@pytest.mark.slow
 def test_k_fold_is_a_loop_per_fold(tmp_path):
     s, run, _ = run_job(tmp_path, "kfold")
     assert [b["steps"] for b in s["loops"]] == [{"train": 40}] * 4
@@ -59,6 +61,7 @@ def test_k_fold_is_a_loop_per_fold(tmp_path):
     assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
 
 
+@pytest.mark.slow
 def test_two_keras_fits_are_two_loops(tmp_path):
     pytest.importorskip("keras")
     pytest.importorskip("tensorflow")
@@ -67,6 +70,7 @@ def test_two_keras_fits_are_two_loops(tmp_path):
     assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
 
 
+@pytest.mark.slow
 def test_tensorflow_custom_loops_one_after_another(tmp_path):
     """A custom TF loop, then a new model and a new Keras optimizer: the optimizer's making
     begins the second loop, as a torch optimizer's does."""
@@ -77,6 +81,7 @@ def test_tensorflow_custom_loops_one_after_another(tmp_path):
     assert not [f for f in s["findings"] if f["rule"] in ("StepOutlier", "HostMemoryIncrease")], s["findings"]
 
 
+@pytest.mark.slow
 def test_keras_mirrored_fit_of_unknown_length_counts_its_steps_and_finds_nothing(tmp_path):
     """Under MirroredStrategy over tf.data of unknown length, each epoch ends in a call that
     meets the end of the data. That call began a step (before: 17 train steps an epoch for 16,
@@ -99,6 +104,7 @@ def test_keras_mirrored_fit_of_unknown_length_counts_its_steps_and_finds_nothing
     assert (last["duration_ns"] < 3 * train["duration_ns"].median()).mean() >= 0.8
 
 
+@pytest.mark.slow
 def test_the_loaders_last_call_is_after_the_loop(tmp_path):
     """The fetch that meets a DataLoader's end (2 workers shut down) was its loop's last
     step's; now each epoch's last step ends where that call began, and the call is named."""

@@ -579,10 +579,10 @@ def fuzz(tmp_path, seed, examples, timeout):
 
 
 def test_random_call_sequences_from_threads_never_crash(tmp_path):
-    fuzz(tmp_path, seed=41, examples=1000, timeout=150)
+    fuzz(tmp_path, seed=41, examples=400, timeout=150)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_random_call_sequences_from_threads_never_crash_long(tmp_path, seed):
     fuzz(tmp_path, seed=seed, examples=3000, timeout=280)

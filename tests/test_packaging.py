@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, run_python
 
 
@@ -79,7 +81,7 @@ def test_a_test_that_passes_only_on_its_rerun_is_named_in_the_last_line(tmp_path
         "        raise AssertionError('fails the first time')\n")
     # (not the outer suite's worker: a nested run must not think it is an xdist worker)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
-    env["CI"] = ""
+    env.update(CI="", RUN_SUITE_PACE="1.3")
     r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -97,7 +99,7 @@ def test_the_suite_prints_its_slowest_tests_and_ci_fails_past_its_budget(tmp_pat
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: x\n    slow: x\n")
     (tmp_path / "test_two.py").write_text("def test_one():\n    pass\ndef test_two():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
-    env.update(CI="true", RUN_SUITE_BUDGET_S="0.001")
+    env.update(CI="true", RUN_SUITE_BUDGET_S="0.001", RUN_SUITE_PACE="1.3")
     r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
@@ -114,3 +116,6 @@ def test_the_suite_prints_its_slowest_tests_and_ci_fails_past_its_budget(tmp_pat
     assert run_suite.within_budget(0, 1.0, flaky, True) == 1
     assert run_suite.within_budget(0, 1.0, flaky, False) == 0  # a developer's run is not failed for it
     assert run_suite.within_budget(1, 0.0, [], True) == 1
+    # the budget is the reference machine's seconds: a machine twice as slow has twice the time
+    assert run_suite.in_reference_seconds(100.0, 2 * run_suite.REFERENCE_PACE_S) == pytest.approx(50.0)
+    assert run_suite.in_reference_seconds(100.0, None) == 100.0

@@ -75,6 +75,7 @@ def _export(tmp_path, run_path, *extra):
     return e.stdout.strip()
 
 
+@pytest.mark.slow
 def test_pytorch_run_exports_every_span_and_step(tmp_path):
     pytest.importorskip("torch")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}

@@ -545,6 +545,7 @@ HOTSPOT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_pure_python_hotspot_is_sampled_in_proportion(tmp_path):
     """Issue 45: a pure-Python helper that holds the GIL for 4 ms of each 12 ms step (a third)
     is a third of the loop thread's samples (within 7 points: 3.5 standard errors). A sampler

@@ -240,6 +240,7 @@ def hotspot_run(tmp_path, seconds=8.0, hz=200):
     return info, out
 
 
+@pytest.mark.slow
 @needs_frames
 def test_a_pure_python_hotspot_and_exact_lines(tmp_path):
     info, out = hotspot_run(tmp_path)
@@ -272,8 +273,9 @@ def churn_run(tmp_path, seed=5, seconds=10.0, method=None):
 
 
 @pytest.mark.parametrize("method,seed,seconds", [
-    pytest.param("frames", 5, 10.0, marks=needs_frames), ("gil", 7, 3.0),
-    pytest.param("frames", 11, 60.0, marks=[needs_frames, pytest.mark.slow])])
+    pytest.param("frames", 3, 3.0, marks=needs_frames), ("gil", 7, 3.0),
+    pytest.param("frames", 5, 10.0, marks=[needs_frames, pytest.mark.slow]),
+    pytest.param("frames", 11, 30.0, marks=[needs_frames, pytest.mark.slow])])
 def test_churn_at_1000_hz_never_crashes(tmp_path, method, seed, seconds):
     """1000 passes a second over threads that recurse and unwind, raise, resume generators and
     coroutines, and compile and drop code objects (their addresses reused by new ones), while
@@ -345,6 +347,7 @@ def lines_check():
             "frames": len(frames), "bad_frames": bad_frames}
 
 
+@pytest.mark.slow
 @needs_frames
 def test_lines_from_copied_tables():
     out = lines_check()

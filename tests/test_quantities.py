@@ -4,6 +4,8 @@ stepscope.analysis.quantities, and analysis/ stands on its own below the command
 import ast
 import os
 
+import pytest
+
 from conftest import REPO
 
 
@@ -90,6 +92,7 @@ def test_getnext_finding_quotes_the_summarys_share(tmp_path):
     assert f"Other {percent(other['share'])} of train step time, in no phase" in " ".join(format_text(s).split())
 
 
+@pytest.mark.slow
 def test_epoch_start_figure_for_persistent_workers(tmp_path):
     """A DataLoader with num_workers=2 starts its workers again at every epoch: the first
     step of each epoch waits longer, and the finding says what persistent_workers=True saves.

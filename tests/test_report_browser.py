@@ -205,6 +205,7 @@ def _large_run(path, spans):
     return path / "big"
 
 
+@pytest.mark.slow
 def test_large_run_opens_and_zooms_quickly(browser, tmp_path):
     run_path = _large_run(tmp_path, 1_200_000)
     out = _report(run_path, tmp_path / "big.html", tmp_path)
@@ -259,6 +260,7 @@ def _annotated_run(path, steps, per_step):
     return path / "ranges"
 
 
+@pytest.mark.slow
 def test_million_range_report_stays_under_3mb_and_opens_quickly(browser, tmp_path):
     run_path = _annotated_run(tmp_path, 5000, 200)
     out = _report(run_path, tmp_path / "ranges.html", tmp_path)

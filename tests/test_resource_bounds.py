@@ -57,6 +57,7 @@ def _checkpoint_job(folder, features=220, seconds=1.5):
     return CHECKPOINT_JOB.format(folder=str(folder), features=features, seconds=seconds)
 
 
+@pytest.mark.slow
 def test_a_file_system_under_the_floor_gets_no_trace_and_the_checkpoint_fits(tmp_path, small_fs):
     fs = small_fs(600)
     job = _checkpoint_job(fs)  # a ~190 kB checkpoint
@@ -74,6 +75,7 @@ def test_a_file_system_under_the_floor_gets_no_trace_and_the_checkpoint_fits(tmp
     assert traces == []  # no empty trace left behind
 
 
+@pytest.mark.slow
 def test_the_trace_stops_at_the_floor_mid_run_and_the_checkpoint_fits(tmp_path, small_fs):
     """A 3 MiB file system with a 50% floor: the trace grows to about 1.5 MiB, stops
     with one line, and the job's ~0.9 MB checkpoint written after it fits."""

@@ -111,6 +111,7 @@ def test_fail_on_gates_summary_by_severity(stall):
     assert stepscope(tmp, "summary", run, "--fail-on", "SOMETIMES").returncode == 2
 
 
+@pytest.mark.slow
 def test_fail_on_gates_diff_on_a_step_time_regression(tmp_path):
     env = _env(tmp_path)
     for kind in ("clean", "slowdata"):

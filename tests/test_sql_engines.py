@@ -95,6 +95,7 @@ def _same(a: pd.DataFrame, b: pd.DataFrame, name: str):
                 (name, c)
 
 
+@pytest.mark.slow
 def test_spark_sql_gives_duckdbs_results(gpu_dataset):
     _, root = gpu_dataset
     spark = _spark()

@@ -45,6 +45,7 @@ def memory_findings(summary):
     return [f for f in summary["findings"] if f["rule"] == "HostMemoryIncrease"]
 
 
+@pytest.mark.slow
 def test_memory_that_grows_while_warming_up_then_stays_flat_is_no_leak(tmp_path):
     s, run = run_job(tmp_path, "warmup")
     assert s["steps"]["train"]["count"] == 150
@@ -54,6 +55,7 @@ def test_memory_that_grows_while_warming_up_then_stays_flat_is_no_leak(tmp_path)
     assert "HostMemoryIncrease" not in s["rules_not_applicable"]
 
 
+@pytest.mark.slow
 def test_a_leak_that_starts_after_the_warm_up_is_found_with_its_rate(tmp_path):
     s, run = run_job(tmp_path, "late")
     (f,) = memory_findings(s)
@@ -68,6 +70,7 @@ def test_a_leak_that_starts_after_the_warm_up_is_found_with_its_rate(tmp_path):
     assert f"{ev['rate_mb_per_min']:.0f} MB/min" in f["message"] and "is used up in" in f["message"]
 
 
+@pytest.mark.slow
 def test_growth_over_a_steady_state_too_short_to_judge_is_not_extrapolated(tmp_path):
     """Issue 47: "still grows 115531 MB/min ... used up in 12 s" from a 1.7 s window. Here a
     loop of about a second keeps 8 MiB every step: no rate in time is extrapolated from it and
@@ -133,6 +136,7 @@ def test_gpu_leak_after_a_flat_warm_up_is_found_with_time_until_full(tmp_path, g
     assert np.isfinite(ev["time_to_full_s"]) and "are used up in" in f["message"]
 
 
+@pytest.mark.slow
 def test_a_short_job_whose_memory_grows_once_says_why_it_is_not_judged(tmp_path):
     """Issue 58: no silent abstention. A short loop whose memory jumps once (a second model
     built mid-loop: a one-off change, not a similar amount every step) is too short to judge

@@ -209,6 +209,7 @@ def test_summary_has_the_system_block(tmp_path):
         assert set(system[key]) == {"mean", "p50", "p95", "max"}
 
 
+@pytest.mark.slow
 def test_debugger_notebook_cells_run_on_a_pytorch_run(tmp_path):
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "loops.py")
@@ -236,6 +237,7 @@ def test_debugger_notebook_cells_run_on_a_pytorch_run(tmp_path):
     assert system_metrics_df["timestamp_us"].max() >= steps["end_time_us"].max() - 200_000
 
 
+@pytest.mark.slow
 def test_two_ranks_on_one_host_share_one_node_sampler(tmp_path):
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp.py")

@@ -55,6 +55,7 @@ def _run_unfed(tmp_path, optimizers, profiled):
     return r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizers", ["keras", "v1"])
 def test_a_loop_no_fetch_drives_has_a_step_per_optimizer_step(tmp_path, optimizers):
     """Issue 81: the train step eager, a tf.function or jit-compiled, its batches from a

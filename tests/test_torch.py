@@ -68,6 +68,7 @@ def test_loops_without_dataloader(tmp_path, kind, modes, phases):
     assert phase_counts(run) == phases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["loader", "loader_spawn", "loader_forkserver"])
 def test_dataloader_with_workers_train_and_eval(tmp_path, kind):
     run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "8")
@@ -107,6 +108,7 @@ def test_step_time_adds_up_to_loop_wall_time(tmp_path):
     assert (steps["Other"].iloc[:-1] >= 5_000_000).all()  # the sleep is Other, in the step it follows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,backend", [("compile", "inductor"), ("mcompile", "eager")])
 def test_torch_compile_adds_no_graph_breaks_and_keeps_phases(tmp_path, kind, backend):
     base = run_script(tmp_path, os.path.join(SCRIPTS, "loops.py"), kind, "12", backend, name="base",
@@ -119,6 +121,7 @@ def test_torch_compile_adds_no_graph_breaks_and_keeps_phases(tmp_path, kind, bac
     assert phase_counts(run) == {"Forward": 12, "Loss": 12, "Backward": 12, "Optimizer": 12}
 
 
+@pytest.mark.slow
 def test_a_module_compiled_before_instrument_is_a_root_and_compiles_as_without_stepscope(tmp_path):
     """torch.compile(model), then stepscope.start() and instrument() in code: root
     discovery's global hooks used to run inside the compiled forward, where dynamo
@@ -154,6 +157,7 @@ def test_a_module_compiled_before_instrument_is_a_root_and_compiles_as_without_s
     assert phase_counts(run) == {"Forward": 10, "Loss": 10, "Backward": 10, "Optimizer": 10}
 
 
+@pytest.mark.slow
 def test_roots_timed_in_native_code_leave_fullgraph_compiles_whole(tmp_path):
     """A model and loss timed as roots (their slots hold native calls), then compiled
     with fullgraph=True around them: dynamo traces the modules' own calls, never
@@ -177,6 +181,7 @@ def test_stepscope_run_launcher(tmp_path):
     check_steps(run, {"train": 5})
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_one_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "ddp", "--",
                         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

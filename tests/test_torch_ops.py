@@ -270,6 +270,7 @@ def test_window_asks_torch_for_its_activities_where_gpu_tracing_runs(tmp_path):
     assert sampled_steps(run.ops) == [5, 6, 7]
 
 
+@pytest.mark.slow
 def test_window_cost_stays_small_on_a_longer_run(tmp_path):
     r, run = profiled(tmp_path, TRAIN, 20000)
     t0, t1 = map(int, r.stdout.split("LOOP")[1].split())

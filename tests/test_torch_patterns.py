@@ -164,6 +164,7 @@ def test_forked_workers_leave_no_unclosed_files_and_the_run_no_locks(tmp_path):
     assert len(stepscope.load(str(run_dir)).steps) == 18
 
 
+@pytest.mark.slow
 def test_ddp_started_by_multiprocessing_spawn_has_its_ranks(tmp_path):
     run_script(tmp_path, os.path.join(SCRIPTS, "ddp_spawn.py"), "29757", name="mpspawn")
     run = stepscope.load(str(tmp_path / "runs" / "mpspawn"))

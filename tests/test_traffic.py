@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 import stepscope
 from stepscope.analysis.report.summary import summarize
 
+pytestmark = pytest.mark.slow  # two-rank pipeline jobs over gloo: a minute of the cores (CI runs them)
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "traffic_jobs.py")
 
 

@@ -26,6 +26,7 @@ def _run(tmp_path, how, *args, profiled=True):
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how,accum", [("plain", 1), ("plain", 2), ("callback", 2), ("plain", 3)])
 def test_one_train_step_per_optimizer_step(tmp_path, how, accum):
     plain = _run(tmp_path / "p", how, str(accum), profiled=False) if (tmp_path / "p").mkdir() is None else None

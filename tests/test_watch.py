@@ -33,6 +33,7 @@ JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_watch_finds_the_stall_and_stops_the_job(tmp_path):
     (tmp_path / "job.py").write_text(JOB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}

@@ -2,7 +2,10 @@
 
     straggler  rank 1 sleeps DELAY_S in every forward: rank 0 waits for it in the all-reduce
     exposed    one large bucket (bucket_cap_mb=1000): its all-reduce starts when backward is done
-    healthy    compute-heavy steps, a small model: the all-reduce hides behind backward
+    healthy    a small model whose layers also wait, as on a GPU (2 ms a layer forward, 5 ms
+               backward: the host is free meanwhile): the all-reduce hides behind backward.
+               (With CPU compute alone, two ranks keep two cores busy: gloo's threads get no
+               core until backward ends, and any hiccup of one rank is the other's wait.)
     own_hook   the program registers its own comm hook (counting buckets) before training
     late_hook  ...after the first step (it then runs inside stepscope's)
     cycles     stepscope started and stopped twice around training the same model (its own
@@ -40,14 +43,35 @@ class Slow(nn.Module):
         return self.inner(x)
 
 
+class DeviceTime(torch.autograd.Function):
+    """An identity that waits, forward and backward, as a GPU kernel keeps the device busy:
+    the host's core is left to DDP's all-reduce of the buckets already ready."""
+
+    @staticmethod
+    def forward(ctx, x):
+        time.sleep(0.002)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.005)
+        return grad
+
+
+class Device(nn.Module):
+    def forward(self, x):
+        return DeviceTime.apply(x)
+
+
 def main(job):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     if job == "healthy":  # buckets of about one layer each: all but the first layer's overlap backward
-        width, batch = 256, 2048
-        inner = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(6)], nn.Linear(256, 1))
+        width, batch = 256, 64
+        inner = nn.Sequential(*[nn.Sequential(Device(), nn.Linear(256, 256), nn.Tanh()) for _ in range(6)],
+                              nn.Linear(256, 1))
     elif job in ("exposed", "closure"):
         width, batch = 768, 16
         inner = nn.Sequential(*[nn.Sequential(nn.Linear(768, 768), nn.ReLU()) for _ in range(4)], nn.Linear(768, 1))

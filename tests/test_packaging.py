@@ -81,7 +81,7 @@ def test_a_test_that_passes_only_on_its_rerun_is_named_in_the_last_line(tmp_path
         "        raise AssertionError('fails the first time')\n")
     # (not the outer suite's worker: a nested run must not think it is an xdist worker)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
-    env.update(CI="", RUN_SUITE_PACE="1.3")
+    env.update(CI="", RUN_SUITE_PACE="1.05")
     r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -99,7 +99,7 @@ def test_the_suite_prints_its_slowest_tests_and_ci_fails_past_its_budget(tmp_pat
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: x\n    slow: x\n")
     (tmp_path / "test_two.py").write_text("def test_one():\n    pass\ndef test_two():\n    pass\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "RUN_SUITE"))}
-    env.update(CI="true", RUN_SUITE_BUDGET_S="0.001", RUN_SUITE_PACE="1.3")
+    env.update(CI="true", RUN_SUITE_BUDGET_S="0.001", RUN_SUITE_PACE="1.05")
     r = subprocess.run([sys.executable, "run_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]

@@ -13,6 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
+# Ctrl-C raises KeyboardInterrupt even where the parent ignores SIGINT (a shell's background
+# job starts its children so, and Python then keeps it ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Net(nn.Module):

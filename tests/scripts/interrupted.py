@@ -46,6 +46,9 @@ class Net(nn.Module):
         return self.body(x)
 
 
+# Ctrl-C raises KeyboardInterrupt even where the parent ignores SIGINT (a shell's background
+# job starts its children so, and Python then keeps it ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 torch.manual_seed(0)
 model = Net()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)

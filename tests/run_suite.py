@@ -68,8 +68,8 @@ def main(args):
         return pytest(*args)
     slow = "" if whole_suite() else " and not slow"
     if slow:
-        print("[run_suite] leaving out the tests marked slow (the conformance corpus, the static-toolchain "
-              "build); CI=true runs them too, as CI does", flush=True)
+        print("[run_suite] leaving out the tests marked slow (over about 6 s: the conformance corpus, the fuzz "
+              "campaigns, longer framework jobs); CI=true runs them too, as CI does", flush=True)
     paces = [machine_pace()]
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

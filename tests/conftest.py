@@ -38,6 +38,21 @@ def stepscope_frames(text):
             if os.path.realpath(path).startswith(package)]
 
 
+def finding_where_judged(summary, rule):
+    """``rule``'s finding in ``summary``; or, where the rule declined to judge because other
+    processes kept the host busy (its reason names the busy cores: the rule working as it
+    should on a shared machine), a skip that quotes the reason. Any other absence fails:
+    the tests of a rule that judges only an uncontended host hold on any machine."""
+    found = [f for f in summary["findings"] if f["rule"] == rule]
+    if found:
+        return found[0]
+    reason = summary["rules_not_applicable"].get(rule, "")
+    if "busy" in reason and "other processes" in reason:
+        pytest.skip(f"{rule} declined on a shared host: {reason}")
+    raise AssertionError(f"no {rule} finding; findings {[f['rule'] for f in summary['findings']]}, "
+                         f"its reason: {reason or 'none given'}")
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A folder for runs, and STEPSCOPE_DIR pointing at it for in-process sessions."""

@@ -79,11 +79,12 @@ def test_frames_have_debuggers_columns_units_and_names(job):
     assert len(train) == TRAIN_STEPS and sorted(train["step"]) == list(range(TRAIN_STEPS))
     assert len(_steps(fw, "EVAL")) == EVAL_BATCHES
     assert (train["process"] == "Step:ModeKeys.TRAIN").all() and (train["end_time_us"] > train["start_time_us"]).all()
-    # steps follow one another: each begins where the previous one ended, or, across an
-    # epoch's end (the loader ran out), the loop's own few microseconds later
+    # steps follow one another: each begins where the previous one ended, but across an
+    # epoch's end (the loader ran out: the loop's own time, however long the host makes it)
     t = train.sort_values("start_time_us")
     gaps = t["start_time_us"].to_numpy()[1:] - t["end_time_us"].to_numpy()[:-1]
-    assert (gaps >= 0).all() and (gaps < 5000).all(), gaps
+    epoch_ends = np.arange(BATCHES - 1, TRAIN_STEPS - 1, BATCHES)
+    assert (gaps >= 0).all() and (np.delete(gaps, epoch_ends) == 0).all(), gaps
     for phase in ("GetNext", "Forward", "Loss", "Backward", "Optimizer"):
         rows = fw[(fw["framework_metric"] == phase) & fw["step"].isin(train["step"])
                   & (fw["start_time_us"] < t["end_time_us"].max())]

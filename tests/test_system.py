@@ -26,9 +26,12 @@ def _window(system, metric, device, t0, t1):
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two cores to pin to")
 def test_busy_core_reads_busy_and_the_others_read_what_the_kernel_counts(tmp_path):
-    """A loop pinned to one core: that core reads busy; every other core reads what
-    /proc/stat counted over the same window (idle when nothing else runs, busy when
-    other tests share the machine)."""
+    """A loop pinned to one core: that core reads at least the share of the window the loop
+    ran there (its own thread's CPU time: the whole window on an idle machine); every core
+    reads what /proc/stat counted over the same window (idle when nothing else runs, busy
+    when other tests share the machine, throttled where a container's CPU quota is spent);
+    the process reads what it consumed. The controls are measured in the same process, so
+    the test holds beside any load."""
     r = run_python("""
         import json, os, time, stepscope
         def jiffies():  # cpuN -> (busy, total), as the kernel counts them
@@ -46,31 +49,34 @@ def test_busy_core_reads_busy_and_the_others_read_what_the_kernel_counts(tmp_pat
         time.sleep(0.5)
         os.sched_setaffinity(0, {busy})
         t0 = time.time_ns()
-        k0 = jiffies()
+        k0, c0, p0 = jiffies(), time.thread_time(), time.process_time()
         x = 0
         while time.time_ns() - t0 < 2_000_000_000:
             x += 1
-        k1 = jiffies()
+        k1, c1, p1 = jiffies(), time.thread_time(), time.process_time()
         t1 = time.time_ns()
         os.sched_setaffinity(0, set(cores))
         time.sleep(0.3)
         run.stop()
         kernel = {c: 100 * (k1[c][0] - k0[c][0]) / max(1, k1[c][1] - k0[c][1]) for c in k0}
-        print("WINDOW", busy, t0, t1, json.dumps(kernel))
+        wall = (t1 - t0) / 1e9
+        print("WINDOW", busy, t0, t1, 100 * (c1 - c0) / wall, 100 * (p1 - p0) / wall, json.dumps(kernel))
     """, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    busy, t0, t1, kernel = r.stdout.split("WINDOW")[1].strip().split(" ", 3)
+    busy, t0, t1, loop, process, kernel = r.stdout.split("WINDOW")[1].strip().split(" ", 5)
     busy, t0, t1, kernel = int(busy), int(t0), int(t1), json.loads(kernel)
+    loop, process = float(loop), float(process)
     system = stepscope.load(tmp_path / "runs" / "busy").system
     on_busy = _window(system, "cpu_util", f"cpu{busy}", t0, t1)
     assert len(on_busy) >= 20
-    assert np.median(on_busy) >= 90, on_busy
-    others = [d for d in system["device"].unique() if str(d).startswith("cpu") and d != f"cpu{busy}"]
-    assert others and set(others) <= set(kernel)
-    for d in others:
+    # the pinned loop's own time on its core is a floor for that core's reading
+    assert np.mean(on_busy) >= loop - 15, (on_busy, loop)
+    cores = [d for d in system["device"].unique() if str(d).startswith("cpu")]
+    assert f"cpu{busy}" in cores and len(cores) >= 2 and set(cores) <= set(kernel)
+    for d in cores:
         assert abs(np.mean(_window(system, "cpu_util", d, t0, t1)) - kernel[d]) < 15, (d, kernel[d])
     own = _window(system, "proc_cpu_percent", "self", t0, t1)
-    assert np.median(own) >= 90  # the process itself: one core's worth
+    assert abs(np.mean(own) - process) < 15, (own, process)  # the process itself: what it consumed
 
 
 def _filesystem_of(path):

@@ -239,21 +239,21 @@ def _nccl_job(after_backward: bool):
     """Steps on a simulated GPU (tests/test_gpu_rules.py): compute kernels, and a 4 ms NCCL
     all-reduce either after backward on the same stream (the GPU waits for it) or on its own
     stream during backward (hidden behind 6 ms of backward kernels)."""
-    from test_gpu_rules import spin
+    from test_gpu_rules import phase, spin
 
     def body(i, gpus):
         g, comm_stream = gpus
-        with stepscope.phase("Forward"):
+        with phase("Forward"):
             for _ in range(3):
                 g.launch("ampere_sgemm_128x64_tn", 1000)
-        with stepscope.phase("Backward"):
+        with phase("Backward"):
             if not after_backward:
                 comm_stream.launch(NCCL, 4000)
             for _ in range(6):
                 g.launch("ampere_sgemm_128x64_nt", 1000)
             if after_backward:
                 g.launch(NCCL, 4000)
-        with stepscope.phase("Optimizer"):
+        with phase("Optimizer"):
             g.launch("multi_tensor_apply_kernel", 500)
         spin(200)
     return body

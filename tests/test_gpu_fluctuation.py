@@ -1,14 +1,13 @@
 """LowGPUUtilization's fluctuation test (SageMaker Debugger's p95-high, p5-low check) on a
 run whose GPU side is simulated on the real clock (test_gpu_rules.record)."""
 
-import stepscope
-from test_gpu_rules import QUIET_HOST, SimGPU, judge, record, spin
+from test_gpu_rules import QUIET_HOST, SimGPU, judge, phase, record, spin
 
 
 def bursts(i, gpus):
     """Three steps of large kernels, then three of host-only work: the GPU swings."""
     (g,) = gpus
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         if (i // 3) % 2 == 0:
             for _ in range(6):
                 g.launch("ampere_sgemm_128x64_tn", 6000)

@@ -7,9 +7,16 @@ blocks the host until the stream drains; a launch blocks while a few millisecond
 of work are queued (the launch queue is full), so a fast host is paced by its GPU.
 NVML utilization samples are computed from the simulated kernels (the share of
 each interval a kernel ran), and the host's /proc counters are written by the test
-(the sampler reads an empty proc root) so the runs do not depend on this shared
-machine's load.
+(the sampler reads an empty proc root).
+
+Time is the simulation's own (``CLOCK``): the host loop's work (``spin``), its waits
+(``idle``, a full launch queue, a sync) and every phase and step mark advance it by the
+amount chosen, and nothing reads the machine's clock, so the runs are the same on an idle
+machine and a busy one (issue 74). The session then waits for the machine's clock to pass
+the simulated loop's end before it stops, so that every record lies inside it.
 """
+
+import contextlib
 
 import json
 import os
@@ -34,11 +41,55 @@ GiB = 1 << 30
 SAMPLE_NS = 20_000_000  # 20 ms between synthetic samples
 
 
+class Clock:
+    """The simulation's time in ``time.monotonic_ns()`` nanoseconds (the clock GPU records are
+    written in), and its native ticks from one anchor: every conversion is exact."""
+
+    def start(self):
+        # the anchor: a tick read between two clock reads, the closest pair of many (as the writer takes its own)
+        best = None
+        for _ in range(50):
+            a, ticks, b = time.monotonic_ns(), _native.now(), time.monotonic_ns()
+            if best is None or b - a < best[0]:
+                best = (b - a, (a + b) // 2, ticks)
+        _, self.mono0, self.ticks0 = best
+        self.tpn = _native.clock_info()["ticks_per_ns"]
+        self.ns = time.monotonic_ns()
+
+    def ticks(self, t_ns):
+        return self.ticks0 + int((t_ns - self.mono0) * self.tpn)
+
+
+CLOCK = Clock()
+PHASE = CATEGORIES.index("phase")
+
+
 def spin(us):
-    """Busy host work (Python between two operations)."""
-    end = time.perf_counter_ns() + int(us * 1000)
-    while time.perf_counter_ns() < end:
-        pass
+    """Busy host work (Python between two operations) of ``us`` microseconds."""
+    CLOCK.ns += int(us * 1000)
+
+
+def idle(s):
+    """The host waiting ``s`` seconds (a sleep: a parameter server, a slow peer, the disk)."""
+    CLOCK.ns += int(s * 1e9)
+
+
+# What a step mark or a `with` line costs the host (a few microseconds of Python): no launch
+# falls on a phase's edge, where the writer's map from ticks to nanoseconds and the clock's
+# (each exact to well under a microsecond) would decide which phase it belongs to.
+MARK_NS = 2_000
+
+
+@contextlib.contextmanager
+def phase(name):
+    """``stepscope.phase`` on the simulation's clock."""
+    start = CLOCK.ns
+    CLOCK.ns += MARK_NS
+    try:
+        yield
+    finally:
+        CLOCK.ns += MARK_NS
+        _native.span(PHASE, _native.intern(name), CLOCK.ticks(start), CLOCK.ticks(CLOCK.ns))
 
 
 class SimGPU:
@@ -55,25 +106,25 @@ class SimGPU:
         return cls.corr
 
     def launch(self, name, us, latency_us=5):
-        while self.free_at - time.monotonic_ns() > self.queue_ns:  # launch queue full: the host blocks
-            time.sleep(0.001)
-        t, c = time.monotonic_ns(), self._next()
+        if self.free_at - CLOCK.ns > self.queue_ns:  # launch queue full: the host blocks
+            CLOCK.ns = self.free_at - self.queue_ns
+        t, c = CLOCK.ns, self._next()
         rec.api("cudaLaunchKernel", t, t + 3_000, c)
+        CLOCK.ns += 3_000
         start = max(t + latency_us * 1000, self.free_at)
         self.free_at = start + int(us * 1000)
         self.kernels.append((name, start, self.free_at, c))
 
     def item(self):
         """loss.item(): a 4-byte device-to-host copy, then the host waits for the stream."""
-        t, c = time.monotonic_ns(), self._next()
+        t, c = CLOCK.ns, self._next()
         rec.api("cudaMemcpyAsync", t, t + 4_000, c)
         start = max(t + 5_000, self.free_at)
         rec.memcpy("DtoH", 4, start, start + 2_000, c, device=self.device, src="device", dst="pageable")
         self.free_at = start + 2_000
-        s, c = time.monotonic_ns(), self._next()
-        while time.monotonic_ns() < self.free_at:
-            time.sleep(0.0002)
-        end = time.monotonic_ns()
+        s, c = t + 4_000, self._next()
+        end = max(s + 1_000, self.free_at + 1_000)  # the host returns once the stream drained
+        CLOCK.ns = end
         rec.api("cudaStreamSynchronize", s, end, c)
         rec.sync("stream_synchronize", s, end, c, device=self.device, stream=7)
 
@@ -95,10 +146,9 @@ class Host:
     def __init__(self, cores=8):
         self.cores = cores
         self.acc = {}
-        self.tpn = _native.clock_info()["ticks_per_ns"]
 
     def _ticks(self, t_ns):
-        return _native.now() + int((t_ns - time.monotonic_ns()) * self.tpn)
+        return CLOCK.ticks(t_ns)
 
     def _add(self, name, amount, at):
         self.acc[name] = self.acc.get(name, 0.0) + amount
@@ -144,13 +194,17 @@ def record(tmp_path, name, steps, body, host_at, gpus, memory_at=lambda t, frac:
         session = stepscope.start(name=name, gpu="off", interval_ms=60000)
     finally:
         os.environ.pop("STEPSCOPE_PROC_ROOT")
+    CLOCK.start()
     marks = []
     for i in range(steps):
-        stepscope.step()
-        marks.append(time.monotonic_ns())
+        marks.append(CLOCK.ns)
+        _native.begin_step("train", CLOCK.ticks(CLOCK.ns))
+        CLOCK.ns += MARK_NS
         body(i, gpus)
-    stepscope.end_step()
-    marks.append(time.monotonic_ns())
+    marks.append(CLOCK.ns)
+    _native.end_step(CLOCK.ticks(CLOCK.ns))
+    while time.monotonic_ns() < marks[-1] + 6 * SAMPLE_NS:  # the session ends after the simulated loop
+        time.sleep(0.01)
     host = Host()
     t = marks[0] - 5 * SAMPLE_NS
     while t <= marks[-1] + 5 * SAMPLE_NS:
@@ -212,21 +266,21 @@ def only(result, rule):
 def well_fed(i, gpus):
     """Big kernels; the host queues them ahead and is paced by the full launch queue."""
     (g, *more) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(200)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         for _ in range(3):
             g.launch("ampere_sgemm_128x64_tn", 1500)
             for m in more:
                 m.launch("ampere_sgemm_128x64_tn", 900)
-    with stepscope.phase("Loss"):
+    with phase("Loss"):
         g.launch("nll_loss_forward_reduce_cuda_kernel_2d", 300)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         for _ in range(4):
             g.launch("ampere_sgemm_128x64_nt", 1500)
             for m in more:
                 m.launch("ampere_sgemm_128x64_nt", 900)
-    with stepscope.phase("Optimizer"):
+    with phase("Optimizer"):
         g.launch("multi_tensor_apply_kernel", 500)
     spin(300)
 
@@ -253,7 +307,7 @@ def test_cpu_only_run_lists_gpu_rules_as_not_applicable(tmp_path):
     for _ in range(20):
         stepscope.step()
         with stepscope.phase("Forward"):
-            spin(2000)
+            time.sleep(0.002)
     stepscope.end_step()
     session.stop()
     result = evaluate(stepscope.load(session.path))
@@ -267,10 +321,10 @@ def cpu_bound_second_half(i, gpus):
     if i < 20:
         return well_fed(i, gpus)
     (g,) = gpus
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         spin(8000)  # tokenizing / building inputs in Python inside the model
         g.launch("ampere_sgemm_128x64_tn", 600)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         g.launch("ampere_sgemm_128x64_nt", 600)
 
 
@@ -298,15 +352,15 @@ def rejudged(path, framework, rule, overrides=None):
 def starved(i, gpus):
     """Few kernels per step, the host mostly waiting (sleep): GPU low, host idle."""
     (g,) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(300)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         for _ in range(2):
             g.launch("ampere_sgemm_128x64_tn", 700)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         for _ in range(3):
             g.launch("ampere_sgemm_128x64_nt", 700)
-    time.sleep(0.008)  # e.g. waiting for a parameter server, or for a slow peer
+    idle(0.008)  # e.g. waiting for a parameter server, or for a slow peer
 
 
 ONE_BUSY_CORE = dict(cores_busy=[100.0] + [8.0] * 7, process=25.0)  # a neighbour's process pins one core
@@ -334,17 +388,17 @@ def io_bound(i, gpus):
     """Each step writes and reads back a state file while the GPU idles (no fsync: a slow disk
     on this shared machine would make steps outliers; the iowait itself is synthetic)."""
     (g,) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(200)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         g.launch("ampere_sgemm_128x64_tn", 800)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         g.launch("ampere_sgemm_128x64_nt", 800)
     with open(io_bound.path, "wb") as f:
         f.write(os.urandom(1 << 16))
     with open(io_bound.path, "rb") as f:
         assert len(f.read()) == 1 << 16
-    time.sleep(0.006)
+    idle(0.006)
 
 
 def test_io_bottleneck(tmp_path):
@@ -378,17 +432,17 @@ def test_gpu_memory_increase(tmp_path):
 def launch_bound(i, gpus):
     """Many 4 us kernels, 30 us of Python between launches: the GPU mostly waits."""
     (g,) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(200)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         for _ in range(40):
             g.launch("vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>", 4)
             spin(30)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         for _ in range(60):
             g.launch("vectorized_elementwise_kernel<4, at::native::MulFunctor<float>>", 4)
             spin(30)
-    with stepscope.phase("Optimizer"):
+    with phase("Optimizer"):
         g.launch("multi_tensor_apply_kernel", 20)
 
 
@@ -412,19 +466,19 @@ def test_kernel_launch_bound(tmp_path):
 
 def syncs_every_step(i, gpus):
     (g,) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(200)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         for _ in range(3):
             g.launch("ampere_sgemm_128x64_tn", 1500)
-    with stepscope.phase("Loss"):
+    with phase("Loss"):
         g.launch("nll_loss_forward_reduce_cuda_kernel_2d", 300)
         g.item()  # print(loss.item())
         spin(1500)  # ...and logs it before backward is launched: the GPU idles that long (the cost)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         for _ in range(4):
             g.launch("ampere_sgemm_128x64_nt", 1500)
-    with stepscope.phase("Optimizer"):
+    with phase("Optimizer"):
         g.launch("multi_tensor_apply_kernel", 500)
 
 

@@ -1,14 +1,10 @@
 """One problem, one finding (relate.py): a finding another one explains is listed under it, each
 finding costs ms per step, and two independent problems stay two findings. GPU-shaped runs are
-synthetic (test_gpu_rules.SimGPU on a real session's clock)."""
+synthetic (test_gpu_rules.SimGPU), every timestamp the simulation's: they hold on a busy machine."""
 
 import pytest
 
-import stepscope
-from test_gpu_rules import GiB, QUIET_HOST, SimGPU, judge, launch_bound, record, spin
-
-# the simulated jobs are timed busy loops: another worker on the same cores shifts their windows
-pytestmark = pytest.mark.alone
+from test_gpu_rules import GiB, QUIET_HOST, SimGPU, judge, launch_bound, phase, record, spin
 
 
 @pytest.fixture(autouse=True)
@@ -61,11 +57,11 @@ def test_launch_bound_job_on_a_saturated_host_has_two_problems(tmp_path):
 def slow_loader(i, gpus):
     """No loader workers: the training process decodes each batch itself in GetNext."""
     (g,) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(6000)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         g.launch("ampere_sgemm_128x64_tn", 1000)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         g.launch("ampere_sgemm_128x64_nt", 1000)
 
 
@@ -96,19 +92,19 @@ def syncing_loop(work_after_sync_us):
 
     def body(i, gpus):
         (g,) = gpus
-        with stepscope.phase("GetNext"):
+        with phase("GetNext"):
             spin(200)
-        with stepscope.phase("Forward"):
+        with phase("Forward"):
             for _ in range(3):
                 g.launch("ampere_sgemm_128x64_tn", 1500)
-        with stepscope.phase("Loss"):
+        with phase("Loss"):
             g.launch("nll_loss_forward_reduce_cuda_kernel_2d", 300)
             g.item()
             spin(work_after_sync_us)
-        with stepscope.phase("Backward"):
+        with phase("Backward"):
             for _ in range(4):
                 g.launch("ampere_sgemm_128x64_nt", 1500)
-        with stepscope.phase("Optimizer"):
+        with phase("Optimizer"):
             g.launch("multi_tensor_apply_kernel", 500)
 
     return body
@@ -176,12 +172,12 @@ def loader_then_cpu(i, gpus):
     if i < 24:
         return slow_loader(i, gpus)
     (g,) = gpus
-    with stepscope.phase("GetNext"):
+    with phase("GetNext"):
         spin(100)
-    with stepscope.phase("Forward"):
+    with phase("Forward"):
         spin(8000)
         g.launch("ampere_sgemm_128x64_tn", 600)
-    with stepscope.phase("Backward"):
+    with phase("Backward"):
         g.launch("ampere_sgemm_128x64_nt", 600)
 
 

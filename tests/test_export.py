@@ -23,7 +23,7 @@ def ddp_export(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "ddp", "--",
                         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", "29741", os.path.join(SCRIPTS, "ddp.py")],
+                        "--standalone", os.path.join(SCRIPTS, "ddp.py")],
                        cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     e = subprocess.run([sys.executable, "-m", "stepscope", "export", "runs/ddp", "--format", "chrome"], cwd=tmp,

@@ -148,7 +148,7 @@ def test_summary_text_names_the_related_finding(tmp_path):
     assert rules(s["related_findings"]) == ["CPUBottleneck", "Dataloader"]
     text = format_text(s)
     assert text.count("[GetNextBottleneck]") == 1 and "[CPUBottleneck]" not in text
-    assert "ms per step" in text and "(also CPUBottleneck, because of this:" in text
+    assert "would save about" in text and "(also CPUBottleneck, because of this:" in text
 
 
 def test_diff_shows_each_problem_once_with_its_cost(tmp_path):

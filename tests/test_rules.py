@@ -29,7 +29,7 @@ def run_job(tmp_path, kind, *params, torchrun=False):
     env = _env(tmp_path)
     cmd = [sys.executable, JOBS, kind]
     if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29741",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                JOBS, kind]
     r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--name", kind, "--", *cmd], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=300)

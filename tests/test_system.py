@@ -250,7 +250,7 @@ def test_two_ranks_on_one_host_share_one_node_sampler(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
     r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "ddp2",
                         "--interval-ms", "20", "--", sys.executable, "-m", "torch.distributed.run",
-                        "--nproc_per_node", "2", "--master_port", "29733", script],
+                        "--nproc_per_node", "2", "--standalone", script],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     run = stepscope.load(tmp_path / "runs" / "ddp2")

@@ -185,7 +185,7 @@ def test_stepscope_run_launcher(tmp_path):
 def test_torchrun_two_ranks_one_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stepscope", "run", "--dir", "runs", "--name", "ddp", "--",
                         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", "29731", os.path.join(SCRIPTS, "ddp.py")],
+                        "--standalone", os.path.join(SCRIPTS, "ddp.py")],
                        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     run = stepscope.load(tmp_path / "runs" / "ddp")

@@ -28,7 +28,7 @@ from stepscope.analysis.report import plots
 from stepscope.analysis.report import sections as sections_
 from stepscope.analysis.report.compile_section import compilation_section
 from stepscope.analysis.report.flame import flame_section
-from stepscope.analysis.report.summary import dropped_where, summarize
+from stepscope.analysis.report.summary import dropped_where, saving_text, summarize
 from stepscope.analysis.report.timeline import script_json, timeline_data
 from stepscope.analysis.run import Run
 from stepscope.core import files
@@ -64,6 +64,12 @@ def _ending(summary: dict) -> str:
             f'<p>{_esc(e["message"][:1].upper() + e["message"][1:])}.</p></div>')
 
 
+def _saving_ms(finding: dict) -> float:
+    """A finding's saving per step (its cost where it has none; -1 where neither: memory)."""
+    ms = (finding.get("saving") or {}).get("ms_per_step", finding.get("cost_ms_per_step"))
+    return -1.0 if ms is None else float(ms)
+
+
 def _verdict(summary: dict) -> str:
     return _ending(summary) + _verdict_body(summary)
 
@@ -77,10 +83,12 @@ def _verdict_body(summary: dict) -> str:
         body = '<p class="ok">No problems found.</p>'
     else:
         items = []
-        for f in findings:
+        for f in sorted(findings, key=_saving_ms, reverse=True):  # the largest saving first
             evidence = json.dumps(f["evidence"], indent=1, default=str)
             cost = f.get("cost_ms_per_step")
-            cost_html = f' <span class="muted">costs {cost:.3g} ms a step</span>' if cost else ""
+            what_if = (f.get("saving") or {}).get("basis") == "what-if"
+            saving = f"; {saving_text(f).strip(' ()')}" if what_if else ""
+            cost_html = f' <span class="muted">costs {cost:.3g} ms a step{_esc(saving)}</span>' if cost else ""
             # findings this one explains (analysis/rules/relate.py): one problem, shown once
             explains = "".join(f'<li>{_esc(e.get("rule", ""))}: {_esc(e.get("why", ""))}</li>'
                                for e in f.get("explains") or [])

@@ -165,14 +165,28 @@ def format_text(s: dict) -> str:
         lines.append("findings:")
         for f in s["findings"]:
             level = "" if f.get("severity", "warning") == "warning" else f" ({f['severity']})"
-            cost = f" (about {f['cost_ms_per_step']:.2f} ms per step)" if f.get("cost_ms_per_step") else ""
-            lines.append(f"  [{f['rule']}]{level} {f['message']}{cost}")
+            lines.append(f"  [{f['rule']}]{level} {f['message']}{saving_text(f)}")
             lines.append(f"      -> {f['recommendation']}")
             for e in f.get("explains", []):
                 lines.append(f"      (also {e['rule']}, because of this: {e['why']})")
     else:
         lines.append("findings: no problems found")
     return "\n".join(lines)
+
+
+def saving_text(finding: dict) -> str:
+    """" (would save about 12.3 ms a step, 25% of the loop; interval 11.8-12.9)": the
+    finding's ``saving`` as the text summary and the report say it; its cost where it has
+    none."""
+    saving = finding.get("saving") or {}
+    ms = saving.get("ms_per_step")
+    if ms is None:
+        cost = finding.get("cost_ms_per_step")
+        return f" (about {cost:.2f} ms per step)" if cost else ""
+    share = f", {100 * saving['share']:.0f}% of the loop" if saving.get("share") is not None else ""
+    spread = (f"; interval {saving['low']:.3g}-{saving['high']:.3g}"
+              if saving.get("low") is not None and saving.get("high") is not None else "")
+    return f" (would save about {ms:.3g} ms a step{share}{spread})"
 
 
 def dropped_where(s: dict) -> str:

@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 from stepscope.analysis.rules import debugger, registry
 from stepscope.analysis.rules.balance import LoadBalancing
 from stepscope.analysis.rules.base import (MIN_TOTAL_S, SEVERITIES, Finding, Param, Rule, cost_floor_ms, negligible,
-                                          total_cost_s)
+                                          saving_from_cost, total_cost_s)
 from stepscope.analysis.rules.batchsize import BatchSize
 from stepscope.analysis.rules.communication import CommunicationBound
 from stepscope.analysis.rules.compile import CompileTime, GraphBreak, Recompilation, Retracing
@@ -87,6 +87,8 @@ def evaluate(run, overrides: Optional[Dict[str, Dict[str, object]]] = None) -> d
                          "floor_total_s": MIN_TOTAL_S} for f in found if negligible(run, f)]
         found = [f for f in found if not negligible(run, f)]
         for f in found:
+            if f.saving is None:
+                f.saving = saving_from_cost(run, f)
             if severity:
                 f.severity = severity
             elif f.severity not in SEVERITIES:

@@ -3,17 +3,18 @@ and the GPUs of one node should carry the same load."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from stepscope.analysis.communication import comm_tables
-from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label, saving_of
 from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups, train_steps
 from stepscope.analysis.tables import comm
 from stepscope.analysis.store.frames import as_strings
-from stepscope.core.vocabulary import COMM_P2P
+from stepscope.core.vocabulary import COMM_P2P, TORCH_OP_WINDOW_OPEN, TORCH_OP_WINDOW_SPANS
 
 
 class LoadBalancing(Rule):
@@ -28,10 +29,13 @@ class LoadBalancing(Rule):
                                                 "share of the median step time..."),
         "min_ms": Param(5.0, "ms", "...and this many milliseconds"),
         "warmup_steps": Param(2, "steps", "first train steps left out"),
-        "min_last_share": Param(0.65, "ratio", "with collectives recorded: the straggler arrives last at no less "
-                                               "than this share of the collectives inside train steps (two ranks "
-                                               "that wait for each other about equally are jitter, not a slow "
-                                               "rank)"),
+        "significance": Param(0.01, "ratio", "with collectives recorded: the straggler's net cost to the others "
+                                             "is positive in more of the judged train steps than chance allows at "
+                                             "this level (a one-sided sign test over steps, corrected for the "
+                                             "number of ranks; ranks that take turns are jitter, not a slow rank)"),
+        "min_steps": Param(8, "steps", "judge a straggler from at least this many train steps after the warm-up "
+                                       "and without stepscope's own operator windows: fewer give too wide an "
+                                       "interval to name one (said in rules_not_applicable)"),
         "gpu_imbalance_ratio": Param(0.25, "ratio", "GPUs of a node: fire when the least busy GPU's busy share of "
                                                     "the loop is below the busiest one's by this fraction of it "
                                                     "(data-parallel GPUs run the same kernels: a quarter less is "
@@ -52,13 +56,25 @@ class LoadBalancing(Rule):
         return self._ranks(run, p) + self._gpus(run, p)
 
     def why_not_judged(self, run, p):
-        """A straggler not named because other processes kept its host busy (its figures)."""
-        judged = judged_straggler(run, p)
-        if judged is None or not judged["contended"]:
+        """A straggler not named because other processes kept its host busy, or because too
+        few train steps were left to judge (their figures)."""
+        judged = net_waits(run, p["warmup_steps"])
+        if judged is None:
             return None
-        load = judged["host"]
-        return (f"rank {judged['rank']} arrived last at {judged['last_at']} of {judged['of']} collectives in the "
-                f"train steps ({judged['net_ms_per_step']:.1f} ms a step more waited for than waiting), but other "
+        if judged["steps_judged"] < p["min_steps"]:
+            if judged["net_ms_per_step"] <= max(p["min_ms"], p["threshold_ratio"] * judged["step_ms"]):
+                return None  # nothing that would have been a finding
+            own = (f", {judged['steps_own']} more had stepscope's own operator windows open"
+                   if judged["steps_own"] else "")
+            return (f"rank {judged['rank']} cost the others {judged['net_ms_per_step']:.1f} ms a step net, judged "
+                    f"from {judged['steps_judged']} train step(s) after the warm-up{own}: too few to tell a "
+                    f"straggler from jitter (judged from {int(p['min_steps'])})")
+        straggler = judged_straggler(run, p)
+        if straggler is None or not straggler["contended"]:
+            return None
+        load = straggler["host"]
+        return (f"rank {straggler['rank']} cost the others {straggler['net_ms_per_step']:.1f} ms a step net in "
+                f"{straggler['positive_steps']} of {straggler['steps_judged']} train steps, but other "
                 f"processes kept {load['other_cores']:.1f} cores of its host busy (the host "
                 f"{load['busy_percent']:.0f}% busy): a rank the scheduler starves cannot be told from a slow "
                 "one; judge on a host the job has to itself")
@@ -109,26 +125,31 @@ class LoadBalancing(Rule):
             # (contention for the CPU is not the rank's own work: why_not_judged says so)
             if judged is None or judged["contended"]:
                 return []
-            slow, cost = judged["rank"], judged["net_ms_per_step"]
-            if cost <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
+            slow, cost, saving = judged["rank"], judged["net_ms_per_step"], judged["saving"]
+            # material: the lower end of its interval over the steps above the floor (few or
+            # mixed steps make the interval wide, and then no rank is named)
+            if saving["low"] <= max(p["min_ms"], p["threshold_ratio"] * step_ms):
                 return []
             stages = pipelined(run)
             return [Finding(
                 rule=self.name, rank=clean_rank(slow), severity="warning",
-                message=(f"rank {slow} is the straggler: inside the train steps it arrives last at "
-                         f"{judged['last_at']} of {judged['of']} {'transfers' if stages else 'collectives'}, and "
-                         "the other rank(s) wait for it "
-                         f"{judged['waited_ms_per_step']:.1f} ms per step, {cost:.1f} ms more than it waits for "
-                         f"them ({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step)"),
+                message=(f"rank {slow} is the straggler: in {judged['positive_steps']} of {judged['steps_judged']} "
+                         "train steps the other rank(s) wait for it longer than it waits for them, "
+                         f"{judged['waited_ms_per_step']:.1f} ms per step against {judged['own_wait_ms_per_step']:.1f}"
+                         f" ms: {cost:.1f} ms a step net ({100 * cost / step_ms:.0f}% of a {step_ms:.1f} ms step; "
+                         f"it arrives last at {judged['last_at']} of {judged['of']} "
+                         f"{'transfers' if stages else 'collectives'})"),
                 recommendation=(_EVEN_OUT_STAGES if stages else _EVEN_OUT).format(rank=slow),
                 evidence={"slow_rank": slow, "waited_ms_per_step": judged["waited_ms_per_step"], "pipeline": stages,
                           "own_wait_ms_per_step": judged["own_wait_ms_per_step"], "net_ms_per_step": cost,
                           "waited_ms": judged["waited_ms"], "last_at": judged["last_at"],
                           "collectives": judged["of"], "last_share": judged["last_share"],
+                          "steps_judged": judged["steps_judged"], "positive_steps": judged["positive_steps"],
+                          "p_value": judged["p_value"], "steps_own_windows": judged["steps_own"],
                           "outside_train_steps": judged["outside"], "step_ms_median": round(step_ms, 3),
                           "host": judged["host"],
                           "work_outside_backward_ms": work},
-                cost_ms_per_step=cost)]
+                cost_ms_per_step=cost, saving=saving_of(saving, step_ms))]
         slow = max(per_rank, key=lambda r: per_rank[r][0])
         others = [v[0] for r, v in per_rank.items() if r != slow]
         extra = per_rank[slow][0] - float(np.median(others))
@@ -150,9 +171,6 @@ class LoadBalancing(Rule):
 # the loop: its ranks compete with them for the CPU, and a rank the scheduler starves is last
 # at every collective (seen: 17 and 18 of 18) though its work is the others'. Not judged then.
 CONTENDED_CORES = 0.5
-# A rank last at a collective by chance is last at 1/ranks of them: the straggler's count must be
-# this many standard deviations above that (two ranks, 18 collectives: 14 or more of them, not 12)
-CONSISTENT_Z = 2.5
 
 
 def others_load(run, process) -> Optional[dict]:
@@ -180,12 +198,15 @@ def others_load(run, process) -> Optional[dict]:
 
 
 def judged_straggler(run, p) -> Optional[dict]:
-    """``net_waits``' figures of the rank the others wait for most, where it arrived last at
-    ``min_last_share`` of the collectives and more often than chance allows; with ``host``
-    (``others_load``) and ``contended``: other processes kept its host busy, and no rank is
-    named. None where no rank is last that consistently."""
+    """``net_waits``' figures of the rank that costs the others most, judged per step: from
+    ``min_steps`` train steps or more, its net cost positive in more of them than chance
+    allows (``sign_test`` at ``significance``, over the ranks that could have been
+    named); with ``host`` (``others_load``) and ``contended``: other processes kept its host
+    busy, and no rank is named. None where no rank is a straggler so judged."""
     judged = net_waits(run, p["warmup_steps"])
-    if judged is None or judged["last_share"] < p["min_last_share"] or not judged["consistent"]:
+    if judged is None or judged["steps_judged"] < p["min_steps"]:
+        return None
+    if judged["p_value"] >= p["significance"] / max(judged["ranks"], 1):
         return None
     process = next((q for (q, r), _ in train_groups(run) if not pd.isna(r) and int(r) == judged["rank"]), None)
     load = others_load(run, process)
@@ -193,18 +214,25 @@ def judged_straggler(run, p) -> Optional[dict]:
 
 
 def net_waits(run, warmup_steps) -> Optional[dict]:
-    """Who the ranks wait for inside their train steps, or None where no collective of two
-    ranks or more was recorded there.
+    """Who the ranks wait for inside their train steps, per step, or None where no
+    collective of two ranks or more was recorded there.
 
     Only the collectives a rank enters inside one of its train steps (after the warm-up)
     are judged: a wait at set-up (a rank loading a checkpoint while the others meet it at a
     broadcast), in validation or at a checkpoint is no cost of a train step; its total is
-    reported apart (``outside``). The straggler is the rank whose net cost is highest: the
-    time the others were blocked waiting for it, less the time it was blocked waiting for
-    them, per train step of the ranks that waited. ``last_share``: the share of those
-    collectives at which it arrived last; ``consistent``: it arrived last more often than
-    chance allows (``CONSISTENT_Z``): ranks on busy cores are last at random. Computed once
-    per run (LoadBalancing and CommunicationBound both ask)."""
+    reported apart (``outside``). Nor are the steps in which stepscope's own operator
+    windows were open on any rank (``steps_own``): stepscope's cost is never a cause.
+
+    In each judged step, a rank's net cost is the time the others were blocked waiting for
+    it (per other rank) less the time it was blocked waiting for them: what the step would
+    have been shorter had it arrived on time, where the order is not a coin flip. The
+    straggler is the rank whose mean net cost per step is highest; ``saving`` is that mean
+    with its interval over the steps (``interval``), ``positive_steps`` the steps in which
+    its net cost was positive and ``p_value`` the chance of as many under jitter
+    (``sign_test``). Counting the collectives it arrived last at would be the wrong
+    statistic: a rank late once per step is last at the step's first collective, and at
+    the others the order is a coin flip. Computed once per run (LoadBalancing and
+    CommunicationBound both ask)."""
     return memo(run, ("net_waits", float(warmup_steps)), lambda: _net_waits(run, warmup_steps))
 
 
@@ -214,6 +242,7 @@ def _net_waits(run, warmup_steps) -> Optional[dict]:
         return None
     steps = train_steps(run, warmup_steps)
     inside = np.zeros(len(colls), dtype=bool)
+    step_of = np.full(len(colls), -1, dtype=np.int64)
     issuers = np.asarray(as_strings(colls["process"]))
     for process, s in steps.groupby(as_strings(steps["process"]), sort=False):
         mine = issuers == process
@@ -223,33 +252,115 @@ def _net_waits(run, warmup_steps) -> Optional[dict]:
         starts, ends = s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64)
         at = colls["start_ns"].to_numpy(np.int64)[mine]
         k = np.searchsorted(starts, at, side="right") - 1
-        inside[np.flatnonzero(mine)] = (k >= 0) & (at < ends[np.clip(k, 0, len(ends) - 1)])
-    arr = comm.arrivals(colls[inside], blocked)
+        kk = np.clip(k, 0, len(ends) - 1)
+        inside[np.flatnonzero(mine)] = (k >= 0) & (at < ends[kk])
+        step_of[np.flatnonzero(mine)] = s["step"].to_numpy(np.int64)[kk]
+    arr = comm.arrivals(colls[inside].assign(step=step_of[inside]), blocked)
     if not len(arr):
         return None
     outside = comm.arrivals(colls[~inside], blocked)
-    rank_steps = steps["rank"].dropna().astype(int).value_counts()
+    own_steps = _own_window_steps(run, steps) & set(int(x) for x in arr["step"].unique())
+    step_ms = float(steps["duration_ns"].median()) / 1e6 if len(steps) else 0.0
+    return {**per_step_straggler(arr, blocked, own_steps), "step_ms": step_ms, "steps_own": len(own_steps),
+            "outside": {"collectives": int(outside.groupby(["group", "seq"]).ngroups) if len(outside) else 0,
+                        "waited_ms": round(float(outside["waited_ns"].sum()) / 1e6, 3) if len(outside) else 0.0}}
+
+
+def per_step_straggler(arr: pd.DataFrame, blocked: pd.DataFrame, left_out=frozenset()) -> dict:
+    """The rank that costs the others most, judged per step, from the collectives' arrivals
+    (``comm.arrivals``, with each one's step) and the blocked intervals; the steps in
+    ``left_out`` are not judged (net_waits says why)."""
     of = int(arr.groupby(["group", "seq"]).ngroups)
-    best = None
-    for row in comm.waited_for(arr, blocked).itertuples():
-        rank = int(row.rank)
-        others = max(int(rank_steps.sum() - rank_steps.get(rank, 0)), 1)
-        own = float(arr.loc[arr["rank"] == rank, "waited_ns"].sum())
-        net = (float(row.waited_ns) / others - own / max(int(rank_steps.get(rank, 0)), 1)) / 1e6
-        if best is None or net > best["net_ms_per_step"]:
-            best = {"rank": rank, "last_at": int(row.last_at), "of": of, "last_share": round(row.last_at / of, 3),
-                    "waited_ms": round(float(row.waited_ns) / 1e6, 3),
-                    "waited_ms_per_step": round(float(row.waited_ns) / others / 1e6, 3),
-                    "own_wait_ms_per_step": round(own / max(int(rank_steps.get(rank, 0)), 1) / 1e6, 3),
-                    "net_ms_per_step": round(net, 3)}
-    if best is not None:
-        ranks = max(int(arr["rank"].nunique()), 2)
-        chance = of / ranks
-        spread = (of * (1 / ranks) * (1 - 1 / ranks)) ** 0.5
-        best["consistent"] = bool(best["last_at"] >= chance + CONSISTENT_Z * max(spread, 1e-9))
-        best["outside"] = {"collectives": int(outside.groupby(["group", "seq"]).ngroups) if len(outside) else 0,
-                           "waited_ms": round(float(outside["waited_ns"].sum()) / 1e6, 3) if len(outside) else 0.0}
-    return best
+    ranks = sorted(int(r) for r in arr["rank"].unique())
+    judged_steps = sorted(set(int(x) for x in arr["step"].unique()) - set(left_out))
+    net, waited, own = _nets(comm.waits_by_step(arr, blocked), ranks, judged_steps)
+    last_at = arr[arr["rank"] == arr["last_rank"]].groupby("last_rank").size()
+    rank = max(ranks, key=lambda r: (float(net[r].mean()) if len(judged_steps) else 0.0, -r))
+    values = net[rank].to_numpy() / 1e6
+    positive, negative = int((values > 0).sum()), int((values < 0).sum())
+    mean = float(values.mean()) if len(values) else 0.0
+    low, high = interval(values)
+
+    def per_step(frame):
+        return round(float(frame[rank].mean()) / 1e6, 3) if len(judged_steps) else 0.0
+
+    return {"rank": rank, "ranks": len(ranks), "last_at": int(last_at.get(rank, 0)), "of": of,
+            "last_share": round(int(last_at.get(rank, 0)) / max(of, 1), 3),
+            "waited_ms": round(float(waited[rank].sum()) / 1e6, 3), "waited_ms_per_step": per_step(waited),
+            "own_wait_ms_per_step": per_step(own), "net_ms_per_step": round(mean, 3),
+            "steps_judged": len(judged_steps), "positive_steps": positive, "p_value": sign_test(positive, negative),
+            "saving": {"ms_per_step": round(mean, 3), "low": round(low, 3), "high": round(high, 3)}}
+
+
+def _nets(waits: pd.DataFrame, ranks: list, steps: list) -> tuple:
+    """(net, waited, own): per judged step (index) and rank (columns), in ns: the time the
+    others waited for the rank per other rank, the time it waited for them, and the first
+    less the second."""
+    zero = pd.DataFrame(0.0, index=pd.Index(steps, name="step"), columns=ranks)
+    w = waits[waits["step"].isin(steps)]
+    others = max(len(ranks) - 1, 1)
+    waited = zero.add(w.pivot_table(index="step", columns="last_rank", values="waited_ns", aggfunc="sum")
+                      .reindex(index=zero.index, columns=ranks).fillna(0.0) / others, fill_value=0.0)
+    own = zero.add(w.pivot_table(index="step", columns="rank", values="waited_ns", aggfunc="sum")
+                   .reindex(index=zero.index, columns=ranks).fillna(0.0), fill_value=0.0)
+    return waited - own, waited, own
+
+
+def _own_window_steps(run, steps: pd.DataFrame) -> set:
+    """The train step numbers in which stepscope's own PyTorch operator windows were open on
+    some rank: from a window's opening to its closing (its sampled steps, slowed by torch's
+    profiler, and the step in which it closed, reading every operator)."""
+    spans = run.select(categories=["framework"], names=list(TORCH_OP_WINDOW_SPANS),
+                       columns=["process", "name", "start_ns", "end_ns"])
+    if not len(spans) or not len(steps):
+        return set()
+    out = set()
+    spans = spans.assign(process=as_strings(spans["process"])).sort_values("start_ns", kind="stable")
+    for process, s in steps.groupby(as_strings(steps["process"]), sort=False):
+        w = spans[spans["process"] == process]
+        if not len(w):
+            continue
+        s = s.sort_values("start_ns")
+        starts, ends, numbers = (s["start_ns"].to_numpy(np.int64), s["end_ns"].to_numpy(np.int64),
+                                 s["step"].to_numpy(np.int64))
+        opened = None
+        for name, t0, t1 in zip(w["name"], w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64)):
+            if name == TORCH_OP_WINDOW_OPEN:
+                opened = t0 if opened is None else opened
+                continue
+            lo = t0 if opened is None else opened
+            out.update(int(x) for x in numbers[(starts < t1) & (ends > lo)])
+            opened = None
+        if opened is not None:  # open to the loop's end
+            out.update(int(x) for x in numbers[ends > opened])
+    return out
+
+
+def sign_test(positive: int, negative: int) -> float:
+    """One-sided sign test: the chance of ``positive`` or more of ``positive + negative``
+    steps positive where each is a coin flip (ties left out). Exact to 1000 steps, then the
+    normal approximation."""
+    n = positive + negative
+    if n == 0:
+        return 1.0
+    if n > 1000:
+        z = (positive - 0.5 * n - 0.5) / (0.25 * n) ** 0.5
+        return round(0.5 * math.erfc(z / 2 ** 0.5), 6)
+    return round(sum(math.comb(n, k) for k in range(positive, n + 1)) / 2 ** n, 6)
+
+
+def interval(values: np.ndarray, level: float = 0.9) -> tuple:
+    """The ``level`` interval of the mean of ``values`` (one per step): a bootstrap over the
+    steps with a fixed seed (the same run gets the same interval), the normal approximation
+    beyond 2000 steps."""
+    if not len(values):
+        return 0.0, 0.0
+    tail = 100 * (1 - level) / 2
+    if len(values) > 2000:
+        half = 1.6449 * float(values.std(ddof=1)) / len(values) ** 0.5
+        return float(values.mean()) - half, float(values.mean()) + half
+    means = values[np.random.default_rng(0).integers(0, len(values), (1000, len(values)))].mean(axis=1)
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
 _EVEN_OUT = ("Even out the work: look at what rank {rank} does that the others do not (extra logging or evaluation on "

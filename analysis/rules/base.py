@@ -65,12 +65,17 @@ class Finding:
     # on a primary, the secondaries folded under it.
     related_to: Optional[dict] = None
     explains: List[dict] = field(default_factory=list)
+    # SPEC §7: what fixing the cause would save (``saving_of``): {ms_per_step, share, low, high,
+    # basis}; None where the rule gives no what-if of its own (evaluate then fills it from the
+    # cost, with no interval: basis "cost").
+    saving: Optional[dict] = None
 
     def as_dict(self) -> dict:
         cost = self.cost_ms_per_step
         d = {"rule": self.rule, "rank": self.rank, "severity": self.severity, "message": self.message,
              "recommendation": self.recommendation, "evidence": self.evidence,
-             "cost_ms_per_step": None if cost is None or cost != cost else round(float(cost), 3)}
+             "cost_ms_per_step": None if cost is None or cost != cost else round(float(cost), 3),
+             "saving": None if self.saving is None else dict(self.saving)}
         if self.related_to is not None:
             d["related_to"] = dict(self.related_to)
         else:
@@ -122,6 +127,32 @@ def total_cost_s(run, finding: "Finding") -> float:
         return 0.0
     mine, processes = _finding_steps(run, finding)
     return float(finding.cost_ms_per_step) * int((mine["mode"] == "train").sum()) / processes / 1e3
+
+
+def saving_of(what_if: dict, step_ms: float, basis: str = "what-if") -> dict:
+    """A finding's ``saving`` (SPEC §7) from a what-if's mean saving per step and its
+    interval (``low``/``high``, None where not computed), with its ``share`` of the loop's
+    ``step_ms`` (the median train step the figure is per step of)."""
+    mean = float(what_if["ms_per_step"])
+    low, high = what_if.get("low"), what_if.get("high")
+    return {"ms_per_step": round(mean, 3), "share": round(mean / step_ms, 4) if step_ms > 0 else None,
+            "low": None if low is None else round(float(low), 3),
+            "high": None if high is None else round(float(high), 3), "basis": basis}
+
+
+def saving_from_cost(run, finding: "Finding") -> Optional[dict]:
+    """The saving of a finding whose rule gives no what-if of its own: its cost per step,
+    no interval (basis "cost"); None where its cost is not a time per step."""
+    try:
+        cost = float(finding.cost_ms_per_step)
+    except (TypeError, ValueError):
+        return None
+    if cost != cost:
+        return None
+    mine, _ = _finding_steps(run, finding)
+    train = mine[mine["mode"] == "train"]
+    step_ms = float((train if len(train) else mine)["duration_ns"].median()) / 1e6 if len(mine) else 0.0
+    return saving_of({"ms_per_step": cost}, step_ms, basis="cost")
 
 
 def negligible(run, finding: "Finding") -> bool:

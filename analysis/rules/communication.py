@@ -131,22 +131,23 @@ def _contended_host(run, processes) -> Optional[dict]:
 def _cause(c: dict, p: dict, kind: str, phase, judged) -> tuple:
     """(what causes it, what to do, the straggler rank or None), from what the collectives show;
     ``judged``: who the ranks wait for inside train steps (LoadBalancing's figures)."""
-    top = judged  # (LoadBalancing's judgement: last consistently, the host not contended)
+    top = judged  # (LoadBalancing's judgement, per step; the host not contended)
     exposed = c["exposed_ms_per_step"]
     counts = {k: v.get("count", 0) for k, v in c["by_kind"].items()}
     pipeline = 2 * (counts.get("send", 0) + counts.get("recv", 0)) >= sum(counts.values()) > 0
     if top and exposed > 0 and top["waited_ms_per_step"] >= p["straggler_share"] * exposed and pipeline:
-        return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
-                f"{top['of']} transfers in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "
-                "others'): its pipeline stage takes longest.",
+        return (f"Most of it is waiting for rank {top['rank']}: in {top['positive_steps']} of "
+                f"{top['steps_judged']} train steps the others wait for its transfers longer than it waits for "
+                f"theirs ({top['waited_ms_per_step']:.2f} ms a step of the others'): its pipeline stage takes "
+                "longest.",
                 f"Balance the pipeline's stages: move layers from rank {top['rank']}'s stage to the others (the "
                 "split points), so that each stage's forward and backward take about the same time; more "
                 "microbatches per step, or an interleaved schedule (ScheduleInterleaved1F1B), shrink the bubbles "
                 "that remain.", top["rank"])
     if top and exposed > 0 and top["waited_ms_per_step"] >= p["straggler_share"] * exposed:
-        return (f"Most of it is waiting for rank {top['rank']}, the last to arrive at {top['last_at']} of "
-                f"{top['of']} collectives in the train steps ({top['waited_ms_per_step']:.2f} ms a step of the "
-                "others'): a straggler.",
+        return (f"Most of it is waiting for rank {top['rank']}: in {top['positive_steps']} of "
+                f"{top['steps_judged']} train steps the others wait for it longer than it waits for them "
+                f"({top['waited_ms_per_step']:.2f} ms a step of the others'): a straggler.",
                 f"Even out the work of rank {top['rank']}: what it does that the others do not (logging, evaluation "
                 "or checkpointing on one rank, uneven batches or sequence lengths, a slower host or device, a busy "
                 "data loader). Faster communication will not help while the others wait for it.", top["rank"])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from stepscope.analysis.store.frames import as_strings
 from stepscope.core.vocabulary import (COMM_ASYNC, COMM_DDP, COMM_DONE, COMM_LAST_BUCKET, COMM_SEQ_BITS, COMM_WAIT)
 
 STEP_COMM_COLUMNS = ("comm_ns", "comm_exposed_ns", "comm_overlapped_ns")
@@ -180,11 +181,12 @@ def arrivals(colls: pd.DataFrame, blocked: pd.DataFrame) -> pd.DataFrame:
     that arrived last: the latest start), ``late_ns`` (how much later it came) and
     ``waited_ns``: the part of [this rank's arrival, the last arrival] this rank spent
     blocked on communication (what the last rank cost it)."""
-    cols = ["group", "seq", "kind", "rank", "process", "start_ns", "last_rank", "late_ns", "waited_ns"]
+    keep = ["group", "seq", "kind", "rank", "process", "start_ns"] + (["step"] if "step" in colls else [])
+    cols = keep + ["last_rank", "late_ns", "waited_ns"]
     c = colls[colls["rank"].notna()] if len(colls) else colls
     if not len(c) or c["rank"].nunique() < 2:
         return pd.DataFrame({k: [] for k in cols})
-    c = c[["group", "seq", "kind", "rank", "process", "start_ns"]].copy()
+    c = c[keep].copy()
     c["rank"] = c["rank"].astype(np.int64)
     g = c.groupby(["group", "seq"], sort=False)["start_ns"]
     c["last_start"] = g.transform("max")
@@ -228,3 +230,38 @@ def waited_for(arr: pd.DataFrame, blocked: pd.DataFrame) -> pd.DataFrame:
     res = pd.DataFrame({"rank": last_at.index.astype(np.int64), "last_at": last_at.to_numpy().astype(np.int64)})
     res["waited_ns"] = [waited.get(int(r), 0) for r in res["rank"]]
     return res.sort_values("waited_ns", ascending=False, kind="stable").reset_index(drop=True)[cols]
+
+
+def waits_by_step(arr: pd.DataFrame, blocked: pd.DataFrame) -> pd.DataFrame:
+    """``waited_for`` per step: one row per (waiting rank, rank it waited for, step of the
+    waiting rank) with ``waited_ns``, the time it was blocked behind that rank's late
+    arrivals in that step (overlapping waits counted once). ``arr`` needs its ``step``.
+    Vectorized: the windows of each (process, rank, last rank, step) merged in one sorted
+    pass, then one ``measure`` per process (a long run has millions of collectives)."""
+    cols = ["rank", "last_rank", "step", "waited_ns"]
+    late = arr[(arr["rank"] != arr["last_rank"]) & (arr["late_ns"] > 0)] if len(arr) else arr
+    if not len(late):
+        return pd.DataFrame({k: pd.Series(dtype="int64") for k in cols})
+    keys = ["process", "rank", "last_rank", "step"]
+    w = pd.DataFrame({"process": as_strings(late["process"]), "rank": late["rank"].to_numpy(np.int64),
+                      "last_rank": late["last_rank"].to_numpy(np.int64), "step": late["step"].to_numpy(np.int64),
+                      "lo": late["start_ns"].to_numpy(np.int64)})
+    w["hi"] = w["lo"] + late["late_ns"].to_numpy(np.int64)
+    w = w.sort_values(keys + ["lo"], kind="stable").reset_index(drop=True)
+    reach = w.groupby(keys, sort=False)["hi"].cummax()
+    before = reach.groupby([w[k] for k in keys], sort=False).shift()
+    w["interval"] = (before.isna() | (w["lo"] > before)).cumsum()
+    merged = w.groupby("interval", sort=False).agg(process=("process", "first"), rank=("rank", "first"),
+                                                 last_rank=("last_rank", "first"), step=("step", "first"),
+                                                 lo=("lo", "first"))
+    merged["hi"] = reach.groupby(w["interval"], sort=False).max().to_numpy()
+    merged["waited_ns"] = 0
+    for proc, idx in merged.groupby("process", sort=False).indices.items():
+        b = blocked[as_strings(blocked["process"]) == proc]
+        if len(b):
+            u = union(b["start_ns"].to_numpy(np.int64), b["end_ns"].to_numpy(np.int64))
+            merged.iloc[idx, merged.columns.get_loc("waited_ns")] = measure(
+                u, merged["lo"].to_numpy()[idx], merged["hi"].to_numpy()[idx])
+    out = merged.groupby(["rank", "last_rank", "step"], sort=True)["waited_ns"].sum().reset_index()
+    return out[cols].astype("int64")
+

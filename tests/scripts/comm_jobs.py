@@ -1,6 +1,6 @@
 """DDP jobs whose communication is known, for tests/test_communication.py (torchrun, 2 ranks):
 
-    straggler  rank 1 sleeps DELAY_S in every forward: rank 0 waits for it in the all-reduce
+    straggler  rank 1 sleeps DELAY_S in every forward: rank 0 waits for it in the all-reduce (16 steps)
     exposed    one large bucket (bucket_cap_mb=1000): its all-reduce starts when backward is done
                (30 steps)
     healthy    a small model whose layers also wait, as on a GPU (2 ms a layer forward, 5 ms
@@ -32,8 +32,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 DELAY_S = 0.03
 STEPS = 12
 # The exposed job is judged by CommunicationBound, which wants 0.2 s of train steps a rank after
-# its warm-up: 12 steps of ~25 ms left 0.21 s here, and a faster machine fell under it
-STEPS_OF = {"setupskew": 20, "balanced": 20, "exposed": 30}
+# its warm-up: 12 steps of ~25 ms left 0.21 s here, and a faster machine fell under it. The
+# straggler is judged per step, from 8 steps after the warm-up and without the 4 of stepscope's
+# operator window (train steps 5-8)
+STEPS_OF = {"setupskew": 20, "balanced": 20, "exposed": 30, "straggler": 16}
 
 
 class Slow(nn.Module):

@@ -5,7 +5,8 @@ and ranks that take turns are jitter. (The real DDP jobs: test_communication, te
 import numpy as np
 import pandas as pd
 
-from stepscope.analysis.rules.balance import interval, per_step_straggler, sign_test
+from stepscope.analysis.rules.balance import per_step_straggler
+from stepscope.analysis.rules.whatif import interval, sign_test
 from stepscope.analysis.tables import comm
 
 MS = 1_000_000

@@ -4,8 +4,10 @@ system use and findings side by side."""
 from __future__ import annotations
 
 from stepscope.analysis.rules.base import SEVERITIES, at_or_above
+from stepscope.analysis.rules.whatif import difference_of_means
 from stepscope.analysis.report.summary import summarize
-from stepscope.core.vocabulary import PHASES
+from stepscope.analysis.run import Run, load
+from stepscope.core.vocabulary import PHASES, TRAIN
 
 #: A median step time this many percent above the baseline's is a regression (``--max-regression``).
 MAX_REGRESSION_PERCENT = 10.0
@@ -21,6 +23,8 @@ def diff(run_a, run_b, params=None, max_regression=None) -> dict:
     """max_regression: percent; a mode's median step time of run_b above run_a's by more is a
     regression (severity error, listed under ``regressions``)."""
     limit = MAX_REGRESSION_PERCENT if max_regression is None else float(max_regression)
+    run_a = run_a if isinstance(run_a, Run) else load(run_a, quiet=True)
+    run_b = run_b if isinstance(run_b, Run) else load(run_b, quiet=True)
     a, b = summarize(run_a, params), summarize(run_b, params)
     rows = []
 
@@ -69,7 +73,74 @@ def diff(run_a, run_b, params=None, max_regression=None) -> dict:
                                                                   for r in sorted(rules_a | rules_b)}},
             "new_findings": [f for f in b["findings"] if f["rule"] in new],
             "regressions": regressions, "max_regression_percent": limit,
-            "changed_most": [r["metric"] for r in movers[:3]]}
+            "changed_most": [r["metric"] for r in movers[:3]],
+            "step_time": step_time_change(run_a, run_b),
+            "predictions": [prediction(f, run_a, run_b) for f in a["findings"]]}
+
+
+#: A finding's saving is confirmed where the second run's train steps are shorter by at least
+#: this share of the prediction (and the shortening is more than noise: its interval above 0).
+CONFIRMED_SHARE = 0.7
+#: Train steps of each process left out at the start of both runs (start-up, the first batches).
+DIFF_WARMUP_STEPS = 2
+
+
+def _train_durations(run, rank=None) -> tuple:
+    """(each train step's duration in ms, after each process's first DIFF_WARMUP_STEPS, of
+    ``rank`` where given; {(rank, loop): train steps}: the work each did)."""
+    steps = run.steps
+    train = steps[steps["mode"] == TRAIN]
+    shape = {(None if r != r else int(r), int(lp)): int(n) for (r, lp), n in
+             train.groupby([train["rank"].astype(float), train["loop"]], dropna=False).size().items()} \
+        if len(train) else {}
+    if rank is not None:
+        train = train[train["rank"] == rank]
+    ordered = train.sort_values("start_ns", kind="stable")
+    kept = ordered.groupby(ordered["process"].astype(str), sort=False).cumcount() >= DIFF_WARMUP_STEPS
+    return ordered.loc[kept.to_numpy(), "duration_ns"].to_numpy(dtype=float) / 1e6, shape
+
+
+def step_time_change(run_a, run_b) -> dict:
+    """How much shorter B's train steps are than A's on average (ms; negative: longer), with
+    the interval of that difference (a bootstrap over each run's steps): ``no change`` where
+    the interval holds 0, else ``faster`` or ``slower``. A run against itself: no change."""
+    (da, _), (db, _) = _train_durations(run_a), _train_durations(run_b)
+    d, low, high = difference_of_means(da, db)
+    verdict = "no change" if low <= 0 <= high else ("faster" if low > 0 else "slower")
+    return {"shorter_ms": round(d, 3), "low": round(low, 3), "high": round(high, 3), "verdict": verdict,
+            "steps": [int(len(da)), int(len(db))]}
+
+
+def prediction(finding: dict, run_a, run_b) -> dict:
+    """Whether run B shows the saving run A's finding predicted: ``confirmed`` (B's train
+    steps of the finding's rank shorter by at least CONFIRMED_SHARE of it, beyond noise),
+    ``partly`` (shorter beyond noise, by less), ``not`` (not shorter beyond noise), or
+    ``not comparable`` where the runs did different work (other train step counts per rank
+    and loop), with why."""
+    saving = finding.get("saving") or {}
+    out = {"rule": finding["rule"], "rank": finding.get("rank"), "predicted": saving or None}
+    rank = finding.get("rank")
+    (da, shape_a), (db, shape_b) = _train_durations(run_a, rank), _train_durations(run_b, rank)
+    if shape_a != shape_b:
+        return {**out, "verdict": "not comparable",
+                "why": (f"the runs did different work: train steps per (rank, loop) {_shape_text(shape_a)} against "
+                        f"{_shape_text(shape_b)}")}
+    predicted = saving.get("ms_per_step")
+    if predicted is None or predicted <= 0 or not len(da) or not len(db):
+        return {**out, "verdict": "not comparable", "why": "the finding predicts no saving per step"}
+    d, low, high = difference_of_means(da, db)
+    measured = {"ms_per_step": round(d, 3), "low": round(low, 3), "high": round(high, 3)}
+    if low <= 0:
+        verdict = "not"
+    else:
+        verdict = "confirmed" if d >= CONFIRMED_SHARE * predicted else "partly"
+    return {**out, "measured": measured, "verdict": verdict,
+            "measured_share_of_prediction": round(d / predicted, 3)}
+
+
+def _shape_text(shape: dict) -> str:
+    return ", ".join(f"{'-' if r is None else r}/{lp}: {n}" for (r, lp), n in sorted(
+        shape.items(), key=lambda kv: (-1 if kv[0][0] is None else kv[0][0], kv[0][1]))) or "none"
 
 
 def _cost(summary: dict, rule: str):
@@ -116,4 +187,18 @@ def format_diff(d: dict) -> str:
                      f"{r['max_regression_percent']:g}%)")
     if d["changed_most"]:
         lines.append(f"changed most: {', '.join(d['changed_most'])}")
+    t = d.get("step_time")
+    if t:
+        lines.append(f"train steps: {t['verdict']} (B shorter by {t['shorter_ms']:.3g} ms a step on average, "
+                     f"interval {t['low']:.3g} to {t['high']:.3g})")
+    for p in d.get("predictions", []):
+        who = f"{p['rule']}" + ("" if p.get("rank") is None else f" (rank {p['rank']})")
+        saved = (p.get("predicted") or {}).get("ms_per_step")
+        said = f"would save {saved:.3g} ms a step" if saved is not None else "no saving predicted"
+        if "measured" in p:
+            m = p["measured"]
+            lines.append(f"prediction: {who} {said}: {p['verdict']} (measured {m['ms_per_step']:.3g} ms a step, "
+                         f"interval {m['low']:.3g} to {m['high']:.3g})")
+        else:
+            lines.append(f"prediction: {who} {said}: {p['verdict']} ({p.get('why', '')})")
     return "\n".join(lines)

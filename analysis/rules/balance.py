@@ -3,14 +3,14 @@ and the GPUs of one node should carry the same load."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from stepscope.analysis.communication import comm_tables
-from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label, saving_of
+from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
+from stepscope.analysis.rules.whatif import interval, saving_of, sign_test
 from stepscope.analysis.rules.gpudata import memo, node_of, samples_of, train_groups, train_steps
 from stepscope.analysis.tables import comm
 from stepscope.analysis.store.frames import as_strings
@@ -334,33 +334,6 @@ def _own_window_steps(run, steps: pd.DataFrame) -> set:
         if opened is not None:  # open to the loop's end
             out.update(int(x) for x in numbers[ends > opened])
     return out
-
-
-def sign_test(positive: int, negative: int) -> float:
-    """One-sided sign test: the chance of ``positive`` or more of ``positive + negative``
-    steps positive where each is a coin flip (ties left out). Exact to 1000 steps, then the
-    normal approximation."""
-    n = positive + negative
-    if n == 0:
-        return 1.0
-    if n > 1000:
-        z = (positive - 0.5 * n - 0.5) / (0.25 * n) ** 0.5
-        return round(0.5 * math.erfc(z / 2 ** 0.5), 6)
-    return round(sum(math.comb(n, k) for k in range(positive, n + 1)) / 2 ** n, 6)
-
-
-def interval(values: np.ndarray, level: float = 0.9) -> tuple:
-    """The ``level`` interval of the mean of ``values`` (one per step): a bootstrap over the
-    steps with a fixed seed (the same run gets the same interval), the normal approximation
-    beyond 2000 steps."""
-    if not len(values):
-        return 0.0, 0.0
-    tail = 100 * (1 - level) / 2
-    if len(values) > 2000:
-        half = 1.6449 * float(values.std(ddof=1)) / len(values) ** 0.5
-        return float(values.mean()) - half, float(values.mean()) + half
-    means = values[np.random.default_rng(0).integers(0, len(values), (1000, len(values)))].mean(axis=1)
-    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
 _EVEN_OUT = ("Even out the work: look at what rank {rank} does that the others do not (extra logging or evaluation on "

@@ -7,6 +7,7 @@ from typing import ClassVar, Dict, List, Optional, Tuple, Union
 
 import pandas as pd
 
+from stepscope.analysis.rules.whatif import saving_of
 from stepscope.analysis.store.frames import as_strings
 
 #: Finding severities, least to most severe: ``--fail-on WARN`` gates on warning and
@@ -127,17 +128,6 @@ def total_cost_s(run, finding: "Finding") -> float:
         return 0.0
     mine, processes = _finding_steps(run, finding)
     return float(finding.cost_ms_per_step) * int((mine["mode"] == "train").sum()) / processes / 1e3
-
-
-def saving_of(what_if: dict, step_ms: float, basis: str = "what-if") -> dict:
-    """A finding's ``saving`` (SPEC §7) from a what-if's mean saving per step and its
-    interval (``low``/``high``, None where not computed), with its ``share`` of the loop's
-    ``step_ms`` (the median train step the figure is per step of)."""
-    mean = float(what_if["ms_per_step"])
-    low, high = what_if.get("low"), what_if.get("high")
-    return {"ms_per_step": round(mean, 3), "share": round(mean / step_ms, 4) if step_ms > 0 else None,
-            "low": None if low is None else round(float(low), 3),
-            "high": None if high is None else round(float(high), 3), "basis": basis}
 
 
 def saving_from_cost(run, finding: "Finding") -> Optional[dict]:

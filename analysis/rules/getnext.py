@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from stepscope.analysis.quantities import (epoch_start_wait, loop_starts, ms, percent, phase_share,
                                           steady_phase_share, step_stats)
 from stepscope.analysis.tables.pipeline import tfdata_stages
@@ -9,6 +11,7 @@ from stepscope.analysis.rules.advice import TENSORFLOW, TORCH, advice, framework
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.dataloader import keeps_workers, per_fetch_ms
 from stepscope.analysis.rules.gpudata import train_groups
+from stepscope.analysis.rules.whatif import per_step_saving
 from stepscope.core.vocabulary import COMPUTE_PHASES, GETNEXT, TRAIN
 
 
@@ -102,7 +105,8 @@ class GetNextBottleneck(Rule):
                 message=(f"{rank_label(rank, process)} is input-bound: {percent(share)} of train step time "
                          f"waits for the next batch (GetNext {getnext_ms:.1f} ms of a "
                          f"{stats['mean_ms']:.1f} ms step on average)"),
-                recommendation=recommendation, evidence=evidence, cost_ms_per_step=getnext_ms))
+                recommendation=recommendation, evidence=evidence, cost_ms_per_step=getnext_ms,
+                saving=_saving(run, process, s, p)))
         return out
 
 
@@ -120,6 +124,20 @@ class GetNextBottleneck(Rule):
                         f"{wait:.2f} ms a batch: the loader's own per-batch cost in the main process, which workers "
                         f"would not remove (judged from {p['min_ms']:g} ms a batch)")
         return None
+
+
+def _saving(run, process, steps, p):
+    """What a loader that keeps up would save: each steady step's GetNext beyond the loader's
+    own per-batch cost in the main process (handing a ready batch over: the smaller of
+    ``min_ms`` a fetch and the steps' tenth-percentile wait), over the steps after the
+    warm-up but the last (worker start-up, the exhausted iterator's shut-down)."""
+    ordered = steps.sort_values("start_ns")
+    steady = ordered.iloc[int(p["warmup_steps"]):len(ordered) - 1] if len(ordered) > int(p["warmup_steps"]) + 1 \
+        else ordered
+    waits = steady[GETNEXT].to_numpy(dtype=float) / 1e6
+    fetches = max(float(steps[GETNEXT].sum()) / 1e6 / max(per_fetch_ms(run, process, steps), 1e-9) / len(steps), 1.0)
+    own = min(float(np.percentile(waits, 10)), p["min_ms"] * fetches) if len(waits) else 0.0
+    return per_step_saving(np.maximum(waits - own, 0.0), float(steps["duration_ns"].median()) / 1e6)
 
 
 def _slowest_stage(run, process):

@@ -6,6 +6,10 @@ Retracing, a tf.function traced again and again."""
 
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
+
 from stepscope.analysis.compilation import compilation, compile_events, step_compile_ns, trace_events
 from stepscope.analysis.rules.base import Finding, Param, Rule
 from stepscope.core.vocabulary import TRAIN
@@ -60,8 +64,12 @@ class Recompilation(_CompileRule):
     name = "Recompilation"
     summary = ("torch.compile compiled a function again during training (a guard failed: a new input shape, a "
                "Python number that changed, another grad mode); the time those compiles took, per train step, "
-               "with dynamo's reason and what to change. A function that hit dynamo's recompile limit (it runs "
-               "uncompiled from then on) is always a finding.")
+               "with dynamo's reason and what to change. Only recompiles that recur are a finding: dynamo keeps "
+               "each variant it compiled, so one that happens once (an evaluation under no_grad, a batch size "
+               "that changed once), or none in the later half of the train steps, is paid once whatever the "
+               "run's length: rules_not_applicable says what it took and what it would be over a run ten times "
+               "as long. A function that hit dynamo's recompile limit (it runs uncompiled from then on) is always "
+               "a finding.")
     params = {"min_share": Param(0.02, "ratio", "fire when the recompiles' time inside train steps is at least "
                                                "this share of train step time")}
 
@@ -73,11 +81,10 @@ class Recompilation(_CompileRule):
             return [self._limit_hit(c)]
         if not c["recompiles"]:
             return []
-        spans, _ = compile_events(run)
-        found = _paid(run, spans[~spans["id"].str.endswith("/0")])  # a frame's later compiles: its recompiles
-        if found is None or found[1] < p["min_share"]:
-            return []
-        paid, share, train = found
+        judged = self._judged(run)
+        if judged is None or judged["one_time"] or judged["share"] < p["min_share"]:
+            return []  # (a one-time recompile: why_not_judged says what it took)
+        paid, share, train = judged["paid"], judged["share"], judged["train"]
         worst = max(c["functions"].items(), key=lambda kv: (kv[1]["recompiles"], kv[1]["compile_ms"]))
         place, f = worst
         reason = f["reasons"][0] if f["reasons"] else "no reason given"
@@ -91,6 +98,44 @@ class Recompilation(_CompileRule):
                       "share": round(share, 4), "steps": c["steps"]},
             cost_ms_per_step=paid / 1e6 / len(train))]
 
+
+    def _judged(self, run) -> Optional[dict]:
+        """The recompiles inside train steps: what they took (``paid`` ns, ``share`` of train
+        step time), in which train steps, and ``one_time``: none in the later half of the train
+        steps, or a single one. Dynamo keeps every variant it compiled: a grad mode seen once
+        (an evaluation under no_grad), a batch size that changed once, compiles once and never
+        again, whatever the run's length; recompiles that go on into the later half recur."""
+        spans, _ = compile_events(run)
+        later = spans[~spans["id"].str.endswith("/0")]  # a frame's later compiles: its recompiles
+        found = _paid(run, later)
+        if found is None or found[0] <= 0:
+            return None
+        paid, share, train = found
+        per_step = step_compile_ns(train, later)
+        order = np.argsort(train["start_ns"].to_numpy(), kind="stable")
+        paid_at = np.flatnonzero(per_step[order] > 0)  # positions, in time order, of the steps that paid
+        one_time = len(paid_at) <= 1 or int(paid_at.max()) < len(train) // 2
+        numbers = train["step"].to_numpy()[order][paid_at]
+        return {"paid": paid, "share": share, "train": train, "one_time": bool(one_time),
+                "steps": [int(x) for x in numbers]}
+
+    def why_not_judged(self, run, p):
+        """A one-time recompile over the threshold: what it took, said as paid once."""
+        c = compilation(run)
+        if c is None or c.get("limits") or not c["recompiles"]:
+            return None
+        judged = self._judged(run)
+        if judged is None or not judged["one_time"] or judged["share"] < p["min_share"]:
+            return None
+        place, f = max(c["functions"].items(), key=lambda kv: (kv[1]["recompiles"], kv[1]["compile_ms"]))
+        reason = f["reasons"][0] if f["reasons"] else "no reason given"
+        seconds, steps = judged["paid"] / 1e9, len(judged["train"])
+        at = ", ".join(str(x) for x in judged["steps"][:5])
+        return (f"torch.compile recompiled {c['recompiles']} time(s), {seconds:.2f} s inside train step(s) {at} "
+                f"({100 * judged['share']:.1f}% of these {steps} train steps), none in the later half: a one-time "
+                f"cost, paid once whatever the run's length (over {10 * steps} steps it would be "
+                f"{100 * judged['share'] / 10:.1f}%), not a recurring one; {place}: {reason}. To avoid even "
+                f"that: {advice_for(reason)}")
 
     def _limit_hit(self, c):
         """A function at dynamo's recompile limit runs uncompiled from then on: the loop loses

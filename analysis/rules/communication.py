@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from stepscope.analysis.communication import communication, gpu_communication
 from stepscope.analysis.rules.balance import CONTENDED_CORES, LoadBalancing, judged_straggler, others_load
 from stepscope.analysis.rules.base import Finding, Param, Rule
 from stepscope.analysis.rules.gpudata import memo, train_steps
+from stepscope.analysis.rules.whatif import per_step_saving
 from stepscope.analysis.store.frames import as_strings
 
 
@@ -83,7 +86,20 @@ class CommunicationBound(Rule):
                       "overlapped_share": c["overlapped_share"], "exposed_ms_per_step": exposed_ms,
                       "by_phase": c["by_phase"], "by_kind": c["by_kind"], "waited_for": c["waited_for"][:4],
                       "sources": c["sources"], "cause": cause, "straggler_rank": straggler},
-            cost_ms_per_step=exposed_ms)]
+            cost_ms_per_step=exposed_ms, saving=None if on_gpu else _overlap_saving(run, p))]
+
+
+def _overlap_saving(run, p) -> Optional[dict]:
+    """What overlap could hide, step by step: each judged train step's exposed communication,
+    bounded by the computation beside it (its phases' time less that wait: a collective
+    hides behind work only as long as there is work)."""
+    steps = train_steps(run, p["warmup_steps"])
+    if not len(steps):
+        return None
+    exposed = steps["comm_exposed_ns"].to_numpy(dtype=float)
+    phases = [c for c in ("Forward", "Loss", "Backward", "Optimizer") if c in steps]
+    compute = np.maximum(steps[phases].sum(axis=1).to_numpy(dtype=float) - exposed, 0.0)
+    return per_step_saving(np.minimum(exposed, compute) / 1e6, float(steps["duration_ns"].median()) / 1e6)
 
 
 def _judged(run, p) -> tuple:

@@ -13,6 +13,7 @@ from stepscope.analysis.rules.advice import TORCH, advice, framework_of
 from stepscope.analysis.rules.base import Finding, Param, Rule, clean_rank, rank_label
 from stepscope.analysis.rules.dataloader import keeps_workers
 from stepscope.analysis.rules.gpudata import memo
+from stepscope.analysis.rules.whatif import per_step_saving
 from stepscope.analysis.store.frames import groups
 from stepscope.core.vocabulary import (GETNEXT, INTERRUPTED, KERAS_PROFILER_WINDOW, OTHER, PHASES,
                                        TORCH_OP_WINDOW_SPANS, TRAIN)
@@ -185,7 +186,11 @@ class StepOutlier(Rule):
                      f"{100 * pattern['cost_share']:.1f}% of the time of these steps); the extra time is "
                      f"mostly {where}"),
             recommendation=recommendation, evidence=evidence,
-            cost_ms_per_step=float((bad["duration_ns"] - med).sum()) / len(s) / 1e6)
+            cost_ms_per_step=float((bad["duration_ns"] - med).sum()) / len(s) / 1e6,
+            # what-if: each outlier at the median, the other steps as they were
+            saving=per_step_saving(np.where(s.index.isin(bad.index),
+                                            np.maximum(s["duration_ns"].to_numpy(dtype=float) - med, 0.0),
+                                            0.0) / 1e6, med / 1e6))
 
 
 def _pattern(group, bad, judged, med, starts, p) -> dict:

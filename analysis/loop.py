@@ -34,6 +34,9 @@ MIN_STEP_SHARE = 0.5  # ...and one of them holding more than this share of its p
 MIN_BLIND_STEPS = 3  # train steps with a backward or optimizer step and never a forward: the forward is unseen
 NOT_DELIMITED, NO_STEPS, NOTHING_RECORDED = "steps_not_delimited", "no_steps", "nothing_recorded"
 FORWARD_NOT_SEEN = "forward_not_seen"
+COLLECTION = "collection_between_updates"
+COLLECTION_RATIO = 4  # a collecting step's forwards against its process's median train step's
+COLLECTION_MAX_SHARE = 0.5  # collecting steps are a minority of the train steps: the recurring exception
 
 HOW_TO_MARK = ("mark the loop's iterations by hand: call stepscope.step() at the top of each iteration "
                "(stepscope.step(\"eval\") in evaluation), and wrap its parts in "
@@ -52,6 +55,86 @@ def _capital(text: str) -> str:
 
 def _label(rank, process) -> str:
     return f"rank {int(rank)}" if rank is not None and not pd.isna(rank) else str(process)
+
+
+def collection_steps(steps: pd.DataFrame, phases: Phases) -> pd.DataFrame:
+    """The train steps that begin with a collection before their update: a rollout of a
+    policy before a PPO update, a replay buffer filled, features computed ahead under
+    no_grad. Such a step has at least ``MIN_FORWARDS`` forward passes and
+    ``COLLECTION_RATIO`` times the median train step's of its process, and those steps are
+    a minority (``COLLECTION_MAX_SHARE``): every step with two forwards is the loop's own
+    shape (a target network), not a collection. Columns: process, rank, step, forwards, and
+    collect_ns, from the step's start to the start of its last forward before its first
+    backward (the update's own forward). The phases are read only where a step's Forward
+    time is that many times the median's."""
+    cols = ["process", "rank", "step", "forwards", "collect_ns"]
+    train = steps[steps["mode"] == TRAIN] if len(steps) else steps
+    if len(train) < 2 * MIN_FORWARDS or FORWARD not in train:
+        return pd.DataFrame({c: [] for c in cols})
+    median_fwd = train.groupby(train["process"].astype(str))[FORWARD].transform("median").to_numpy(dtype=float)
+    heavy = train[(train[FORWARD].to_numpy(dtype=float) >= COLLECTION_RATIO * np.maximum(median_fwd, 1.0))
+                  & (train[BACKWARD] > 0).to_numpy()]
+    if heavy.empty:
+        return pd.DataFrame({c: [] for c in cols})
+    ph = phases() if callable(phases) else phases
+    ph = ph[(ph["mode"] == TRAIN) & ph["name"].isin([FORWARD, BACKWARD])]
+    ph = ph.assign(process=ph["process"].astype(str))
+    counts = ph[ph["name"] == FORWARD].groupby(["process", "step"]).size()
+    rows = []
+    for process, mine in heavy.groupby(heavy["process"].astype(str), sort=False):
+        per_step = counts.loc[process] if process in counts.index.get_level_values(0) else pd.Series(dtype=int)
+        n_train = int((train["process"].astype(str) == process).sum())
+        median = float(per_step.reindex(train.loc[train["process"].astype(str) == process, "step"]).fillna(0).median())
+        want = max(MIN_FORWARDS, COLLECTION_RATIO * max(median, 1.0))
+        hits = mine[mine["step"].map(per_step).fillna(0).to_numpy() >= want]
+        if hits.empty or len(hits) > COLLECTION_MAX_SHARE * n_train:
+            continue
+        own = ph[(ph["process"] == process) & ph["step"].isin(set(hits["step"]))]
+        for r in hits.itertuples():
+            p = own[own["step"] == r.step]
+            back = p.loc[p["name"] == BACKWARD, "start_ns"]
+            fwd = p.loc[(p["name"] == FORWARD) & (p["start_ns"] < (back.min() if len(back) else np.inf)), "start_ns"]
+            if not len(fwd):
+                continue
+            rows.append((process, r.rank, int(r.step), int(per_step.get(r.step, 0)),
+                         max(int(fwd.max()) - int(r.start_ns), 0)))
+    return pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
+
+
+def _collection_note(steps: pd.DataFrame, phases: Phases) -> List[dict]:
+    """The ``collection_between_updates`` note: per process with collecting train steps,
+    how many, how often, their forwards and what the collection took of the train steps."""
+    found = collection_steps(steps, phases)
+    if found.empty:
+        return []
+    train = steps[steps["mode"] == TRAIN]
+    out = []
+    for process, c in found.groupby("process", sort=False):
+        mine = train[train["process"].astype(str) == process]
+        total = float(mine["duration_ns"].sum())
+        share = float(c["collect_ns"].sum()) / total if total > 0 else 0.0
+        numbers = sorted(int(x) for x in c["step"])
+        gaps = np.diff(numbers)
+        every = f", every {int(np.median(gaps))} steps" if len(gaps) else ""
+        out.append({"process": process, "rank": c["rank"].iloc[0], "steps": numbers, "train_steps": int(len(mine)),
+                    "forwards_median": int(c["forwards"].median()), "collect_s": round(float(c["collect_ns"].sum())
+                                                                                       / 1e9, 3),
+                    "share": round(share, 4), "every": every})
+    b = out[0]
+    label = _label(b["rank"], b["process"])
+    listed = ", ".join(str(x) for x in b["steps"][:8]) + (" ..." if len(b["steps"]) > 8 else "")
+    more = f" (and the same in {len(out) - 1} other process(es))" if len(out) > 1 else ""
+    message = (f"{label}: {len(b['steps'])} of {b['train_steps']} train steps (steps {listed}{b['every']}) begin "
+               f"with a collection before their update: about {b['forwards_median']} forward passes with no "
+               f"backward between them (a rollout of the policy, a replay buffer filled, features computed "
+               f"ahead), {b['collect_s']:.2f} s in all, {100 * b['share']:.1f}% of the train steps' time{more}. "
+               "That time is counted in those steps (their Forward); they are not outliers.")
+    return [_note(COLLECTION, "A collection before updates", message,
+                  "Where the collection is the larger part: step many environments at once (vectorized "
+                  "environments, one batched forward of the policy for all of them), collect in parallel "
+                  "workers while the learner updates (an actor-learner split), or keep the policy's forward "
+                  "off the host's critical path (inference under torch.inference_mode, on the device).",
+                  {"processes": [{k: v for k, v in o.items() if k != "every"} for o in out]})]
 
 
 def undelimited_steps(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int]) -> List[dict]:
@@ -160,7 +243,7 @@ def loop_notes(steps: pd.DataFrame, phases: Phases, profiled_ns: Dict[str, int],
                       _capital(HOW_TO_MARK), {"recorded_events": int(recorded), "frameworks": used})]
     bad = undelimited_steps(steps, phases, profiled_ns)
     if not bad:
-        return _forward_not_seen(steps, used)
+        return _forward_not_seen(steps, used) + _collection_note(steps, phases)
     b = bad[0]
     what = []
     if b["forwards"] >= MIN_FORWARDS:
@@ -288,7 +371,13 @@ def loop_markdown() -> List[str]:
             "(the note names that cause first) |",
             f"| `{FORWARD_NOT_SEEN}` | at least {MIN_BLIND_STEPS} train steps, every one with a backward or an "
             "optimizer step and none with a forward: the model's forward runs outside what stepscope hooks "
-            "(in PyTorch, outside every `nn.Module`), and its time is in Other |", "",
+            "(in PyTorch, outside every `nn.Module`), and its time is in Other |",
+            f"| `{COLLECTION}` | (a note on a loop understood) train steps that begin with a collection before "
+            f"their update: at least {MIN_FORWARDS} forward passes and {COLLECTION_RATIO} times the median "
+            f"train step's, in at most {100 * COLLECTION_MAX_SHARE:.0f}% of the train steps (a PPO rollout, a "
+            "replay buffer filled). The note gives their steps, how often, and the collection's share of the "
+            "train steps' time (from each step's start to its update's forward); StepOutlier does not call them "
+            "outliers |", "",
             "A loop whose backward or optimizer stepscope does not see (`torch.distributed.autograd.backward` "
             "with a `DistributedOptimizer` over RPC, parameters updated by hand without a backward) is "
             "otherwise one long step per process. A gradient-accumulation step (many forwards, each with its "

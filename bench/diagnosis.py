@@ -3,7 +3,7 @@ corpus (healthy jobs of many shapes: no finding expected) and the diagnosis jobs
 (tests/scripts/rule_jobs.py: each provokes its rule, or none).
 
     python3 bench/diagnosis.py [--rule StepOutlier|all] [--before FILE] [-k SUBSTRING]
-                               [--keep DIR [--judge-only]]
+                               [--keep DIR [--judge-only]] [--repeat N]
 
 Each job runs once under STEPSCOPE=1 (the corpus's torchrun cases under torchrun); the
 rule is judged on that run as it is now and, with --before, as the module FILE defines
@@ -12,6 +12,8 @@ come from the same runs. ``--keep DIR`` keeps the runs in DIR; with ``--judge-on
 runs kept there are judged again without running a job (a rule changed, the same runs).
 Prints one row per job and the precision and recall of each;
 ``--rule all``: every rule judged on the same runs, a line of figures per rule.
+``--repeat N`` runs every job N times (issue 75: three): precision and recall count every
+run, and the verdict stability is the share of jobs whose findings were the same in all N.
 """
 
 import argparse
@@ -82,29 +84,33 @@ def main():
     p.add_argument("-k", dest="substring", help="only the jobs whose name contains this")
     p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (judge them again with --judge-only)")
     p.add_argument("--judge-only", action="store_true", help="judge the runs kept in --keep DIR, running no job")
+    p.add_argument("--repeat", type=int, default=1, help="run every job this many times (verdict stability)")
     args = p.parse_args()
     if args.judge_only and not args.keep:
         p.error("--judge-only needs --keep DIR")
+    if args.repeat > 1 and args.judge_only:
+        p.error("--repeat runs the jobs again: not with --judge-only")
     import stepscope
 
     before = rule_from(args.before, args.rule) if args.before else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         runs = os.path.abspath(args.keep) if args.keep else os.path.join(tmp, "runs")
-        for name, cmd, timeout, expected in jobs(args.substring):
-            folder = os.path.join(runs, name.replace(":", "-"))
+        for name, cmd, timeout, expected in [(f"{n}#{i}" if args.repeat > 1 else n, c, t, e)
+                                             for n, c, t, e in jobs(args.substring) for i in range(args.repeat)]:
+            folder = os.path.join(runs, name.replace(":", "-").replace("#", "-"))
             try:
                 if not args.judge_only:
                     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE")}
-                    env.update(STEPSCOPE="1", STEPSCOPE_DIR=runs, STEPSCOPE_RUN=name.replace(":", "-"))
-                    cwd = os.path.join(tmp, name.replace(":", "-"))
+                    env.update(STEPSCOPE="1", STEPSCOPE_DIR=runs, STEPSCOPE_RUN=os.path.basename(folder))
+                    cwd = os.path.join(tmp, os.path.basename(folder))
                     os.makedirs(cwd)
                     subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, timeout=timeout)
                 run = stepscope.load(folder, quiet=True)
             except Exception as exc:  # noqa: BLE001 - a job that could not run is reported, not judged
                 print(f"{name}: not judged ({type(exc).__name__}: {exc})", flush=True)
                 continue
-            every = fired(None, run, PARAMS.get(name))
+            every = fired(None, run, PARAMS.get(name.split("#")[0]))
             if args.rule == "all":
                 rows.append((name, expected, None, every))
                 print(f"{name:48} expected {expected or '-'}  fired {every or '-'}", flush=True)
@@ -115,6 +121,8 @@ def main():
             rows.append((name, want, then, now))
             print(f"{name:48} expected {want or '-'}  before {then if then is not None else '?'}  now {now or '-'}",
                   flush=True)
+    if args.repeat > 1:
+        _stability(rows)
     if args.rule == "all":
         return _every_rule(rows)
     for label, column in (("before", 2), ("now", 3)):
@@ -127,6 +135,17 @@ def main():
         recall = tp / (tp + fn) if tp + fn else 1.0
         print(f"{args.rule} {label}: {len(rows)} jobs, fired on {tp + fp} ({tp} expected, {fp} not), missed {fn}; "
               f"precision {precision:.2f}, recall {recall:.2f}")
+
+
+def _stability(rows) -> None:
+    """The share of jobs whose findings were the same in every one of their runs."""
+    verdicts = {}
+    for name, _, _, now in rows:
+        verdicts.setdefault(name.split("#")[0], []).append(tuple(now))
+    same = [job for job, v in verdicts.items() if len(set(v)) == 1]
+    flips = [f"{job} ({' / '.join(','.join(x) or '-' for x in v)})" for job, v in verdicts.items() if len(set(v)) > 1]
+    print(f"verdict stability: {len(same)} of {len(verdicts)} jobs gave the same findings in every run"
+          + (f"; changed: {'; '.join(flips)}" if flips else ""))
 
 
 def _every_rule(rows) -> None:

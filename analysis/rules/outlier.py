@@ -7,6 +7,7 @@ import copy
 import numpy as np
 
 from stepscope.analysis.compilation import compilation as compilation_block
+from stepscope.analysis.loop import collection_steps
 from stepscope.analysis.loops import step_loops
 from stepscope.analysis.quantities import epoch_start_wait, loop_starts
 from stepscope.analysis.rules.advice import TORCH, advice, framework_of
@@ -130,6 +131,16 @@ class StepOutlier(Rule):
                                                      "not outliers"}
                     continue
                 bad = bad[~compiling]
+            collecting = _collecting(run, process, bad) if mode == TRAIN else None
+            if collecting is not None and collecting.any():  # a rollout before the update: a loop note
+                if collecting.all():
+                    yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
+                                 "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
+                                 "why_not_reported": f"{rank_label(rank, process)}: their extra time is a "
+                                                     "collection before the update (many forwards with no "
+                                                     "backward: the loop note collection_between_updates)"}
+                    continue
+                bad = bad[~collecting]
             if starts is None:
                 starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
             pattern = _pattern(group, bad, s, med, starts, p)
@@ -191,6 +202,14 @@ class StepOutlier(Rule):
             saving=per_step_saving(np.where(s.index.isin(bad.index),
                                             np.maximum(s["duration_ns"].to_numpy(dtype=float) - med, 0.0),
                                             0.0) / 1e6, med / 1e6))
+
+
+def _collecting(run, process, bad) -> np.ndarray:
+    """Which of these outlier steps begin with a collection before their update (a rollout:
+    analysis/loop.py's ``collection_steps``, once per run)."""
+    found = memo(run, "collection_steps", lambda: collection_steps(run.steps, lambda: run.phases))
+    mine = set(found.loc[found["process"] == str(process), "step"]) if len(found) else set()
+    return bad["step"].isin(mine).to_numpy()
 
 
 def _pattern(group, bad, judged, med, starts, p) -> dict:

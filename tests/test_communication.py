@@ -477,3 +477,20 @@ def test_a_nine_step_job_is_too_short_to_name_a_straggler(tmp_path):
     assert "LoadBalancing" not in {f["rule"] for f in s["findings"]}, s["findings"]
     why = s["rules_not_applicable"]["LoadBalancing"]
     assert "too few to tell a straggler from jitter" in why and "rank 1" in why, why
+
+
+@pytest.mark.alone  # a straggler is judged only where the job has the host to itself (LoadBalancing)
+def test_an_fsdp_straggler_is_named_with_its_delay(tmp_path):
+    """Issue 75 item 1: FSDP2, rank 1 doing 30 ms more host work before each forward. It is
+    last at each step's first all-gather, and at the step's other collectives about half the
+    time: counting arrivals missed it; judged per step, it is named, its saving the delay."""
+    run = stepscope.load(_torchrun("fsdp", tmp_path)[1], quiet=True)
+    colls = run.collectives
+    assert {"all_gather", "reduce_scatter"} <= set(colls["kind"])
+    s = summarize(run)
+    f = finding_where_judged(s, "LoadBalancing")
+    assert f["rank"] == 1 and f["evidence"]["last_share"] < 0.8, f["evidence"]  # not last at most of them
+    assert abs(f["saving"]["ms_per_step"] - DELAY_MS) <= 0.25 * DELAY_MS, f["saving"]
+    related = {r["rule"]: r for r in s["related_findings"]}
+    if "CommunicationBound" in related:  # the exposed time is the straggler's, not FSDP's prefetch
+        assert related["CommunicationBound"]["related_to"]["rule"] == "LoadBalancing"

@@ -15,6 +15,9 @@
                20 balanced steps: the wait is set-up, no straggler
     balanced   20 balanced steps of a mid-sized model (the test runs it beside busy cores)
     straggler9 the straggler, 9 steps: too few to judge
+    fsdp       FSDP2 (fully_shard per Linear, then the root), rank 1 doing DELAY_S more host work
+               before each forward, 16 steps: it is late at each step's first gather only, and
+               at the step's other collectives the order is a coin flip (issue 75 item 1)
     closure    the exposed job's model stepped with a closure (Lightning's way): backward,
                and its all-reduce, run inside optimizer.step()
 
@@ -36,7 +39,7 @@ STEPS = 12
 # its warm-up: 12 steps of ~25 ms left 0.21 s here, and a faster machine fell under it. The
 # straggler is judged per step, from 8 steps after the warm-up and without the 4 of stepscope's
 # operator window (train steps 5-8)
-STEPS_OF = {"setupskew": 20, "balanced": 20, "exposed": 30, "straggler": 16, "straggler9": 9}
+STEPS_OF = {"setupskew": 20, "balanced": 20, "exposed": 30, "straggler": 16, "straggler9": 9, "fsdp": 16}
 
 
 class Slow(nn.Module):
@@ -88,9 +91,20 @@ def main(job):
     if job in ("setupskew", "balanced"):
         width, batch = 128, 256
         inner = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
-    delay = DELAY_S if job in ("straggler", "straggler9") and rank == 1 else 0.0
+    delay = DELAY_S if job in ("straggler", "straggler9", "fsdp") and rank == 1 else 0.0
     caps = {"exposed": 1000, "closure": 1000, "healthy": 0.3}  # MB: one bucket, or one per layer
-    model = DDP(module=Slow(inner, delay), bucket_cap_mb=caps.get(job, 25))
+    if job == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        width, batch = 64, 32
+        inner = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+        for layer in inner:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        model = Slow(inner, delay)
+        fully_shard(model)
+    else:
+        model = DDP(module=Slow(inner, delay), bucket_cap_mb=caps.get(job, 25))
     counted = [0]
 
     def counting(state, bucket):

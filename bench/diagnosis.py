@@ -44,7 +44,7 @@ def jobs(substring):
     for name in sorted(os.listdir(CORPUS)):
         path = os.path.join(CORPUS, name)
         truth = truth_of(path) if name.endswith(".py") else None
-        if truth is None or (substring and substring not in name):
+        if truth is None or (substring and not any(k in name for k in substring.split(","))):
             continue
         expected = truth.get("findings", [])  # a healthy job: none; a case whose truth names a real problem: it
         cmd = [sys.executable, path, *truth.get("args", [])]
@@ -54,7 +54,7 @@ def jobs(substring):
         # a corpus case that crashes on purpose is still a healthy loop until it does
         yield name[:-3], cmd, truth.get("timeout", 300), expected
     for kind, expected in DIAGNOSIS.items():
-        if not substring or substring in kind:
+        if not substring or any(k in f"diagnosis:{kind}" for k in substring.split(",")):
             yield f"diagnosis:{kind}", [sys.executable, JOBS, kind], 300, expected
 
 
@@ -81,7 +81,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rule", default="StepOutlier")
     p.add_argument("--before", help="a module file defining the rule as it was")
-    p.add_argument("-k", dest="substring", help="only the jobs whose name contains this")
+    p.add_argument("-k", dest="substring", help="only the jobs whose name contains this (a,b: either)")
     p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (judge them again with --judge-only)")
     p.add_argument("--judge-only", action="store_true", help="judge the runs kept in --keep DIR, running no job")
     p.add_argument("--repeat", type=int, default=1, help="run every job this many times (verdict stability)")

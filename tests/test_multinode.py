@@ -105,7 +105,10 @@ def test_summary_and_report_of_several_folders(nodes):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["run"] == "multinode" and s["ranks"] == 2 and s["steps"]["train"]["count"] == 8
-    assert s["duration_s"] < SKEW_S  # one clock: not stretched by the skew
+    # one clock: not stretched by the skew (each node's own span, measured in the same runs,
+    # is the control: a busy machine stretches the job, not the merge)
+    alone = max(json.loads(_cli("summary", d, "--json", cwd=tmp).stdout)["duration_s"] for d in (a, b))
+    assert s["duration_s"] < alone + 0.5 * SKEW_S, (s["duration_s"], alone)
     r = _cli("report", a, b, cwd=tmp)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp / "multinode-report.html") and os.path.getsize(r.stdout.strip()) > 0

@@ -226,6 +226,10 @@ def _accuracy_misses(tmp_path, attempt):
     return misses
 
 
+# Two profilers' totals of one run agree within a few percent only where the scheduler leaves
+# the run alone: beside two workers and a CPU hog a preempted range differed by 30% (a fresh
+# clone beside `yes`), three attempts running; bench/overhead.py holds the figure
+@pytest.mark.alone
 def test_phase_totals_agree_with_torch_profiler(tmp_path):
     """Within 8% of hand-placed record_function ranges, or per step twice torch's own
     cost of a range holding a range, measured in the same run.

@@ -206,20 +206,35 @@ def test_old_files_keep_the_payload_only_crc(tmp_path):
 
 # --- item 5: damaged Python stacks ----------------------------------------------------------
 
+def _stack_chunks(run_path) -> int:
+    """The PYSTACKS chunks written so far (a running session's trace: whole chunks only)."""
+    try:
+        data = open(_trace_of(run_path), "rb").read()
+    except (OSError, ValueError):
+        return 0
+    return sum(1 for o in tracefile.chunk_offsets(data) if data[o + 4] == tracefile.PYSTACKS)
+
+
 def _record_samples(tmp_path, name):
-    """A run with Python stack samples written over several flushes (several PYSTACKS chunks)."""
+    """A run with Python stack samples written over several flushes (several PYSTACKS chunks):
+    one shape of stacks until a flush wrote them, then another (new stacks) until a second
+    did. Waited for, not timed: a loaded machine flushes late."""
     run = stepscope.start(dir=str(tmp_path / "runs"), name=name, flush_interval_ms=20, pysample_hz=500)
 
     def deep(n):
         return deep(n - 1) if n else sum(range(20_000))
 
-    t_end = time.monotonic() + 0.6
-    i = 0
-    while time.monotonic() < t_end:
-        stepscope.step()
-        with stepscope.annotate("work"):
-            deep(i % 7)
-        i += 1
+    def deeper(n):
+        return deeper(n - 1) if n else sum(range(20_000))
+
+    for work, chunks in ((deep, 1), (deeper, 2)):
+        t_end = time.monotonic() + 60  # (a bound for a broken writer, far beyond any load)
+        i = 0
+        while (i < 20 or _stack_chunks(run.path) < chunks) and time.monotonic() < t_end:
+            stepscope.step()
+            with stepscope.annotate("work"):
+                work(i % 7)
+            i += 1
     stepscope.end_step()
     run.stop()
     return run.path

@@ -116,7 +116,9 @@ def _collection_note(steps: pd.DataFrame, phases: Phases) -> List[dict]:
         numbers = sorted(int(x) for x in c["step"])
         gaps = np.diff(numbers)
         every = f", every {int(np.median(gaps))} steps" if len(gaps) else ""
-        out.append({"process": process, "rank": c["rank"].iloc[0], "steps": numbers, "train_steps": int(len(mine)),
+        rank = c["rank"].iloc[0]
+        out.append({"process": process, "rank": None if pd.isna(rank) else int(rank), "steps": numbers,
+                    "train_steps": int(len(mine)),
                     "forwards_median": int(c["forwards"].median()), "collect_s": round(float(c["collect_ns"].sum())
                                                                                        / 1e9, 3),
                     "share": round(share, 4), "every": every})

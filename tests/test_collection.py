@@ -3,6 +3,7 @@ no-grad forwards before each update of 40 minibatch steps. The collection is nam
 steps and share, and the steps that hold it are no StepOutliers; a loop whose every step has
 several forwards, each with its backward (gradient accumulation), gets no such note."""
 
+import json
 import os
 import subprocess
 import sys
@@ -71,6 +72,8 @@ def test_a_rollout_before_each_update_is_named_not_an_outlier(tmp_path):
     assert s["steps"]["train"]["count"] == 240
     (note,) = [n for n in s["loop_notes"] if n["key"] == "collection_between_updates"]
     (p,) = note["evidence"]["processes"]
+    assert p["rank"] is None  # (a plain value: the summary's JSON holds it)
+    json.dumps(s)
     assert p["steps"] == [0, 40, 80, 120, 160, 200]  # each update's first step holds its rollout
     assert 128 <= p["forwards_median"] <= 130  # the rollout's 128 and the update's own
     # the collection's share: most of the train steps' time is the simulator's (a control, not a time bound)

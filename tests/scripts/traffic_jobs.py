@@ -7,8 +7,8 @@ process group's send and recv and the functional all_reduce), as ``truth <json>`
               functional collective), its input's gradient in every backward
     fsdpclip  FSDP2 (fully_shard) with clip_grad_norm_, 8 steps: the norm's all-reduce
               (a functional collective, through DTensor) beside the gathers and reduce-scatters
-    pipeline  torch.distributed.pipelining, a 2-stage GPipe schedule over 4 microbatches, 14
-              steps (8 judged after the warm-up, as CommunicationBound asks); stage 1 has 6
+    pipeline  torch.distributed.pipelining, a 2-stage GPipe schedule over 4 microbatches, 24
+              steps (18 judged: the warm-up and the operator window left out); stage 1 has 6
               layers to stage 0's one: stage 0 waits for it (the bubble)
     p2p       send/recv and isend/irecv/batch_isend_irecv ping-pong, 12 rounds; rank 1
               sleeps 20 ms before it answers: rank 0 waits for it in recv
@@ -102,7 +102,7 @@ def pipeline(rank):
     schedule = ScheduleGPipe(stage, n_microbatches=micro, loss_fn=nn.MSELoss())  # (every stage: backward on)
     opt = torch.optim.SGD(part.parameters(), lr=0.01)
     x, y = torch.randn(64, width), torch.randn(64, width)
-    steps = 14
+    steps = 24
     for _ in range(steps):
         opt.zero_grad()
         if rank == 0:

@@ -120,27 +120,26 @@ class StepOutlier(Rule):
                     & (d > med + p["min_excess_s"] * 1e9)]
             if bad.empty:
                 continue
-            compiling = _compiled_in(run, bad, med)  # steps whose extra time is torch.compile's: explained
-            if compiling.any():
-                label = rank_label(rank, process)
-                if compiling.all():
-                    yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
-                                 "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
-                                 "why_not_reported": f"{label}: their extra time is compiling (torch.compile, "
-                                                     "tf.function, JAX; the compilation block): explained, "
-                                                     "not outliers"}
+            # outliers whose extra time is explained elsewhere: compiling (the compilation block),
+            # a collection before the update (the loop note collection_between_updates)
+            explained = None
+            for why, hit in (("compiling (torch.compile, tf.function, JAX; the compilation block): explained, "
+                              "not outliers", lambda: _compiled_in(run, bad, med)),
+                             ("a collection before the update (many forwards with no backward: the loop note "
+                              "collection_between_updates)",
+                              lambda: _collecting(run, process, bad) if mode == TRAIN else None)):
+                mask = hit()
+                if mask is None or not mask.any():
                     continue
-                bad = bad[~compiling]
-            collecting = _collecting(run, process, bad) if mode == TRAIN else None
-            if collecting is not None and collecting.any():  # a rollout before the update: a loop note
-                if collecting.all():
-                    yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
-                                 "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
-                                 "why_not_reported": f"{rank_label(rank, process)}: their extra time is a "
-                                                     "collection before the update (many forwards with no "
-                                                     "backward: the loop note collection_between_updates)"}
-                    continue
-                bad = bad[~collecting]
+                if mask.all():
+                    explained = why
+                    break
+                bad = bad[~mask]
+            if explained is not None:
+                yield None, {"process": str(process), "rank": clean_rank(rank), "mode": mode,
+                             "steps": [int(x) for x in bad["step"].to_numpy()[:50]],
+                             "why_not_reported": f"{rank_label(rank, process)}: their extra time is {explained}"}
+                continue
             if starts is None:
                 starts = loop_starts(run.select(categories=["step"], kinds=["instant"]), every_step)
             pattern = _pattern(group, bad, s, med, starts, p)
